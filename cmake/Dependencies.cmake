@@ -1,0 +1,31 @@
+# Every third-party dependency comes from Debian 12's packages (scripts/setup.sh).
+find_package(Threads REQUIRED)
+find_package(PkgConfig REQUIRED)
+
+find_package(Torch REQUIRED)
+# One interface target for LibTorch, with SYSTEM includes so that -Werror
+# applies to kvlingo's code only.
+add_library(kvl_torch INTERFACE)
+target_link_libraries(kvl_torch INTERFACE ${TORCH_LIBRARIES})
+target_include_directories(kvl_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
+separate_arguments(_kvl_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
+target_compile_options(kvl_torch INTERFACE ${_kvl_torch_flags})
+
+find_package(Protobuf REQUIRED)
+find_package(gRPC CONFIG REQUIRED)
+find_program(KVL_GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)
+find_package(absl CONFIG REQUIRED)
+find_package(spdlog CONFIG REQUIRED)
+find_package(prometheus-cpp CONFIG REQUIRED)
+find_package(nlohmann_json CONFIG REQUIRED)
+find_package(GTest CONFIG REQUIRED)
+find_package(benchmark CONFIG REQUIRED)
+include(GoogleTest)
+
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
+
+find_program(KVL_PROMTOOL promtool)
+find_program(KVL_NODE node)
+find_program(KVL_SYSTEM_PYTHON python3 PATHS /usr/bin NO_DEFAULT_PATH)

@@ -1,0 +1,47 @@
+# Shared warning flags for kvlingo's own targets (third-party headers are SYSTEM).
+set(KVL_WARNINGS -Wall -Wextra -Werror -Wno-unused-parameter)
+
+# kvl_library(<folder> SOURCES ... DEPS ...): one library per top-level folder,
+# named kvl_<folder> with the alias kvl::<folder>.
+function(kvl_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;PUBLIC_DEPS;PRIVATE_DEPS" ${ARGN})
+  if(ARG_SOURCES)
+    add_library(kvl_${name} STATIC ${ARG_SOURCES})
+    target_include_directories(kvl_${name} PUBLIC ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
+    target_compile_options(kvl_${name} PRIVATE ${KVL_WARNINGS})
+    target_link_libraries(kvl_${name} PUBLIC ${ARG_PUBLIC_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
+  else()
+    add_library(kvl_${name} INTERFACE)
+    target_include_directories(kvl_${name} INTERFACE ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
+    target_link_libraries(kvl_${name} INTERFACE ${ARG_PUBLIC_DEPS})
+  endif()
+  add_library(kvl::${name} ALIAS kvl_${name})
+endfunction()
+
+# kvl_executable(<name> SOURCES ... DEPS ...): thin binaries that wire libraries.
+function(kvl_executable name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_compile_options(${name} PRIVATE ${KVL_WARNINGS})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS})
+endfunction()
+
+# kvl_test(<name> SOURCES ... DEPS ... [LABELS ...]): a GoogleTest binary whose
+# cases are registered with ctest one by one. Tests run from the source tree root
+# and see KVL_SOURCE_DIR / KVL_BINARY_DIR in their environment.
+function(kvl_test name)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_compile_options(${name} PRIVATE ${KVL_WARNINGS})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gmock GTest::gtest_main)
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 600)
+  endif()
+  gtest_discover_tests(${name}
+    WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
+    DISCOVERY_TIMEOUT 60
+    PROPERTIES
+      TIMEOUT ${ARG_TIMEOUT}
+      LABELS "${ARG_LABELS}"
+      ENVIRONMENT "KVL_SOURCE_DIR=${PROJECT_SOURCE_DIR};KVL_BINARY_DIR=${PROJECT_BINARY_DIR}")
+endfunction()

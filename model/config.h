@@ -1,0 +1,73 @@
+// Model hyper-parameters (read from a checkpoint's config.json) and runtime
+// settings (chosen by whoever runs the model). The two are kept apart: nothing
+// in ModelConfig changes how a checkpoint is run, only what it is.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json_fwd.hpp"
+
+namespace kvl {
+
+enum class Architecture { kQwen3, kLlama };
+
+// Hyper-parameters of a Qwen3-family or Llama-style decoder, with the Hugging
+// Face config.json key each field comes from.
+struct ModelConfig {
+  Architecture architecture = Architecture::kQwen3;  // "architectures"[0]
+  std::string architecture_name = "Qwen3ForCausalLM";
+  std::string model_type = "qwen3";                 // "model_type"
+  int64_t vocab_size = 0;                           // "vocab_size"
+  int64_t hidden_size = 0;                          // "hidden_size"
+  int64_t intermediate_size = 0;                    // "intermediate_size"
+  int64_t n_layer = 0;                              // "num_hidden_layers"
+  int64_t n_head = 0;                               // "num_attention_heads"
+  int64_t n_head_kv = 0;                            // "num_key_value_heads"
+  int64_t head_dim = 0;                             // "head_dim" (default hidden/n_head)
+  double rms_norm_eps = 1e-6;                       // "rms_norm_eps"
+  double rope_theta = 10000.0;                      // "rope_theta"
+  int64_t max_position_embeddings = 4096;           // "max_position_embeddings"
+  bool tie_word_embeddings = false;                 // "tie_word_embeddings"
+  bool attention_bias = false;                      // "attention_bias"
+  // Per-head RMSNorm on queries and keys before RoPE (Qwen3: yes; Llama: no).
+  bool qk_norm = true;
+  std::string torch_dtype = "float32";              // "torch_dtype": dtype of the stored weights
+  std::vector<int64_t> eos_token_ids;               // "eos_token_id" (int or list)
+  int64_t bos_token_id = -1;                        // "bos_token_id", -1 when absent
+
+  // Parses config.json. Unsupported architectures, rope_scaling types, hidden
+  // activations, sliding windows and inconsistent shapes are refused with
+  // InvalidArgument naming the key.
+  static absl::StatusOr<ModelConfig> FromJson(const nlohmann::json& j);
+  static absl::StatusOr<ModelConfig> FromFile(const std::string& path);
+  // The config.json a Hugging Face Qwen3ForCausalLM / LlamaForCausalLM loads.
+  nlohmann::json ToJson() const;
+
+  // Parameters, counting a tied lm_head once.
+  int64_t ParameterCount() const;
+};
+
+// Defaults from generation_config.json, when the checkpoint has one.
+struct GenerationDefaults {
+  std::vector<int64_t> eos_token_ids;
+  double temperature = 0.0;  // 0: greedy
+  int64_t top_k = 0;
+  double top_p = 1.0;
+};
+
+enum class DType { kFloat32, kBFloat16, kFloat16 };
+absl::StatusOr<DType> ParseDType(const std::string& name);  // "float32", "bfloat16", "float16"
+const char* DTypeName(DType dtype);
+
+// How to run a model: not part of the checkpoint.
+struct RuntimeOptions {
+  DType dtype = DType::kFloat32;
+  std::string device = "cpu";  // "cpu" or "cuda[:N]" when LibTorch has CUDA
+  int n_threads = 0;           // intra-op threads; 0 = number of cores
+  int64_t prefill_chunk = 512; // tokens per prefill chunk
+};
+
+}  // namespace kvl

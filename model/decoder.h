@@ -1,0 +1,76 @@
+// The cached decoder: a Qwen3-family / Llama-style model prepared for fast
+// inference (dtype/device chosen at load, q/k/v and gate/up weights fused once),
+// running chunks of tokens against a KvCache line. Numerically it follows
+// model/reference.h (the oracle it is tested against).
+//
+// Legend: T=tokens, V=vocab_size, E=hidden_size.
+//
+// Thread-safety: the weights are immutable after Create, but Forward uses
+// per-decoder scratch state; call it from one thread at a time (the model's
+// engine worker). Cache lines it creates belong to the caller.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/config.h"
+#include "model/kv_cache.h"
+#include "model/weights.h"
+
+namespace kvl {
+
+class KeyTransform;
+
+struct DecoderOptions {
+  at::ScalarType dtype = at::kFloat;
+  std::string device = "cpu";
+  // Query tokens per attention block: bounds the scores buffer
+  // (n_head x block x context floats) independently of the prefill chunk.
+  int64_t max_scores_bytes = 16 << 20;
+  // kInvert unless a k-norm weight is exactly zero (k-norm is then not
+  // invertible and pre-norm keys are kept).
+  KeyTapMode tap_mode = KeyTapMode::kInvert;
+};
+
+class Decoder {
+ public:
+  // Converts the weights to dtype/device and fuses them. InvalidArgument for an
+  // unsupported dtype/device or weights that do not match the config.
+  static absl::StatusOr<std::unique_ptr<Decoder>> Create(const ModelConfig& config,
+                                                         const ModelWeights& weights,
+                                                         const DecoderOptions& options);
+  ~Decoder();
+
+  const ModelConfig& config() const { return config_; }
+  KeyTapMode tap_mode() const { return tap_mode_; }
+  at::ScalarType dtype() const { return dtype_; }
+
+  // A new, empty cache line for this model.
+  std::unique_ptr<KvCache> NewCache() const;
+
+  // Runs ids [T] (int64, any device) at positions [cache.Length(), + T) in one
+  // chunk, appending their keys/values to the cache as a native span. Returns
+  // float32 logits [T, V], or [1, V] for the last token when !all_logits.
+  // Must run under c10::InferenceMode. Throws c10::Error on bad input.
+  at::Tensor Forward(KvCache& cache, const at::Tensor& ids, bool all_logits);
+
+ private:
+  struct Layer;
+  Decoder() = default;
+
+  ModelConfig config_;
+  at::ScalarType dtype_ = at::kFloat;
+  at::TensorOptions options_;
+  KeyTapMode tap_mode_ = KeyTapMode::kInvert;
+  int64_t max_scores_bytes_ = 0;
+  at::Tensor embed_tokens_, norm_, lm_head_;
+  std::vector<Layer> layers_;
+  std::shared_ptr<const KeyTransform> key_transform_;
+};
+
+}  // namespace kvl

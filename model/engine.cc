@@ -1,0 +1,241 @@
+#include "model/engine.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+#include <malloc.h>
+
+#include <algorithm>
+#include <new>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "model/decoder.h"
+
+namespace kvl {
+namespace {
+
+at::ScalarType ToScalarType(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return at::kFloat;
+    case DType::kBFloat16:
+      return at::kBFloat16;
+    case DType::kFloat16:
+      return at::kHalf;
+  }
+  return at::kFloat;
+}
+
+// Runs f, turning LibTorch exceptions into statuses at the model/ edge.
+template <typename F>
+auto Guarded(const char* what, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(what, ": ", e.what_without_backtrace()));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(what, ": out of memory"));
+  }
+}
+
+}  // namespace
+
+void TuneMallocForTensors() {
+  // Serve tensor buffers up to glibc's maximum mmap threshold (32 MiB on
+  // 64-bit) from the heap, and do not trim it: otherwise each large free is an
+  // munmap/trim and the next allocation page-faults fresh zeroed memory.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  mallopt(M_TOP_PAD, 64 << 20);
+}
+
+const char* FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStopToken:
+      return "stop_token";
+    case FinishReason::kStopString:
+      return "stop_string";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
+  }
+  return "unknown";
+}
+
+Engine::~Engine() = default;
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Checkpoint& checkpoint,
+                                                       const RuntimeOptions& options) {
+  if (options.prefill_chunk <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefill_chunk must be positive, got ", options.prefill_chunk));
+  }
+  if (options.n_threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("n_threads must be >= 0, got ", options.n_threads));
+  }
+  TuneMallocForTensors();
+  const int n_threads = options.n_threads > 0
+                            ? options.n_threads
+                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  at::set_num_threads(n_threads);
+
+  DecoderOptions decoder_options;
+  decoder_options.dtype = ToScalarType(options.dtype);
+  decoder_options.device = options.device;
+  absl::StatusOr<std::unique_ptr<Decoder>> decoder =
+      Decoder::Create(checkpoint.config, checkpoint.weights, decoder_options);
+  if (!decoder.ok()) return decoder.status();
+  std::unique_ptr<Engine> engine(new Engine());
+  engine->config_ = checkpoint.config;
+  engine->generation_ = checkpoint.generation;
+  engine->options_ = options;
+  engine->options_.n_threads = n_threads;
+  engine->decoder_ = *std::move(decoder);
+  return engine;
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateFromDir(const std::string& dir,
+                                                              const RuntimeOptions& options) {
+  absl::StatusOr<Checkpoint> checkpoint = LoadCheckpoint(dir);
+  if (!checkpoint.ok()) return checkpoint.status();
+  return Create(*checkpoint, options);
+}
+
+KeyTapMode Engine::tap_mode() const { return decoder_->tap_mode(); }
+
+std::unique_ptr<KvCache> Engine::NewCache() const { return decoder_->NewCache(); }
+
+absl::Status Engine::CheckIds(const KvCache& cache, const std::vector<int64_t>& ids) const {
+  if (ids.empty()) return absl::InvalidArgumentError("no token ids to run");
+  for (int64_t id : ids) {
+    if (id < 0 || id >= config_.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "token id ", id, " is outside the vocabulary [0, ", config_.vocab_size, ")"));
+    }
+  }
+  const int64_t n_ctx = cache.Length() + static_cast<int64_t>(ids.size());
+  if (n_ctx > config_.max_position_embeddings) {
+    return absl::OutOfRangeError(absl::StrCat("context of ", n_ctx,
+                                              " tokens exceeds max_position_embeddings ",
+                                              config_.max_position_embeddings));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<at::Tensor> Engine::Prefill(KvCache& cache, const std::vector<int64_t>& ids,
+                                           bool all_logits) {
+  if (absl::Status s = CheckIds(cache, ids); !s.ok()) return s;
+  const int64_t n_start = cache.Length();
+  absl::StatusOr<at::Tensor> result = Guarded("prefill", [&]() -> absl::StatusOr<at::Tensor> {
+    c10::InferenceMode inference;
+    const int64_t n = static_cast<int64_t>(ids.size());
+    const at::Tensor all = at::from_blob(const_cast<int64_t*>(ids.data()), {n}, at::kLong);
+    std::vector<at::Tensor> rows;
+    at::Tensor logits;
+    for (int64_t i0 = 0; i0 < n; i0 += options_.prefill_chunk) {
+      const int64_t nc = std::min(options_.prefill_chunk, n - i0);
+      logits = decoder_->Forward(cache, all.narrow(0, i0, nc), all_logits);
+      if (all_logits) rows.push_back(logits);
+    }
+    return all_logits ? at::cat(rows, 0) : logits.squeeze(0);
+  });
+  if (!result.ok()) (void)cache.Rollback(n_start);
+  return result;
+}
+
+absl::StatusOr<at::Tensor> Engine::Decode(KvCache& cache, int64_t id) {
+  return Prefill(cache, {id});
+}
+
+absl::StatusOr<GenerateResult> Engine::Generate(KvCache& cache,
+                                                const std::vector<int64_t>& prompt_ids,
+                                                const GenerateOptions& options) {
+  if (absl::Status s = ValidateSamplingParams(options.sampling); !s.ok()) return s;
+  if (options.max_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_tokens must be >= 0, got ", options.max_tokens));
+  }
+  if (!options.stop_strings.empty() && !options.token_text) {
+    return absl::InvalidArgumentError("stop strings need token_text (a detokenizer)");
+  }
+  for (const std::string& s : options.stop_strings) {
+    if (s.empty()) return absl::InvalidArgumentError("empty stop string");
+  }
+  const int64_t n_start = cache.Length();
+  absl::StatusOr<at::Tensor> logits = Prefill(cache, prompt_ids);
+  if (!logits.ok()) return logits.status();
+
+  GenerateResult result;
+  result.finish_reason = FinishReason::kLength;
+  Sampler sampler(options.sampling, options.seed);
+  size_t emitted = 0;  // bytes of result.text already given to on_token
+  for (int64_t i = 0; i < options.max_tokens; ++i) {
+    if (i > 0) {
+      logits = Decode(cache, result.tokens.back());
+      if (!logits.ok()) {
+        (void)cache.Rollback(n_start);
+        return logits.status();
+      }
+    }
+    absl::StatusOr<int64_t> sampled =
+        Guarded("sampling", [&]() -> absl::StatusOr<int64_t> { return sampler.Sample(*logits); });
+    if (!sampled.ok()) {
+      (void)cache.Rollback(n_start);
+      return sampled.status();
+    }
+    const int64_t id = *sampled;
+    if (std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), id) !=
+        options.stop_token_ids.end()) {
+      result.finish_reason = FinishReason::kStopToken;
+      result.stop_token_id = id;
+      break;
+    }
+    result.tokens.push_back(id);
+    const size_t old_size = result.text.size();
+    if (options.token_text) result.text += options.token_text(id);
+
+    // A new stop-string match must end inside the new text.
+    size_t match = std::string::npos;
+    for (const std::string& s : options.stop_strings) {
+      const size_t from = old_size >= s.size() ? old_size - s.size() + 1 : 0;
+      match = std::min(match, result.text.find(s, from));
+    }
+    if (match != std::string::npos) {
+      result.text.resize(match);
+      if (options.on_token && match > emitted) {
+        (void)options.on_token(id, std::string_view(result.text).substr(emitted));
+      }
+      emitted = result.text.size();
+      result.finish_reason = FinishReason::kStopString;
+      break;
+    }
+    // Hold back the longest tail that could still grow into a stop string.
+    size_t held = 0;
+    for (const std::string& s : options.stop_strings) {
+      for (size_t len = std::min(s.size() - 1, result.text.size()); len > held; --len) {
+        if (result.text.compare(result.text.size() - len, len, s, 0, len) == 0) {
+          held = len;
+          break;
+        }
+      }
+    }
+    const size_t final_end = std::max(emitted, result.text.size() - held);
+    const std::string_view piece =
+        std::string_view(result.text).substr(emitted, final_end - emitted);
+    emitted = final_end;
+    if (options.on_token && !options.on_token(id, piece)) {
+      result.finish_reason = FinishReason::kCancelled;
+      break;
+    }
+  }
+  if (options.on_token && emitted < result.text.size()) {
+    (void)options.on_token(-1, std::string_view(result.text).substr(emitted));
+  }
+  return result;
+}
+
+}  // namespace kvl

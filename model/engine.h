@@ -1,0 +1,118 @@
+// The generation engine of one model: a prepared decoder plus chunked prefill,
+// single-token decode and sampled generation with stop conditions, returning
+// absl::Status at the edge (LibTorch exceptions are caught here).
+//
+// Legend: T=tokens, V=vocab_size.
+//
+// Thread-safety: an Engine and the cache lines it creates are driven by ONE
+// thread at a time — the model's engine worker (kvlingo runs one worker per
+// model). Create and the const accessors may be called from any thread.
+// at::set_num_threads is process-wide in LibTorch: the last engine created
+// sets it for all.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "model/checkpoint.h"
+#include "model/config.h"
+#include "model/kv_cache.h"
+#include "model/sampling.h"
+
+namespace kvl {
+
+class Decoder;
+
+// Keeps glibc from returning large tensor buffers to the OS on every free (and
+// faulting them back in on the next allocation). Process-wide and idempotent;
+// Engine::Create calls it. See docs/model-runtime.md for the measured effect.
+void TuneMallocForTensors();
+
+enum class FinishReason {
+  kStopToken,   // a stop token was sampled
+  kStopString,  // the text reached a stop string
+  kLength,      // max_tokens generated
+  kCancelled,   // the callback returned false
+};
+const char* FinishReasonName(FinishReason reason);
+
+struct GenerateOptions {
+  int64_t max_tokens = 256;
+  SamplingParams sampling;
+  uint64_t seed = 0;
+  std::vector<int64_t> stop_token_ids;
+  std::vector<std::string> stop_strings;
+  // The text a generated token completes (a streaming detokenizer: it may be
+  // empty while a UTF-8 sequence is incomplete). Required for stop_strings;
+  // optional otherwise (then no text is produced).
+  std::function<std::string(int64_t id)> token_text;
+  // Called for each generated token except a stop token, with the text that
+  // became final with it (text that could still begin a stop string is held
+  // back until it cannot; what is still held when generation ends comes in one
+  // last call with id -1). Returning false cancels generation.
+  std::function<bool(int64_t id, std::string_view text)> on_token;
+};
+
+struct GenerateResult {
+  // Generated tokens, without a final stop token. The cache line holds the
+  // prompt and every sampled token except the last one sampled (the stop token
+  // for kStopToken, else tokens.back()): it has not been run through the model
+  // yet; that happens when the conversation continues.
+  std::vector<int64_t> tokens;
+  std::string text;  // concatenated token text, cut before a stop string
+  FinishReason finish_reason = FinishReason::kLength;
+  int64_t stop_token_id = -1;  // the stop token sampled, for kStopToken
+};
+
+class Engine {
+ public:
+  // Prepares the decoder (dtype, device, fused weights), sets the intra-op
+  // thread count and tunes malloc. InvalidArgument for bad runtime options.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const Checkpoint& checkpoint,
+                                                        const RuntimeOptions& options);
+  // Loads a model directory first (errors as LoadCheckpoint's).
+  static absl::StatusOr<std::unique_ptr<Engine>> CreateFromDir(const std::string& dir,
+                                                               const RuntimeOptions& options);
+  ~Engine();
+
+  const ModelConfig& config() const { return config_; }
+  const GenerationDefaults& generation_defaults() const { return generation_; }
+  const RuntimeOptions& options() const { return options_; }
+  KeyTapMode tap_mode() const;
+
+  std::unique_ptr<KvCache> NewCache() const;
+
+  // Runs ids through the model in chunks of options().prefill_chunk, appending
+  // them to cache. Returns the float32 logits of the last token, [V] (or of
+  // every token, [T, V], when all_logits). InvalidArgument for empty ids or ids
+  // outside the vocabulary, OutOfRange past max_position_embeddings.
+  absl::StatusOr<at::Tensor> Prefill(KvCache& cache, const std::vector<int64_t>& ids,
+                                     bool all_logits = false);
+  // One token: appends it and returns the next token's logits [V].
+  absl::StatusOr<at::Tensor> Decode(KvCache& cache, int64_t id);
+  // Prefills prompt_ids — the tokens the cache line lacks, at least one (a new
+  // turn, preceded when continuing a conversation by the last sampled token
+  // of the previous one) — then samples up to max_tokens. Errors as Prefill's,
+  // InvalidArgument for bad options; the line is rolled back on error.
+  absl::StatusOr<GenerateResult> Generate(KvCache& cache, const std::vector<int64_t>& prompt_ids,
+                                          const GenerateOptions& options);
+
+ private:
+  Engine() = default;
+  absl::Status CheckIds(const KvCache& cache, const std::vector<int64_t>& ids) const;
+
+  ModelConfig config_;
+  GenerationDefaults generation_;
+  RuntimeOptions options_;
+  std::unique_ptr<Decoder> decoder_;
+};
+
+}  // namespace kvl

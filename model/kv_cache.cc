@@ -1,0 +1,170 @@
+#include "model/kv_cache.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "model/key_transform.h"
+
+namespace kvl {
+namespace {
+
+// Smallest allocation, in tokens, so that short chats do not regrow at once.
+constexpr int64_t kMinCapacity = 64;
+
+int64_t Nbytes(const at::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; }
+
+}  // namespace
+
+KvCache::KvCache(std::shared_ptr<const KeyTransform> transform, int64_t n_layer, int64_t n_head_kv,
+                 int64_t head_dim, at::TensorOptions options, KeyTapMode tap_mode)
+    : transform_(std::move(transform)),
+      n_layer_(n_layer),
+      n_head_kv_(n_head_kv),
+      head_dim_(head_dim),
+      options_(options),
+      tap_mode_(tap_mode),
+      keep_inv_rms_(tap_mode == KeyTapMode::kInvert && transform_->has_norm()) {}
+
+KvCache::~KvCache() = default;
+
+int64_t KvCache::Bytes() const {
+  return Nbytes(keys_) + Nbytes(values_) + Nbytes(keys_prenorm_) + Nbytes(inv_rms_);
+}
+
+int64_t KvCache::BytesPerToken() const {
+  const int64_t kv_elems = n_layer_ * n_head_kv_ * head_dim_;
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(options_.dtype().toScalarType()));
+  int64_t bytes = 2 * kv_elems * elem;
+  if (tap_mode_ == KeyTapMode::kStorePreNorm) bytes += kv_elems * elem;
+  if (keep_inv_rms_) bytes += n_layer_ * n_head_kv_ * static_cast<int64_t>(sizeof(float));
+  return bytes;
+}
+
+void KvCache::EnsureCapacity(int64_t n_tokens) {
+  if (n_tokens <= capacity_) return;
+  c10::InferenceMode inference;  // the line's tensors are inference tensors
+  const int64_t new_capacity = std::max({n_tokens, 2 * capacity_, kMinCapacity});
+  auto grow = [&](at::Tensor& t, at::TensorOptions opts, bool per_dim) {
+    at::Tensor fresh = per_dim ? at::empty({n_layer_, n_head_kv_, new_capacity, head_dim_}, opts)
+                               : at::empty({n_layer_, n_head_kv_, new_capacity}, opts);
+    if (n_tokens_ > 0) fresh.narrow(2, 0, n_tokens_).copy_(t.narrow(2, 0, n_tokens_));
+    t = std::move(fresh);
+  };
+  grow(keys_, options_, true);
+  grow(values_, options_, true);
+  if (tap_mode_ == KeyTapMode::kStorePreNorm) grow(keys_prenorm_, options_, true);
+  if (keep_inv_rms_) grow(inv_rms_, options_.dtype(at::kFloat), false);
+  capacity_ = new_capacity;
+}
+
+absl::Status KvCache::Reserve(int64_t n_tokens) {
+  if (n_tokens < 0) return absl::InvalidArgumentError("Reserve: negative token count");
+  try {
+    EnsureCapacity(n_tokens);
+  } catch (const c10::Error& e) {
+    return absl::ResourceExhaustedError(absl::StrCat("reserve: ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvCache::Rollback(int64_t n_tokens) {
+  if (n_tokens < 0 || n_tokens > n_tokens_) {
+    return absl::OutOfRangeError(
+        absl::StrCat("Rollback to ", n_tokens, " tokens: the line holds ", n_tokens_));
+  }
+  n_tokens_ = n_tokens;
+  while (!spans_.empty() && spans_.back().t0 >= n_tokens) spans_.pop_back();
+  if (!spans_.empty()) spans_.back().t1 = std::min(spans_.back().t1, n_tokens);
+  return absl::OkStatus();
+}
+
+void KvCache::Commit(int64_t n, bool native) {
+  if (n == 0) return;
+  if (!spans_.empty() && spans_.back().native == native) {
+    spans_.back().t1 += n;
+  } else {
+    spans_.push_back(KvSpan{n_tokens_, n_tokens_ + n, native});
+  }
+  n_tokens_ += n;
+}
+
+at::Tensor KvCache::Keys(int64_t il) const { return keys_[il].narrow(1, 0, n_tokens_); }
+at::Tensor KvCache::Values(int64_t il) const { return values_[il].narrow(1, 0, n_tokens_); }
+
+absl::StatusOr<KvTaps> KvCache::Taps(int64_t t0, int64_t t1) const {
+  if (t0 < 0 || t1 < t0 || t1 > n_tokens_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("taps [", t0, ", ", t1, "): the line holds ", n_tokens_, " tokens"));
+  }
+  for (const KvSpan& s : spans_) {
+    if (!s.native && s.t0 < t1 && t0 < s.t1) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("taps [", t0, ", ", t1, ") overlap the foreign span [", s.t0, ", ", s.t1,
+                       "): a translation is never translated again"));
+    }
+  }
+  // Deliberately outside InferenceMode: the copies are normal tensors, usable
+  // by training code (translator fitting) under autograd.
+  try {
+    return TapsUnchecked(t0, t1);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("taps: ", e.what_without_backtrace()));
+  }
+}
+
+KvTaps KvCache::TapsUnchecked(int64_t t0, int64_t t1) const {
+  const int64_t n = t1 - t0;
+  KvTaps taps;
+  taps.values = values_.narrow(2, t0, n).clone(at::MemoryFormat::Contiguous);
+  if (tap_mode_ == KeyTapMode::kStorePreNorm) {
+    taps.keys = keys_prenorm_.narrow(2, t0, n).clone(at::MemoryFormat::Contiguous);
+    return taps;
+  }
+  taps.keys = at::empty({n_layer_, n_head_kv_, n, head_dim_}, options_);
+  const ops::RopeTable rope = transform_->Rope(t0, n);
+  for (int64_t il = 0; il < n_layer_; ++il) {
+    const at::Tensor post = keys_[il].narrow(1, t0, n).transpose(0, 1);  // [T, H, D]
+    const at::Tensor inv = keep_inv_rms_ ? inv_rms_[il].narrow(1, t0, n).t() : at::Tensor();
+    taps.keys[il].copy_(transform_->Invert(il, post, inv, rope).transpose(0, 1));
+  }
+  return taps;
+}
+
+absl::Status KvCache::Accept(const at::Tensor& keys, const at::Tensor& values) {
+  auto check = [&](const at::Tensor& t, const char* what) -> absl::Status {
+    if (!t.defined() || t.dim() != 4 || t.size(0) != n_layer_ || t.size(1) != n_head_kv_ ||
+        t.size(3) != head_dim_ || !at::isFloatingType(t.scalar_type())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Accept: ", what, " must be float [L=", n_layer_, ", H=", n_head_kv_, ", T, D=",
+          head_dim_, "], got ", t.defined() ? c10::str(t.sizes()) : std::string("undefined")));
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s = check(keys, "keys"); !s.ok()) return s;
+  if (absl::Status s = check(values, "values"); !s.ok()) return s;
+  if (keys.size(2) != values.size(2)) {
+    return absl::InvalidArgumentError("Accept: keys and values cover different token counts");
+  }
+  const int64_t n = keys.size(2), t0 = n_tokens_;
+  try {
+    c10::InferenceMode inference;
+    EnsureCapacity(t0 + n);
+    const at::Tensor k_in = keys.to(options_);
+    const ops::RopeTable rope = transform_->Rope(t0, n);
+    for (int64_t il = 0; il < n_layer_; ++il) {
+      transform_->Apply(il, k_in[il].transpose(0, 1), rope,
+                        keys_[il].narrow(1, t0, n).transpose(0, 1), at::Tensor());
+    }
+    values_.narrow(2, t0, n).copy_(values);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("accept: ", e.what_without_backtrace()));
+  }
+  Commit(n, /*native=*/false);
+  return absl::OkStatus();
+}
+
+}  // namespace kvl

@@ -1,0 +1,119 @@
+#include "model/reference.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+#include <utility>
+
+namespace kvl {
+namespace {
+
+// HF RMSNorm: float32 statistics, cast back to the input dtype, then * weight.
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::Tensor xf = x.to(at::kFloat);
+  const at::Tensor variance = xf.pow(2).mean(-1, /*keepdim=*/true);
+  const at::Tensor normed = xf * at::rsqrt(variance + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  return b.defined() ? at::linear(x, w, b) : at::linear(x, w);
+}
+
+// [.., D] -> cat(-x2, x1) with x1, x2 the two halves.
+at::Tensor RotateHalf(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+// cos, sin: [T, D] for positions [pos0, pos0 + T), float32 then cast to dtype.
+std::pair<at::Tensor, at::Tensor> RopeCosSin(const ModelConfig& config, int64_t pos0,
+                                             int64_t n_tokens, const at::TensorOptions& opts) {
+  const int64_t d = config.head_dim;
+  const at::TensorOptions f32 = opts.dtype(at::kFloat);
+  const at::Tensor inv_freq =
+      1.0 / at::pow(config.rope_theta, at::arange(0, d, 2, f32.dtype(at::kLong)).to(at::kFloat) /
+                                           static_cast<double>(d));
+  const at::Tensor pos = at::arange(pos0, pos0 + n_tokens, f32.dtype(at::kLong)).to(at::kFloat);
+  const at::Tensor freqs = pos.unsqueeze(1) * inv_freq.unsqueeze(0);  // [T, D/2]
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);                 // [T, D]
+  return {emb.cos().to(opts.dtype()), emb.sin().to(opts.dtype())};
+}
+
+at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return x * cos + RotateHalf(x) * sin;
+}
+
+}  // namespace
+
+ReferenceOutput ReferenceForward(const ModelConfig& config, const ModelWeights& weights,
+                                 const at::Tensor& ids, const ReferenceOptions& options) {
+  TORCH_CHECK(ids.dim() == 2, "ids must be [B, T]");
+  const int64_t n_batch = ids.size(0), n_tokens = ids.size(1);
+  const int64_t n_head = config.n_head, n_head_kv = config.n_head_kv, d = config.head_dim;
+  const int64_t n_group = n_head / n_head_kv;
+  const bool has_prefix = !options.prefix_keys.empty();
+  TORCH_CHECK(!has_prefix || (options.prefix_keys.size() == weights.layers.size() &&
+                              options.prefix_values.size() == weights.layers.size()),
+              "prefix needs keys and values for every layer");
+  const int64_t n_prefix = has_prefix ? options.prefix_keys[0].size(2) : 0;
+  const at::ScalarType dtype = weights.embed_tokens.scalar_type();
+  const at::TensorOptions opts = weights.embed_tokens.options();
+
+  const auto [cos, sin] = RopeCosSin(config, n_prefix, n_tokens, opts);
+  const auto [cos_prefix, sin_prefix] = RopeCosSin(config, 0, n_prefix, opts);
+  // Causal mask over [prefix | ids]: query i sees every prefix key and ids keys <= i.
+  const at::Tensor key_pos = at::arange(n_prefix + n_tokens, opts.dtype(at::kLong));
+  const at::Tensor query_pos = at::arange(n_prefix, n_prefix + n_tokens, opts.dtype(at::kLong));
+  const at::Tensor masked = key_pos.unsqueeze(0) > query_pos.unsqueeze(1);  // [T, P+T]
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+
+  ReferenceOutput out;
+  at::Tensor x = at::embedding(weights.embed_tokens, ids);  // [B, T, E]
+  for (size_t il = 0; il < weights.layers.size(); ++il) {
+    const LayerWeights& w = weights.layers[il];
+    const at::Tensor h = RmsNorm(x, w.input_layernorm, config.rms_norm_eps);
+    at::Tensor q =
+        Linear(h, w.q_proj, w.q_bias).view({n_batch, n_tokens, n_head, d}).transpose(1, 2);
+    at::Tensor k =
+        Linear(h, w.k_proj, w.k_bias).view({n_batch, n_tokens, n_head_kv, d}).transpose(1, 2);
+    at::Tensor v =
+        Linear(h, w.v_proj, w.v_bias).view({n_batch, n_tokens, n_head_kv, d}).transpose(1, 2);
+    if (options.capture_kv) {
+      out.keys_prenorm.push_back(k);
+      out.values.push_back(v);
+    }
+    if (has_prefix) {  // prefix keys go through the same k-norm and RoPE, at their positions
+      k = at::cat({options.prefix_keys[il].to(dtype), k}, 2);
+      v = at::cat({options.prefix_values[il].to(dtype), v}, 2);
+    }
+    if (config.qk_norm) {
+      q = RmsNorm(q, w.q_norm, config.rms_norm_eps);
+      k = RmsNorm(k, w.k_norm, config.rms_norm_eps);
+    }
+    q = ApplyRope(q, cos, sin);
+    k = ApplyRope(k, at::cat({cos_prefix, cos}, 0), at::cat({sin_prefix, sin}, 0));
+
+    // Grouped-query attention: kv head j serves query heads j*G .. j*G+G-1.
+    k = k.repeat_interleave(n_group, 1);  // [B, Hq, P+T, D]
+    v = v.repeat_interleave(n_group, 1);
+    at::Tensor scores = at::matmul(q, k.transpose(2, 3)) * scale;  // [B, Hq, T, P+T]
+    scores = scores.masked_fill(masked, -std::numeric_limits<double>::infinity());
+    const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(dtype);
+    const at::Tensor attn =
+        at::matmul(probs, v).transpose(1, 2).reshape({n_batch, n_tokens, n_head * d});
+    x = x + Linear(attn, w.o_proj, w.o_bias);
+
+    const at::Tensor h2 = RmsNorm(x, w.post_attention_layernorm, config.rms_norm_eps);
+    const at::Tensor mlp =
+        at::linear(at::silu(at::linear(h2, w.gate_proj)) * at::linear(h2, w.up_proj), w.down_proj);
+    x = x + mlp;
+  }
+  x = RmsNorm(x, weights.norm, config.rms_norm_eps);
+  if (options.last_logits_only) x = x.narrow(1, n_tokens - 1, 1);
+  out.logits = at::linear(x, weights.lm_head).to(at::kFloat);
+  return out;
+}
+
+}  // namespace kvl

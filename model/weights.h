@@ -1,0 +1,49 @@
+// The tensors of a Qwen3-family / Llama-style decoder, named as in Hugging Face
+// checkpoints ("model.layers.{il}.self_attn.q_proj.weight", ...).
+//
+// Legend: V=vocab_size, E=hidden_size, F=intermediate_size, Hq=n_head,
+// H=n_head_kv, D=head_dim. Linear weights are [out, in] as in torch.nn.Linear.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "model/config.h"
+
+namespace kvl {
+
+struct LayerWeights {
+  at::Tensor input_layernorm;           // [E]
+  at::Tensor q_proj, k_proj, v_proj;    // [Hq*D, E], [H*D, E], [H*D, E]
+  at::Tensor q_bias, k_bias, v_bias;    // [Hq*D], [H*D], [H*D]; undefined unless attention_bias
+  at::Tensor o_proj;                    // [E, Hq*D]
+  // Hugging Face's Qwen3 and Llama give o_proj a bias too when attention_bias.
+  at::Tensor o_bias;                    // [E]; undefined unless attention_bias
+  at::Tensor q_norm, k_norm;            // [D] each; undefined without qk_norm
+  at::Tensor post_attention_layernorm;  // [E]
+  at::Tensor gate_proj, up_proj;        // [F, E]
+  at::Tensor down_proj;                 // [E, F]
+};
+
+struct ModelWeights {
+  at::Tensor embed_tokens;  // [V, E]
+  std::vector<LayerWeights> layers;
+  at::Tensor norm;          // [E]
+  at::Tensor lm_head;       // [V, E]; aliases embed_tokens when tied
+
+  // Hugging Face tensor name -> tensor (lm_head omitted when tied).
+  std::map<std::string, at::Tensor> Named(const ModelConfig& config) const;
+  // Fills the weights from named tensors; a missing tensor or a wrong shape is
+  // InvalidArgument naming the tensor and both shapes.
+  static absl::StatusOr<ModelWeights> FromNamed(const ModelConfig& config,
+                                                std::map<std::string, at::Tensor> named);
+  // All tensors, e.g. for an optimiser.
+  std::vector<at::Tensor> All() const;
+  // A copy converted to dtype/device.
+  ModelWeights To(at::ScalarType dtype, const std::string& device) const;
+};
+
+}  // namespace kvl

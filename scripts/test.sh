@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The README's test command: installs everything (scripts/setup.sh), builds,
+# and runs the whole test suite with ctest. Exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+BUILD_DIR=${KVL_BUILD_DIR:-build}
+ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" --timeout 900 "$@"

@@ -1,0 +1,150 @@
+#include "server/chat_request.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "server/session_table.h"
+
+namespace kvl::server {
+namespace {
+
+absl::Status Bad(absl::string_view field, absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", problem));
+}
+
+absl::Status CheckUtf8(absl::string_view field, absl::string_view text) {
+  size_t offset = 0;
+  if (!IsValidUtf8(text, &offset)) {
+    return Bad(field, absl::StrCat("not valid UTF-8 (first bad byte at offset ", offset, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool IsValidUtf8(absl::string_view text, size_t* bad_offset) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  size_t i = 0;
+  while (i < n) {
+    const unsigned char c = s[i];
+    size_t len;
+    uint32_t min_cp;
+    uint32_t cp;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      len = 2, min_cp = 0x80, cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3, min_cp = 0x800, cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4, min_cp = 0x10000, cp = c & 0x07;
+    } else {
+      if (bad_offset) *bad_offset = i;
+      return false;
+    }
+    if (i + len > n) {
+      if (bad_offset) *bad_offset = i;
+      return false;
+    }
+    for (size_t k = 1; k < len; ++k) {
+      if ((s[i + k] & 0xC0) != 0x80) {
+        if (bad_offset) *bad_offset = i;
+        return false;
+      }
+      cp = (cp << 6) | (s[i + k] & 0x3F);
+    }
+    if (cp < min_cp || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+      if (bad_offset) *bad_offset = i;
+      return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+absl::StatusOr<TurnRequest> ParseChatRequest(const kvlingo::v1::ChatRequest& request,
+                                             const TurnLimits& limits) {
+  TurnRequest turn;
+  if (request.session_id().empty()) return Bad("session_id", "required");
+  if (!IsValidSessionId(request.session_id())) {
+    return Bad("session_id", "expected 1-128 characters of [A-Za-z0-9._:-]");
+  }
+  turn.session_id = request.session_id();
+
+  const std::string& message = request.user_message();
+  if (message.empty()) return Bad("user_message", "must not be empty");
+  if (static_cast<int64_t>(message.size()) > limits.max_turn_bytes) {
+    return Bad("user_message", absl::StrCat(message.size(), " bytes is over the server's limit of ",
+                                            limits.max_turn_bytes, " (server.max_turn_bytes)"));
+  }
+  if (absl::Status s = CheckUtf8("user_message", message); !s.ok()) return s;
+  turn.user_message = message;
+
+  const kvlingo::v1::SamplingParams& sp = request.sampling();
+  SamplingOptions& out = turn.sampling;
+  if (sp.max_tokens() > limits.max_new_tokens_limit) {
+    return Bad("sampling.max_tokens",
+               absl::StrCat(sp.max_tokens(), " is over the server's limit of ",
+                            limits.max_new_tokens_limit));
+  }
+  out.max_tokens =
+      sp.max_tokens() == 0 ? static_cast<uint32_t>(limits.max_new_tokens_limit) : sp.max_tokens();
+  // Written as !(in range) so that NaN is rejected too.
+  if (!(sp.temperature() >= 0 && sp.temperature() <= 2)) {
+    return Bad("sampling.temperature",
+               absl::StrCat("expected a value in [0, 2], got ", sp.temperature()));
+  }
+  out.temperature = sp.temperature();
+  out.top_k = sp.top_k();
+  if (!(sp.top_p() >= 0 && sp.top_p() <= 1)) {
+    return Bad("sampling.top_p",
+               absl::StrCat("expected a value in (0, 1] or 0 for unset, got ", sp.top_p()));
+  }
+  out.top_p = sp.top_p() == 0 ? 1.0f : sp.top_p();
+  if (sp.has_seed()) out.seed = sp.seed();
+  if (static_cast<size_t>(sp.stop_size()) > kMaxStopStrings) {
+    return Bad("sampling.stop",
+               absl::StrCat("at most ", kMaxStopStrings, " strings, got ", sp.stop_size()));
+  }
+  for (int i = 0; i < sp.stop_size(); ++i) {
+    const std::string field = absl::StrCat("sampling.stop[", i, "]");
+    if (sp.stop(i).empty()) return Bad(field, "must not be empty");
+    if (absl::Status s = CheckUtf8(field, sp.stop(i)); !s.ok()) return s;
+    out.stop.push_back(sp.stop(i));
+  }
+
+  const kvlingo::v1::RoutingHints& hints = request.routing();
+  if (!hints.policy().empty()) {
+    absl::StatusOr<RoutingPolicy> policy = ParseRoutingPolicy(hints.policy());
+    if (!policy.ok()) return Bad("routing.policy", policy.status().message());
+    turn.policy = *policy;
+  }
+  if (!hints.model().empty() && !IsValidUtf8(hints.model())) {
+    return Bad("routing.model", "not valid UTF-8");
+  }
+  turn.model = hints.model();
+  if (turn.policy == RoutingPolicy::kExplicit && turn.model.empty()) {
+    return Bad("routing.model", "required by the 'explicit' policy");
+  }
+  switch (hints.strategy()) {
+    case kvlingo::v1::SWITCH_STRATEGY_UNSPECIFIED:
+      break;
+    case kvlingo::v1::SWITCH_STRATEGY_TRANSLATE:
+      turn.strategy = SwitchStrategy::kTranslate;
+      break;
+    case kvlingo::v1::SWITCH_STRATEGY_REPREFILL:
+      turn.strategy = SwitchStrategy::kReprefill;
+      break;
+    case kvlingo::v1::SWITCH_STRATEGY_REPREFILL_MISSING:
+      turn.strategy = SwitchStrategy::kReprefillMissing;
+      break;
+    default:
+      return Bad("routing.strategy",
+                 absl::StrCat("unknown value ", static_cast<int>(hints.strategy())));
+  }
+  return turn;
+}
+
+}  // namespace kvl::server

@@ -1,0 +1,566 @@
+#include "server/config.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+
+namespace kvl::server {
+namespace {
+
+using Json = nlohmann::json;
+namespace fs = std::filesystem;
+
+// Key paths read like the file: "server.listen_address", "models[2].path".
+std::string Child(const std::string& path, absl::string_view key) {
+  return path.empty() ? std::string(key) : absl::StrCat(path, ".", key);
+}
+std::string Index(const std::string& path, size_t i) { return absl::StrCat(path, "[", i, "]"); }
+
+absl::Status Invalid(const std::string& path, absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat("config: ", path, ": ", problem));
+}
+
+// The offending value as it appeared, shortened so that an error stays one line.
+std::string Shown(const Json& value) {
+  std::string text =
+      value.is_string() ? absl::StrCat("'", value.get<std::string>(), "'") : value.dump();
+  if (text.size() > 80) text = absl::StrCat(text.substr(0, 77), "...");
+  return text;
+}
+
+absl::Status ExpectObject(const Json& value, const std::string& path) {
+  if (!value.is_object())
+    return Invalid(path, absl::StrCat("expected an object, got ", Shown(value)));
+  return absl::OkStatus();
+}
+
+// Rejects keys outside `allowed`, naming the first unknown one and the known ones.
+absl::Status CheckKeys(const Json& object, const std::string& path,
+                       std::initializer_list<absl::string_view> allowed) {
+  for (const auto& [key, value] : object.items()) {
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+      return Invalid(
+          Child(path, key),
+          absl::StrCat("unknown key (known keys here: ", absl::StrJoin(allowed, ", "), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+const Json* Find(const Json& object, absl::string_view key) {
+  auto it = object.find(key);
+  return it == object.end() ? nullptr : &*it;
+}
+
+absl::Status ReadString(const Json& object, absl::string_view key, const std::string& path,
+                        std::string* out) {
+  const Json* value = Find(object, key);
+  if (value == nullptr) return absl::OkStatus();
+  if (!value->is_string()) {
+    return Invalid(Child(path, key), absl::StrCat("expected a string, got ", Shown(*value)));
+  }
+  *out = value->get<std::string>();
+  return absl::OkStatus();
+}
+
+absl::Status ReadInt(const Json& object, absl::string_view key, const std::string& path,
+                     int64_t min, int64_t max, int64_t* out) {
+  const Json* value = Find(object, key);
+  if (value == nullptr) return absl::OkStatus();
+  const std::string where = Child(path, key);
+  if (!value->is_number_integer()) {
+    return Invalid(where, absl::StrCat("expected an integer, got ", Shown(*value)));
+  }
+  bool in_range;
+  int64_t v = 0;
+  if (value->is_number_unsigned()) {
+    const uint64_t u = value->get<uint64_t>();
+    in_range = u <= static_cast<uint64_t>(max);
+    v = in_range ? static_cast<int64_t>(u) : 0;
+  } else {
+    v = value->get<int64_t>();
+    in_range = v <= max;
+  }
+  if (!in_range || v < min) {
+    return Invalid(
+        where, absl::StrCat("expected an integer in [", min, ", ", max, "], got ", Shown(*value)));
+  }
+  *out = v;
+  return absl::OkStatus();
+}
+
+absl::Status ReadNumber(const Json& object, absl::string_view key, const std::string& path,
+                        double min, double max, double* out) {
+  const Json* value = Find(object, key);
+  if (value == nullptr) return absl::OkStatus();
+  const std::string where = Child(path, key);
+  if (!value->is_number())
+    return Invalid(where, absl::StrCat("expected a number, got ", Shown(*value)));
+  const double v = value->get<double>();
+  if (!(v >= min && v <= max)) {
+    return Invalid(
+        where, absl::StrCat("expected a number in [", min, ", ", max, "], got ", Shown(*value)));
+  }
+  *out = v;
+  return absl::OkStatus();
+}
+
+// Reads a string that must be one of `names`; `*index` is its position.
+absl::Status ReadChoice(const Json& object, absl::string_view key, const std::string& path,
+                        std::initializer_list<absl::string_view> names, size_t* index) {
+  const Json* value = Find(object, key);
+  if (value == nullptr) return absl::OkStatus();
+  const std::string where = Child(path, key);
+  const std::string expected = absl::StrCat("expected one of ", absl::StrJoin(names, ", "));
+  if (!value->is_string()) return Invalid(where, absl::StrCat(expected, ", got ", Shown(*value)));
+  const std::string text = value->get<std::string>();
+  auto it = std::find(names.begin(), names.end(), text);
+  if (it == names.end()) return Invalid(where, absl::StrCat(expected, ", got ", Shown(*value)));
+  *index = static_cast<size_t>(it - names.begin());
+  return absl::OkStatus();
+}
+
+constexpr std::initializer_list<absl::string_view> kLogLevelNames = {"trace", "debug", "info",
+                                                                     "warn", "error"};
+constexpr std::initializer_list<absl::string_view> kDtypeNames = {"float32", "bfloat16", "float16"};
+constexpr std::initializer_list<absl::string_view> kPolicyNames = {"fixed", "explicit", "rules",
+                                                                   "cascade", "alternate"};
+constexpr std::initializer_list<absl::string_view> kStrategyNames = {"translate", "reprefill",
+                                                                     "reprefill-missing"};
+
+absl::Status ReadDtype(const Json& object, const std::string& path, Dtype* out) {
+  size_t index = static_cast<size_t>(*out);
+  if (absl::Status s = ReadChoice(object, "dtype", path, kDtypeNames, &index); !s.ok()) return s;
+  *out = static_cast<Dtype>(index);
+  return absl::OkStatus();
+}
+
+absl::Status ReadAddress(const Json& object, absl::string_view key, const std::string& path,
+                         HostPort* out) {
+  std::string text;
+  if (Find(object, key) == nullptr) return absl::OkStatus();
+  if (absl::Status s = ReadString(object, key, path, &text); !s.ok()) return s;
+  absl::StatusOr<HostPort> parsed = ParseHostPort(text);
+  if (!parsed.ok()) return Invalid(Child(path, key), parsed.status().message());
+  *out = *std::move(parsed);
+  return absl::OkStatus();
+}
+
+// Model names appear in requests, logs and metric labels.
+bool IsValidName(absl::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+  });
+}
+
+std::string Resolve(const std::string& base_dir, const std::string& path) {
+  fs::path p(path);
+  if (p.is_relative() && !base_dir.empty()) p = fs::path(base_dir) / p;
+  return p.lexically_normal().string();
+}
+
+absl::Status ParseServer(const Json& j, const std::string& path, ServerSection* out) {
+  if (absl::Status s = ExpectObject(j, path); !s.ok()) return s;
+  if (absl::Status s = CheckKeys(j, path,
+                                 {"listen_address", "metrics_address", "drain_timeout_seconds",
+                                  "max_turn_bytes", "max_new_tokens_limit"});
+      !s.ok()) {
+    return s;
+  }
+  absl::Status s = ReadAddress(j, "listen_address", path, &out->listen_address);
+  if (s.ok()) s = ReadAddress(j, "metrics_address", path, &out->metrics_address);
+  if (s.ok())
+    s = ReadNumber(j, "drain_timeout_seconds", path, 0, 3600, &out->drain_timeout_seconds);
+  // gRPC's receive limit is raised to fit the largest allowed turn; 64 MiB keeps
+  // one request from taking an unreasonable share of memory.
+  if (s.ok()) s = ReadInt(j, "max_turn_bytes", path, 1, int64_t{64} << 20, &out->max_turn_bytes);
+  if (s.ok()) s = ReadInt(j, "max_new_tokens_limit", path, 1, 1 << 20, &out->max_new_tokens_limit);
+  return s;
+}
+
+absl::Status ParseLog(const Json& j, const std::string& path, LogSection* out) {
+  if (absl::Status s = ExpectObject(j, path); !s.ok()) return s;
+  if (absl::Status s = CheckKeys(j, path, {"level"}); !s.ok()) return s;
+  size_t index = static_cast<size_t>(out->level);
+  if (absl::Status s = ReadChoice(j, "level", path, kLogLevelNames, &index); !s.ok()) return s;
+  out->level = static_cast<LogLevel>(index);
+  return absl::OkStatus();
+}
+
+absl::Status ParseRuntime(const Json& j, const std::string& path, RuntimeSection* out) {
+  if (absl::Status s = ExpectObject(j, path); !s.ok()) return s;
+  if (absl::Status s = CheckKeys(j, path, {"threads", "dtype"}); !s.ok()) return s;
+  int64_t threads = out->threads;
+  if (absl::Status s = ReadInt(j, "threads", path, 0, 1024, &threads); !s.ok()) return s;
+  out->threads = static_cast<int>(threads);
+  return ReadDtype(j, path, &out->dtype);
+}
+
+absl::Status ExpectArray(const Json& value, const std::string& path) {
+  if (!value.is_array()) return Invalid(path, absl::StrCat("expected a list, got ", Shown(value)));
+  return absl::OkStatus();
+}
+
+absl::Status ReadRequiredString(const Json& object, absl::string_view key, const std::string& path,
+                                std::string* out) {
+  if (Find(object, key) == nullptr) return Invalid(Child(path, key), "required");
+  if (absl::Status s = ReadString(object, key, path, out); !s.ok()) return s;
+  if (out->empty()) return Invalid(Child(path, key), "must not be empty");
+  return absl::OkStatus();
+}
+
+absl::Status ParseModels(const Json& j, const std::string& path, const std::string& base_dir,
+                         Dtype default_dtype, std::vector<ModelEntry>* out) {
+  if (absl::Status s = ExpectArray(j, path); !s.ok()) return s;
+  std::set<std::string> names;
+  for (size_t i = 0; i < j.size(); ++i) {
+    const std::string at = Index(path, i);
+    const Json& e = j[i];
+    if (absl::Status s = ExpectObject(e, at); !s.ok()) return s;
+    if (absl::Status s = CheckKeys(e, at, {"name", "path", "dtype"}); !s.ok()) return s;
+    ModelEntry m;
+    m.dtype = default_dtype;
+    absl::Status s = ReadRequiredString(e, "name", at, &m.name);
+    if (s.ok()) s = ReadRequiredString(e, "path", at, &m.path);
+    if (s.ok()) s = ReadDtype(e, at, &m.dtype);
+    if (!s.ok()) return s;
+    if (!IsValidName(m.name)) {
+      return Invalid(
+          Child(at, "name"),
+          absl::StrCat("expected 1-64 characters of [A-Za-z0-9._-], got '", m.name, "'"));
+    }
+    if (!names.insert(m.name).second) {
+      return Invalid(Child(at, "name"), absl::StrCat("duplicate model name '", m.name, "'"));
+    }
+    m.path = Resolve(base_dir, m.path);
+    std::error_code ec;
+    if (!fs::is_directory(m.path, ec)) {
+      return absl::NotFoundError(
+          absl::StrCat("config: ", Child(at, "path"), ": '", m.path, "' is not a directory"));
+    }
+    if (!fs::is_regular_file(fs::path(m.path) / "config.json", ec)) {
+      return absl::NotFoundError(
+          absl::StrCat("config: ", Child(at, "path"), ": '", m.path,
+                       "' has no config.json (expected a Hugging Face checkpoint directory)"));
+    }
+    out->push_back(std::move(m));
+  }
+  return absl::OkStatus();
+}
+
+bool HasModel(const std::vector<ModelEntry>& models, const std::string& name) {
+  return std::any_of(models.begin(), models.end(),
+                     [&](const ModelEntry& m) { return m.name == name; });
+}
+
+absl::Status CheckModelRef(const std::vector<ModelEntry>& models, const std::string& name,
+                           const std::string& path) {
+  if (HasModel(models, name)) return absl::OkStatus();
+  std::vector<std::string> known;
+  for (const ModelEntry& m : models) known.push_back(m.name);
+  return Invalid(path, absl::StrCat("'", name, "' is not a configured model (configured: ",
+                                    known.empty() ? "none" : absl::StrJoin(known, ", "), ")"));
+}
+
+absl::Status ParseTranslators(const Json& j, const std::string& path, const std::string& base_dir,
+                              const std::vector<ModelEntry>& models,
+                              std::vector<TranslatorEntry>* out) {
+  if (absl::Status s = ExpectArray(j, path); !s.ok()) return s;
+  std::set<std::string> names;
+  std::set<std::pair<std::string, std::string>> pairs;
+  for (size_t i = 0; i < j.size(); ++i) {
+    const std::string at = Index(path, i);
+    const Json& e = j[i];
+    if (absl::Status s = ExpectObject(e, at); !s.ok()) return s;
+    if (absl::Status s = CheckKeys(e, at, {"name", "source", "target", "path"}); !s.ok()) return s;
+    TranslatorEntry t;
+    absl::Status s = ReadString(e, "name", at, &t.name);
+    if (s.ok()) s = ReadRequiredString(e, "source", at, &t.source);
+    if (s.ok()) s = ReadRequiredString(e, "target", at, &t.target);
+    if (s.ok()) s = ReadRequiredString(e, "path", at, &t.path);
+    if (s.ok()) s = CheckModelRef(models, t.source, Child(at, "source"));
+    if (s.ok()) s = CheckModelRef(models, t.target, Child(at, "target"));
+    if (!s.ok()) return s;
+    if (t.source == t.target) {
+      return Invalid(Child(at, "target"), absl::StrCat("equals source '", t.source, "'"));
+    }
+    if (t.name.empty()) t.name = absl::StrCat(t.source, "->", t.target);
+    if (!names.insert(t.name).second) {
+      return Invalid(Child(at, "name"), absl::StrCat("duplicate translator name '", t.name, "'"));
+    }
+    if (!pairs.insert({t.source, t.target}).second) {
+      return Invalid(at, absl::StrCat("a second translator from '", t.source, "' to '", t.target,
+                                      "' (at most one per pair)"));
+    }
+    t.path = Resolve(base_dir, t.path);
+    std::error_code ec;
+    if (!fs::exists(t.path, ec)) {
+      return absl::NotFoundError(
+          absl::StrCat("config: ", Child(at, "path"), ": '", t.path, "' does not exist"));
+    }
+    out->push_back(std::move(t));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadModelList(const Json& object, absl::string_view key, const std::string& path,
+                           const std::vector<ModelEntry>& models, std::vector<std::string>* out) {
+  const Json* value = Find(object, key);
+  if (value == nullptr) return absl::OkStatus();
+  const std::string where = Child(path, key);
+  if (absl::Status s = ExpectArray(*value, where); !s.ok()) return s;
+  for (size_t i = 0; i < value->size(); ++i) {
+    const Json& e = (*value)[i];
+    if (!e.is_string())
+      return Invalid(Index(where, i), absl::StrCat("expected a string, got ", Shown(e)));
+    std::string name = e.get<std::string>();
+    if (absl::Status s = CheckModelRef(models, name, Index(where, i)); !s.ok()) return s;
+    if (std::find(out->begin(), out->end(), name) != out->end()) {
+      return Invalid(Index(where, i), absl::StrCat("'", name, "' is listed twice"));
+    }
+    out->push_back(std::move(name));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseRule(const Json& e, const std::string& at, const std::vector<ModelEntry>& models,
+                       RoutingRule* rule) {
+  if (absl::Status s = ExpectObject(e, at); !s.ok()) return s;
+  if (absl::Status s = CheckKeys(e, at, {"model", "contains", "min_bytes", "max_bytes"}); !s.ok()) {
+    return s;
+  }
+  absl::Status s = ReadRequiredString(e, "model", at, &rule->model);
+  if (s.ok()) s = CheckModelRef(models, rule->model, Child(at, "model"));
+  if (s.ok())
+    s = ReadInt(e, "min_bytes", at, 0, std::numeric_limits<int64_t>::max(), &rule->min_bytes);
+  if (s.ok())
+    s = ReadInt(e, "max_bytes", at, 0, std::numeric_limits<int64_t>::max(), &rule->max_bytes);
+  if (!s.ok()) return s;
+  if (rule->max_bytes != 0 && rule->max_bytes < rule->min_bytes) {
+    return Invalid(Child(at, "max_bytes"), "is below min_bytes");
+  }
+  if (const Json* contains = Find(e, "contains"); contains != nullptr) {
+    const std::string where = Child(at, "contains");
+    if (absl::Status st = ExpectArray(*contains, where); !st.ok()) return st;
+    for (size_t k = 0; k < contains->size(); ++k) {
+      const Json& c = (*contains)[k];
+      if (!c.is_string() || c.get<std::string>().empty()) {
+        return Invalid(Index(where, k),
+                       absl::StrCat("expected a non-empty string, got ", Shown(c)));
+      }
+      rule->contains.push_back(c.get<std::string>());
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseRouting(const Json& j, const std::string& path,
+                          const std::vector<ModelEntry>& models, RoutingSection* out) {
+  if (absl::Status s = ExpectObject(j, path); !s.ok()) return s;
+  if (absl::Status s = CheckKeys(
+          j, path,
+          {"policy", "default_model", "strategy", "models", "rules", "cascade_min_mean_logprob"});
+      !s.ok()) {
+    return s;
+  }
+  size_t policy = static_cast<size_t>(out->policy);
+  size_t strategy = static_cast<size_t>(out->strategy);
+  absl::Status s = ReadChoice(j, "policy", path, kPolicyNames, &policy);
+  if (s.ok()) s = ReadChoice(j, "strategy", path, kStrategyNames, &strategy);
+  if (s.ok()) s = ReadString(j, "default_model", path, &out->default_model);
+  if (s.ok()) s = ReadModelList(j, "models", path, models, &out->models);
+  if (s.ok()) {
+    s = ReadNumber(j, "cascade_min_mean_logprob", path, -std::numeric_limits<double>::max(), 0,
+                   &out->cascade_min_mean_logprob);
+  }
+  if (!s.ok()) return s;
+  out->policy = static_cast<RoutingPolicy>(policy);
+  out->strategy = static_cast<SwitchStrategy>(strategy);
+  if (const Json* rules = Find(j, "rules"); rules != nullptr) {
+    const std::string where = Child(path, "rules");
+    if (absl::Status st = ExpectArray(*rules, where); !st.ok()) return st;
+    for (size_t i = 0; i < rules->size(); ++i) {
+      RoutingRule rule;
+      if (absl::Status st = ParseRule((*rules)[i], Index(where, i), models, &rule); !st.ok())
+        return st;
+      out->rules.push_back(std::move(rule));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Checks that need the whole file: references into `models` and what the
+// configured policy requires. Per-turn policy overrides are checked per request.
+absl::Status CrossCheck(const ServerConfig& c) {
+  const RoutingSection& r = c.routing;
+  if (c.models.empty()) {
+    if (!r.default_model.empty()) {
+      return CheckModelRef(c.models, r.default_model, "routing.default_model");
+    }
+    if (r.policy != RoutingPolicy::kFixed) {
+      return Invalid("routing.policy", absl::StrCat("'", RoutingPolicyName(r.policy),
+                                                    "' needs configured models (there are none)"));
+    }
+    return absl::OkStatus();
+  }
+  if (r.default_model.empty()) {
+    return Invalid("routing.default_model", "required when models are configured");
+  }
+  if (absl::Status s = CheckModelRef(c.models, r.default_model, "routing.default_model"); !s.ok()) {
+    return s;
+  }
+  if ((r.policy == RoutingPolicy::kAlternate || r.policy == RoutingPolicy::kCascade) &&
+      r.models.size() < 2) {
+    return Invalid("routing.models", absl::StrCat("the '", RoutingPolicyName(r.policy),
+                                                  "' policy needs at least 2 models here"));
+  }
+  if (r.policy == RoutingPolicy::kRules && r.rules.empty()) {
+    return Invalid("routing.rules", "the 'rules' policy needs at least one rule");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::string_view LogLevelName(LogLevel level) {
+  return kLogLevelNames.begin()[static_cast<int>(level)];
+}
+absl::string_view DtypeName(Dtype dtype) { return kDtypeNames.begin()[static_cast<int>(dtype)]; }
+absl::string_view RoutingPolicyName(RoutingPolicy policy) {
+  return kPolicyNames.begin()[static_cast<int>(policy)];
+}
+absl::string_view SwitchStrategyName(SwitchStrategy strategy) {
+  return kStrategyNames.begin()[static_cast<int>(strategy)];
+}
+
+absl::StatusOr<LogLevel> ParseLogLevel(absl::string_view name) {
+  for (size_t i = 0; i < kLogLevelNames.size(); ++i) {
+    if (kLogLevelNames.begin()[i] == name) return static_cast<LogLevel>(i);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("expected one of ", absl::StrJoin(kLogLevelNames, ", "), ", got '", name, "'"));
+}
+
+absl::StatusOr<RoutingPolicy> ParseRoutingPolicy(absl::string_view name) {
+  for (size_t i = 0; i < kPolicyNames.size(); ++i) {
+    if (kPolicyNames.begin()[i] == name) return static_cast<RoutingPolicy>(i);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("expected one of ", absl::StrJoin(kPolicyNames, ", "), ", got '", name, "'"));
+}
+
+std::string HostPort::ToString() const { return absl::StrCat(host, ":", port); }
+
+absl::StatusOr<HostPort> ParseHostPort(absl::string_view text) {
+  auto bad = [&] {
+    return absl::InvalidArgumentError(absl::StrCat("expected host:port, got '", text, "'"));
+  };
+  const size_t colon = text.rfind(':');
+  if (colon == absl::string_view::npos || colon == 0 || colon + 1 == text.size()) return bad();
+  absl::string_view host = text.substr(0, colon);
+  absl::string_view port_text = text.substr(colon + 1);
+  if (host.front() == '[') {
+    if (host.size() < 3 || host.back() != ']') return bad();
+  } else if (host.find_first_of(":[] \t/") != absl::string_view::npos) {
+    return bad();  // an unbracketed IPv6 address is ambiguous
+  }
+  if (port_text.size() > 5 || !std::all_of(port_text.begin(), port_text.end(),
+                                           [](char c) { return c >= '0' && c <= '9'; })) {
+    return bad();
+  }
+  int port = 0;
+  if (!absl::SimpleAtoi(port_text, &port) || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected host:port with a port in [0, 65535], got '", text, "'"));
+  }
+  return HostPort{std::string(host), port};
+}
+
+absl::StatusOr<ServerConfig> ParseConfig(absl::string_view text, const std::string& base_dir) {
+  Json root;
+  try {
+    root = Json::parse(text.begin(), text.end(), /*cb=*/nullptr, /*allow_exceptions=*/true,
+                       /*ignore_comments=*/true);
+  } catch (const Json::parse_error& e) {
+    // e.what() begins with "[json.exception.parse_error.101] "; keep the rest.
+    std::string what = e.what();
+    const size_t bracket = what.find("] ");
+    if (bracket != std::string::npos) what = what.substr(bracket + 2);
+    return absl::InvalidArgumentError(absl::StrCat("config: invalid JSON: ", what));
+  }
+  if (!root.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: expected a JSON object at the top level, got ", Shown(root)));
+  }
+  if (absl::Status s = CheckKeys(
+          root, "", {"server", "log", "runtime", "models", "translators", "routing", "sessions"});
+      !s.ok()) {
+    return s;
+  }
+  ServerConfig c;
+  if (const Json* j = Find(root, "server")) {
+    if (absl::Status s = ParseServer(*j, "server", &c.server); !s.ok()) return s;
+  }
+  if (const Json* j = Find(root, "log")) {
+    if (absl::Status s = ParseLog(*j, "log", &c.log); !s.ok()) return s;
+  }
+  if (const Json* j = Find(root, "runtime")) {
+    if (absl::Status s = ParseRuntime(*j, "runtime", &c.runtime); !s.ok()) return s;
+  }
+  if (const Json* j = Find(root, "models")) {
+    if (absl::Status s = ParseModels(*j, "models", base_dir, c.runtime.dtype, &c.models); !s.ok()) {
+      return s;
+    }
+  }
+  if (const Json* j = Find(root, "translators")) {
+    if (absl::Status s = ParseTranslators(*j, "translators", base_dir, c.models, &c.translators);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (const Json* j = Find(root, "routing")) {
+    if (absl::Status s = ParseRouting(*j, "routing", c.models, &c.routing); !s.ok()) return s;
+  }
+  if (const Json* j = Find(root, "sessions")) {
+    if (absl::Status s = ExpectObject(*j, "sessions"); !s.ok()) return s;
+    if (absl::Status s = CheckKeys(*j, "sessions", {"idle_timeout_seconds", "memory_budget_bytes"});
+        !s.ok()) {
+      return s;
+    }
+    absl::Status s = ReadInt(*j, "idle_timeout_seconds", "sessions", 0,
+                             int64_t{10} * 365 * 24 * 3600, &c.sessions.idle_timeout_seconds);
+    if (s.ok()) {
+      s = ReadInt(*j, "memory_budget_bytes", "sessions", 1, std::numeric_limits<int64_t>::max(),
+                  &c.sessions.memory_budget_bytes);
+    }
+    if (!s.ok()) return s;
+  }
+  if (absl::Status s = CrossCheck(c); !s.ok()) return s;
+  return c;
+}
+
+absl::StatusOr<ServerConfig> LoadConfigFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::error_code ec;
+  if (!in || fs::is_directory(path, ec)) {
+    return absl::NotFoundError(absl::StrCat("config: cannot read '", path, "'"));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  const std::string base_dir = fs::absolute(fs::path(path), ec).parent_path().string();
+  return ParseConfig(text.str(), base_dir);
+}
+
+}  // namespace kvl::server

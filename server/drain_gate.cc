@@ -1,0 +1,39 @@
+#include "server/drain_gate.h"
+
+namespace kvl::server {
+
+bool DrainGate::TryEnter() {
+  absl::MutexLock lock(&mu_);
+  if (draining_) return false;
+  ++in_flight_;
+  return true;
+}
+
+void DrainGate::Exit() {
+  absl::MutexLock lock(&mu_);
+  --in_flight_;
+}
+
+void DrainGate::BeginDrain() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+}
+
+bool DrainGate::draining() const {
+  absl::MutexLock lock(&mu_);
+  return draining_;
+}
+
+bool DrainGate::WaitIdle(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(absl::Condition(this, &DrainGate::IdleLocked), timeout);
+}
+
+bool DrainGate::IdleLocked() const { return in_flight_ == 0; }
+
+int64_t DrainGate::in_flight() const {
+  absl::MutexLock lock(&mu_);
+  return in_flight_;
+}
+
+}  // namespace kvl::server

@@ -1,0 +1,36 @@
+// Admission of long-running calls (Chat streams) and waiting for them at
+// shutdown. Thread-safe.
+#ifndef KVLINGO_SERVER_DRAIN_GATE_H_
+#define KVLINGO_SERVER_DRAIN_GATE_H_
+
+#include <cstdint>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace kvl::server {
+
+class DrainGate {
+ public:
+  // False once draining has begun: the caller must refuse the call
+  // (UNAVAILABLE). On true the caller owns one slot and must Exit() exactly once.
+  bool TryEnter();
+  void Exit();
+  void BeginDrain();
+  bool draining() const;
+  // Waits until no call is in flight or `timeout` passes; true if none is left.
+  bool WaitIdle(absl::Duration timeout);
+  int64_t in_flight() const;
+
+ private:
+  bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace kvl::server
+
+#endif  // KVLINGO_SERVER_DRAIN_GATE_H_

@@ -1,0 +1,212 @@
+// kvl-server: serves the kvlingo.v1 API described by a config file.
+//
+//   kvl-server --config FILE [--log-level L] [--listen ADDR] [--metrics-address ADDR]
+//
+// Flags override the config file. Exit codes: 0 after a clean shutdown on
+// SIGTERM/SIGINT, 1 when the server cannot start (e.g. an address in use), 2 for
+// bad usage or a bad config (one message naming the problem on stderr).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "server/config.h"
+#include "server/server.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+
+namespace {
+
+constexpr int kExitStartFailed = 1;
+constexpr int kExitBadConfig = 2;
+
+constexpr const char* kUsage =
+    "usage: kvl-server --config FILE [--log-level trace|debug|info|warn|error]\n"
+    "                  [--listen HOST:PORT] [--metrics-address HOST:PORT]\n";
+
+struct Flags {
+  std::string config;
+  std::optional<std::string> log_level;
+  std::optional<std::string> listen;
+  std::optional<std::string> metrics_address;
+};
+
+// Accepts "--name value" and "--name=value". Returns an error message or "".
+std::string ParseFlags(int argc, char** argv, Flags* flags, bool* help) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      *help = true;
+      return "";
+    }
+    std::string name(arg);
+    std::optional<std::string> value;
+    if (const size_t eq = arg.find('=');
+        absl::StartsWith(arg, "--") && eq != absl::string_view::npos) {
+      name = std::string(arg.substr(0, eq));
+      value = std::string(arg.substr(eq + 1));
+    }
+    std::optional<std::string>* target = nullptr;
+    std::optional<std::string> config;
+    if (name == "--config") {
+      target = &config;
+    } else if (name == "--log-level") {
+      target = &flags->log_level;
+    } else if (name == "--listen") {
+      target = &flags->listen;
+    } else if (name == "--metrics-address") {
+      target = &flags->metrics_address;
+    } else {
+      return absl::StrCat("unknown argument '", arg, "'");
+    }
+    if (!value) {
+      if (i + 1 >= argc) return absl::StrCat(name, ": missing value");
+      value = argv[++i];
+    }
+    *target = *value;
+    if (config) flags->config = *config;
+  }
+  if (flags->config.empty()) return "--config: required";
+  return "";
+}
+
+spdlog::level::level_enum ToSpdlog(kvl::server::LogLevel level) {
+  switch (level) {
+    case kvl::server::LogLevel::kTrace:
+      return spdlog::level::trace;
+    case kvl::server::LogLevel::kDebug:
+      return spdlog::level::debug;
+    case kvl::server::LogLevel::kInfo:
+      return spdlog::level::info;
+    case kvl::server::LogLevel::kWarn:
+      return spdlog::level::warn;
+    case kvl::server::LogLevel::kError:
+      return spdlog::level::err;
+  }
+  return spdlog::level::info;
+}
+
+// Applies the flag overrides; returns an error message or "".
+std::string ApplyOverrides(const Flags& flags, kvl::server::ServerConfig* config) {
+  if (flags.log_level) {
+    absl::StatusOr<kvl::server::LogLevel> level = kvl::server::ParseLogLevel(*flags.log_level);
+    if (!level.ok()) return absl::StrCat("--log-level: ", level.status().message());
+    config->log.level = *level;
+  }
+  if (flags.listen) {
+    absl::StatusOr<kvl::server::HostPort> address = kvl::server::ParseHostPort(*flags.listen);
+    if (!address.ok()) return absl::StrCat("--listen: ", address.status().message());
+    config->server.listen_address = *address;
+  }
+  if (flags.metrics_address) {
+    absl::StatusOr<kvl::server::HostPort> address =
+        kvl::server::ParseHostPort(*flags.metrics_address);
+    if (!address.ok()) return absl::StrCat("--metrics-address: ", address.status().message());
+    config->server.metrics_address = *address;
+  }
+  return "";
+}
+
+// Self-pipe: the handler only write()s the signal number (async-signal-safe);
+// main() does the real work after reading it. A handler, unlike a blocked mask
+// plus sigwait(), also works when a library started threads before main().
+int g_signal_pipe[2] = {-1, -1};
+
+extern "C" void OnShutdownSignal(int signal_number) {
+  const int saved_errno = errno;
+  const unsigned char byte = static_cast<unsigned char>(signal_number);
+  (void)!write(g_signal_pipe[1], &byte, 1);
+  errno = saved_errno;
+}
+
+absl::Status InstallShutdownPipe() {
+  if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe2: ", strerror(errno)));
+  }
+  struct sigaction action {};
+  action.sa_handler = OnShutdownSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  for (int signal_number : {SIGTERM, SIGINT}) {
+    if (sigaction(signal_number, &action, nullptr) != 0) {
+      return absl::InternalError(absl::StrCat("sigaction: ", strerror(errno)));
+    }
+  }
+  std::signal(SIGPIPE, SIG_IGN);
+  return absl::OkStatus();
+}
+
+int WaitForShutdownSignal() {
+  unsigned char byte = 0;
+  while (read(g_signal_pipe[0], &byte, 1) != 1) {
+    if (errno != EINTR) return 0;
+  }
+  return byte;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  bool help = false;
+  if (std::string error = ParseFlags(argc, argv, &flags, &help); !error.empty()) {
+    std::cerr << "kvl-server: " << error << "\n" << kUsage;
+    return kExitBadConfig;
+  }
+  if (help) {
+    std::cout << kUsage;
+    return 0;
+  }
+
+  if (absl::Status s = InstallShutdownPipe(); !s.ok()) {
+    std::cerr << "kvl-server: " << s.message() << "\n";
+    return kExitStartFailed;
+  }
+
+  absl::StatusOr<kvl::server::ServerConfig> config = kvl::server::LoadConfigFile(flags.config);
+  if (!config.ok()) {
+    std::cerr << "kvl-server: " << config.status().message() << "\n";
+    return kExitBadConfig;
+  }
+  if (std::string error = ApplyOverrides(flags, &*config); !error.empty()) {
+    std::cerr << "kvl-server: " << error << "\n";
+    return kExitBadConfig;
+  }
+
+  // Logs go to stderr; stdout carries only the one "listening" line.
+  auto logger = spdlog::stderr_color_mt("kvl-server");
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(ToSpdlog(config->log.level));
+  spdlog::info("kvl-server {} starting with {} model(s), {} translator(s), policy {}",
+               kvl::server::Version(), config->models.size(), config->translators.size(),
+               std::string(kvl::server::RoutingPolicyName(config->routing.policy)));
+
+  absl::StatusOr<std::unique_ptr<kvl::server::Server>> server = kvl::server::Server::Start(*config);
+  if (!server.ok()) {
+    spdlog::error("{}", std::string(server.status().message()));
+    std::cerr << "kvl-server: " << server.status().message() << "\n";
+    return kExitStartFailed;
+  }
+  const std::string listen = (*server)->listen_address().ToString();
+  const std::string metrics = (*server)->metrics_address().ToString();
+  std::cout << "kvl-server listening on " << listen << ", metrics on " << metrics << std::endl;
+  spdlog::info("serving gRPC on {}, GET /metrics on {}", listen, metrics);
+
+  const int signal_number = WaitForShutdownSignal();
+  spdlog::info("received {}; draining (up to {} s)", strsignal(signal_number),
+               config->server.drain_timeout_seconds);
+  const int64_t cut = (*server)->Shutdown();
+  server->reset();
+  spdlog::info("stopped{}", cut == 0 ? "" : absl::StrCat(" (", cut, " chat stream(s) cancelled)"));
+  return 0;
+}

@@ -1,0 +1,47 @@
+// Serves GET /metrics over plain HTTP with cpp-httplib.
+//
+// prometheus-cpp's own exposer (civetweb) is deliberately not used: it fails to
+// start its threads in a process that also links LibTorch and OpenBLAS.
+#ifndef KVLINGO_SERVER_METRICS_HTTP_H_
+#define KVLINGO_SERVER_METRICS_HTTP_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "server/config.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace kvl::server {
+
+class MetricsHttpServer {
+ public:
+  // Binds `address` (port 0: any free port) and starts serving on its own
+  // thread; `render` produces the exposition text and must be thread-safe.
+  // Unavailable when the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
+      const HostPort& address, std::function<std::string()> render);
+  ~MetricsHttpServer();  // Stop()s
+
+  // The bound address, with the real port when 0 was asked for.
+  const HostPort& address() const { return bound_; }
+
+  // Stops accepting and joins the serving thread. Idempotent.
+  void Stop();
+
+ private:
+  MetricsHttpServer() = default;
+
+  std::unique_ptr<httplib::Server> http_;
+  std::thread thread_;
+  HostPort bound_;
+};
+
+}  // namespace kvl::server
+
+#endif  // KVLINGO_SERVER_METRICS_HTTP_H_

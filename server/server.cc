@@ -1,0 +1,131 @@
+#include "server/server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+#ifndef KVL_VERSION
+#error "KVL_VERSION must be defined by the build"
+#endif
+
+namespace kvl::server {
+namespace {
+
+constexpr const char* kServiceNames[] = {
+    "kvlingo.v1.ChatService",
+    "kvlingo.v1.SessionService",
+    "kvlingo.v1.ModelService",
+};
+
+// Head-room over the largest allowed turn for the rest of a ChatRequest.
+constexpr int64_t kRequestOverheadBytes = 1 << 20;
+
+}  // namespace
+
+const char* Version() { return KVL_VERSION; }
+
+Server::Server(const ServerConfig& config) : config_(config), metrics_(Version()) {}
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config) {
+  std::unique_ptr<Server> self(new Server(config));
+  ServiceDeps deps;
+  deps.sessions = &self->sessions_;
+  deps.metrics = &self->metrics_;
+  deps.chat_gate = &self->chat_gate_;
+  deps.limits.max_turn_bytes = config.server.max_turn_bytes;
+  deps.limits.max_new_tokens_limit = config.server.max_new_tokens_limit;
+  self->session_service_ = std::make_unique<SessionServiceImpl>(deps);
+  self->chat_service_ = std::make_unique<ChatServiceImpl>(deps);
+  self->model_service_ = std::make_unique<ModelServiceImpl>(deps);
+
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http = MetricsHttpServer::Start(
+      config.server.metrics_address, [metrics = &self->metrics_] { return metrics->RenderText(); });
+  if (!http.ok()) return http.status();
+  self->metrics_http_ = *std::move(http);
+
+  // Both must be called before the builder is created.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  // gRPC sets SO_REUSEPORT by default, which would let a second server bind an
+  // address already in use without an error.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(
+      std::min<int64_t>(config.server.max_turn_bytes + kRequestOverheadBytes, INT32_MAX)));
+  int port = 0;
+  const std::string listen = config.server.listen_address.ToString();
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(self->session_service_.get());
+  builder.RegisterService(self->chat_service_.get());
+  builder.RegisterService(self->model_service_.get());
+  self->grpc_server_ = builder.BuildAndStart();
+  if (self->grpc_server_ == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen, " (address in use?)"));
+  }
+  self->listen_address_ = HostPort{config.server.listen_address.host, port};
+
+  grpc::HealthCheckServiceInterface* health = self->grpc_server_->GetHealthCheckService();
+  health->SetServingStatus("", true);
+  for (const char* name : kServiceNames) health->SetServingStatus(name, true);
+  self->metrics_.SetUp(true);
+
+  if (config.sessions.idle_timeout_seconds > 0) {
+    self->sweeper_ = std::thread([s = self.get()] { s->SweepIdleSessions(); });
+  }
+  return self;
+}
+
+Server::~Server() { Shutdown(); }
+
+void Server::SweepIdleSessions() {
+  const int64_t idle = config_.sessions.idle_timeout_seconds;
+  // Expiry is late by at most a tenth of the timeout (bounded to [1 s, 60 s]).
+  const absl::Duration period = absl::Seconds(std::clamp<int64_t>(idle / 10, 1, 60));
+  absl::MutexLock lock(&sweeper_mu_);
+  while (!sweeper_mu_.AwaitWithTimeout(absl::Condition(&stopping_), period)) {
+    sweeper_mu_.Unlock();
+    std::vector<std::string> removed = sessions_.RemoveIdle(idle);
+    if (!removed.empty()) {
+      metrics_.SetSessionsActive(static_cast<int64_t>(sessions_.size()));
+      spdlog::info("expired {} idle session(s)", removed.size());
+    }
+    sweeper_mu_.Lock();
+  }
+}
+
+int64_t Server::Shutdown() {
+  if (shut_down_) return 0;
+  shut_down_ = true;
+  chat_gate_.BeginDrain();
+  metrics_.SetUp(false);
+  if (grpc_server_ != nullptr) grpc_server_->GetHealthCheckService()->SetServingStatus(false);
+  const auto drain = absl::Seconds(config_.server.drain_timeout_seconds);
+  int64_t cut = 0;
+  if (!chat_gate_.WaitIdle(drain)) {
+    cut = chat_gate_.in_flight();
+    spdlog::warn("drain timeout ({} s) expired with {} chat stream(s) in flight; cancelling them",
+                 config_.server.drain_timeout_seconds, cut);
+  }
+  if (grpc_server_ != nullptr) {
+    // Calls still running now are cancelled at once.
+    grpc_server_->Shutdown(std::chrono::system_clock::now());
+    grpc_server_->Wait();
+  }
+  {
+    absl::MutexLock lock(&sweeper_mu_);
+    stopping_ = true;
+  }
+  if (sweeper_.joinable()) sweeper_.join();
+  if (metrics_http_ != nullptr) metrics_http_->Stop();
+  return cut;
+}
+
+}  // namespace kvl::server

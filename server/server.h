@@ -1,0 +1,71 @@
+// The kvl-server process minus main(): gRPC services, health, reflection, the
+// /metrics endpoint and session expiry, started from a validated config.
+//
+// Lifetime: Start() -> (serving) -> Shutdown(). Shutdown() is called from one
+// thread (main's signal loop); the rest of the class is driven by gRPC.
+#ifndef KVLINGO_SERVER_SERVER_H_
+#define KVLINGO_SERVER_SERVER_H_
+
+#include <grpcpp/server.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/config.h"
+#include "server/drain_gate.h"
+#include "server/metrics.h"
+#include "server/metrics_http.h"
+#include "server/services.h"
+#include "server/session_table.h"
+
+namespace kvl::server {
+
+// The version reported by kvlingo_build_info.
+const char* Version();
+
+class Server {
+ public:
+  // Binds both addresses and starts serving; health is SERVING for "" and every
+  // kvlingo.v1 service once this returns. Unavailable if an address cannot be
+  // bound.
+  static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerConfig& config);
+  ~Server();  // Shutdown()s if still running
+
+  // Bound addresses (real ports when 0 was configured).
+  const HostPort& listen_address() const { return listen_address_; }
+  const HostPort& metrics_address() const { return metrics_http_->address(); }
+
+  // Drains, then stops: health NOT_SERVING, new Chat calls UNAVAILABLE, waits up
+  // to server.drain_timeout_seconds for in-flight Chat streams, then shuts gRPC
+  // and /metrics down. Returns the number of streams still running when the
+  // drain timeout expired (they are cancelled). Idempotent.
+  int64_t Shutdown();
+
+ private:
+  explicit Server(const ServerConfig& config);
+  void SweepIdleSessions();
+
+  ServerConfig config_;
+  ServerMetrics metrics_;
+  SessionTable sessions_;
+  DrainGate chat_gate_;
+  std::unique_ptr<SessionServiceImpl> session_service_;
+  std::unique_ptr<ChatServiceImpl> chat_service_;
+  std::unique_ptr<ModelServiceImpl> model_service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<MetricsHttpServer> metrics_http_;
+  HostPort listen_address_;
+
+  absl::Mutex sweeper_mu_;
+  bool stopping_ ABSL_GUARDED_BY(sweeper_mu_) = false;
+  std::thread sweeper_;
+  bool shut_down_ = false;
+};
+
+}  // namespace kvl::server
+
+#endif  // KVLINGO_SERVER_SERVER_H_

@@ -1,0 +1,78 @@
+// The kvlingo.v1 gRPC services, on gRPC's callback API. Handlers validate,
+// convert to native types and hand off; they never block on model work.
+//
+// Every RPC is counted once, with its final code, in
+// kvlingo_grpc_requests_total.
+#ifndef KVLINGO_SERVER_SERVICES_H_
+#define KVLINGO_SERVER_SERVICES_H_
+
+#include "kvlingo/v1/chat.grpc.pb.h"
+#include "kvlingo/v1/model.grpc.pb.h"
+#include "kvlingo/v1/session.grpc.pb.h"
+#include "server/chat_request.h"
+#include "server/drain_gate.h"
+#include "server/metrics.h"
+#include "server/session_table.h"
+
+namespace kvl::server {
+
+// What the services share; owned by the Server, which outlives the services.
+struct ServiceDeps {
+  SessionTable* sessions = nullptr;
+  ServerMetrics* metrics = nullptr;
+  DrainGate* chat_gate = nullptr;
+  TurnLimits limits;
+};
+
+class SessionServiceImpl final : public kvlingo::v1::SessionService::CallbackService {
+ public:
+  explicit SessionServiceImpl(const ServiceDeps& deps) : deps_(deps) {}
+
+  grpc::ServerUnaryReactor* CreateSession(grpc::CallbackServerContext* context,
+                                          const kvlingo::v1::CreateSessionRequest* request,
+                                          kvlingo::v1::Session* response) override;
+  grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* context,
+                                       const kvlingo::v1::GetSessionRequest* request,
+                                       kvlingo::v1::Session* response) override;
+  grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
+                                         const kvlingo::v1::ListSessionsRequest* request,
+                                         kvlingo::v1::ListSessionsResponse* response) override;
+  grpc::ServerUnaryReactor* DeleteSession(grpc::CallbackServerContext* context,
+                                          const kvlingo::v1::DeleteSessionRequest* request,
+                                          kvlingo::v1::DeleteSessionResponse* response) override;
+
+ private:
+  ServiceDeps deps_;
+};
+
+// Until the router exists, Chat validates the request fully (so that clients
+// can already rely on the error codes) and then answers UNIMPLEMENTED.
+class ChatServiceImpl final : public kvlingo::v1::ChatService::CallbackService {
+ public:
+  explicit ChatServiceImpl(const ServiceDeps& deps) : deps_(deps) {}
+
+  grpc::ServerWriteReactor<kvlingo::v1::ChatResponse>* Chat(
+      grpc::CallbackServerContext* context, const kvlingo::v1::ChatRequest* request) override;
+
+ private:
+  ServiceDeps deps_;
+};
+
+class ModelServiceImpl final : public kvlingo::v1::ModelService::CallbackService {
+ public:
+  explicit ModelServiceImpl(const ServiceDeps& deps) : deps_(deps) {}
+
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
+                                       const kvlingo::v1::ListModelsRequest* request,
+                                       kvlingo::v1::ListModelsResponse* response) override;
+  grpc::ServerUnaryReactor* ListTranslators(
+      grpc::CallbackServerContext* context, const kvlingo::v1::ListTranslatorsRequest* request,
+      kvlingo::v1::ListTranslatorsResponse* response) override;
+
+ private:
+  ServiceDeps deps_;
+};
+
+}  // namespace kvl::server
+
+#endif  // KVLINGO_SERVER_SERVICES_H_

@@ -1,0 +1,224 @@
+// ModelConfig parsing of real Hugging Face config.json files, refusals of what
+// the decoder does not implement, and the config.json it writes back.
+#include "model/config.h"
+
+#include <fstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace kvl {
+namespace {
+
+using nlohmann::json;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+const std::string kData = std::string(KVL_SOURCE_DIR) + "/tests/data/checkpoint/";
+
+json ReadJson(const std::string& path) {
+  std::ifstream in(path);
+  return json::parse(in);
+}
+
+TEST(ModelConfigTest, ParsesQwen3_0_6B) {
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromFile(kData + "qwen3_0.6b_config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kQwen3);
+  EXPECT_EQ(c->architecture_name, "Qwen3ForCausalLM");
+  EXPECT_EQ(c->model_type, "qwen3");
+  EXPECT_EQ(c->vocab_size, 151936);
+  EXPECT_EQ(c->hidden_size, 1024);
+  EXPECT_EQ(c->intermediate_size, 3072);
+  EXPECT_EQ(c->n_layer, 28);
+  EXPECT_EQ(c->n_head, 16);
+  EXPECT_EQ(c->n_head_kv, 8);
+  EXPECT_EQ(c->head_dim, 128);  // explicit: not hidden/heads (= 64)
+  EXPECT_DOUBLE_EQ(c->rms_norm_eps, 1e-6);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 1e6);
+  EXPECT_EQ(c->max_position_embeddings, 40960);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_EQ(c->torch_dtype, "bfloat16");
+  EXPECT_EQ(c->bos_token_id, 151643);
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(151645));
+  // Published size of Qwen3-0.6B: 0.6B in total, 0.44B without embeddings;
+  // its model.safetensors holds 751,632,384 values because it also stores the
+  // tied lm_head (151936 * 1024 = 155,582,464) once more.
+  EXPECT_EQ(c->ParameterCount(), 751632384 - 151936 * 1024);
+  EXPECT_EQ(c->ParameterCount() - c->vocab_size * c->hidden_size, 440467456);
+}
+
+TEST(ModelConfigTest, ParsesLlamaWithDefaults) {
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromFile(kData + "tinyllama_1.1b_config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kLlama);
+  EXPECT_EQ(c->model_type, "llama");
+  EXPECT_EQ(c->head_dim, 64);  // no head_dim key: hidden_size / num_attention_heads
+  EXPECT_FALSE(c->qk_norm);
+  EXPECT_FALSE(c->tie_word_embeddings);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 10000.0);  // absent: Llama's default
+  EXPECT_DOUBLE_EQ(c->rms_norm_eps, 1e-5);
+  EXPECT_EQ(c->n_head_kv, 4);
+  EXPECT_EQ(c->bos_token_id, 1);
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(2));
+  // TinyLlama-1.1B's published parameter count.
+  EXPECT_EQ(c->ParameterCount(), 1100048384);
+}
+
+TEST(ModelConfigTest, EosListAndMissingKvHeads) {
+  json j = ReadJson(kData + "tiny_qwen3_config.json");
+  j.erase("num_key_value_heads");
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromJson(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(2, 3));
+  EXPECT_EQ(c->n_head_kv, c->n_head);  // plain multi-head attention
+}
+
+TEST(ModelConfigTest, ParameterCountCountsBiasesAndUntiedHead) {
+  json j = ReadJson(kData + "tiny_qwen3_config.json");
+  absl::StatusOr<ModelConfig> tied = ModelConfig::FromJson(j);
+  j["tie_word_embeddings"] = false;
+  j["attention_bias"] = true;
+  absl::StatusOr<ModelConfig> untied = ModelConfig::FromJson(j);
+  ASSERT_TRUE(tied.ok() && untied.ok());
+  // q: 4*16, k and v: 2*16 each, o: 32 (hidden) per layer.
+  const int64_t biases = 2 * (64 + 32 + 32 + 32);
+  EXPECT_EQ(untied->ParameterCount() - tied->ParameterCount(), 211 * 32 + biases);
+}
+
+TEST(ModelConfigTest, ToJsonHasEveryKeyOfARealQwen3Config) {
+  const json real = ReadJson(kData + "qwen3_0.6b_config.json");
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromJson(real);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const json written = c->ToJson();
+  for (const auto& [key, value] : real.items()) {
+    if (key == "transformers_version") continue;  // says who wrote the file
+    ASSERT_TRUE(written.contains(key)) << key;
+    EXPECT_EQ(written[key], value) << key;
+  }
+  for (const auto& [key, value] : written.items()) EXPECT_TRUE(real.contains(key)) << key;
+}
+
+TEST(ModelConfigTest, ToJsonRoundTripsLlama) {
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromFile(kData + "tinyllama_1.1b_config.json");
+  ASSERT_TRUE(c.ok());
+  const json written = c->ToJson();
+  EXPECT_EQ(written["architectures"], json::array({"LlamaForCausalLM"}));
+  EXPECT_EQ(written["mlp_bias"], false);
+  EXPECT_FALSE(written.contains("use_sliding_window"));
+  absl::StatusOr<ModelConfig> again = ModelConfig::FromJson(written);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->ToJson(), written);
+  EXPECT_EQ(again->head_dim, 64);
+  EXPECT_FALSE(again->qk_norm);
+  EXPECT_EQ(again->ParameterCount(), c->ParameterCount());
+}
+
+// Each refusal: InvalidArgument, naming the key and the offending value.
+struct Refusal {
+  const char* name;
+  const char* key;
+  json value;  // null: erase the key
+  const char* expect_in_message;
+};
+
+class RefusalTest : public ::testing::TestWithParam<Refusal> {};
+
+TEST_P(RefusalTest, IsInvalidArgumentNamingKeyAndValue) {
+  const Refusal& r = GetParam();
+  json j = ReadJson(kData + "tiny_qwen3_config.json");
+  if (r.value.is_null()) {
+    j.erase(r.key);
+  } else {
+    j[r.key] = r.value;
+  }
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromJson(j);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+  EXPECT_THAT(std::string(c.status().message()),
+              AllOf(HasSubstr(r.key), HasSubstr(r.expect_in_message)));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Refusals, RefusalTest,
+    ::testing::Values(
+        Refusal{"Qwen2", "architectures", json::array({"Qwen2ForCausalLM"}), "Qwen2ForCausalLM"},
+        Refusal{"MoE", "architectures", json::array({"Qwen3MoeForCausalLM"}), "unsupported"},
+        Refusal{"ModelTypeMismatch", "model_type", "llama", "Qwen3ForCausalLM"},
+        Refusal{"Yarn", "rope_scaling",
+                json{{"rope_type", "yarn"},
+                     {"factor", 4.0},
+                     {"original_max_position_embeddings", 32768}},
+                "yarn"},
+        Refusal{"Linear", "rope_scaling", json{{"type", "linear"}, {"factor", 2.0}}, "linear"},
+        Refusal{"Llama3", "rope_scaling", json{{"rope_type", "llama3"}, {"factor", 8.0}}, "llama3"},
+        Refusal{"Gelu", "hidden_act", "gelu", "gelu"},
+        Refusal{"SlidingWindow", "use_sliding_window", true, "sliding"},
+        Refusal{"LayerTypes", "layer_types", json::array({"full_attention", "sliding_attention"}),
+                "sliding_attention"},
+        Refusal{"MlpBias", "mlp_bias", true, "true"},
+        Refusal{"Quantized", "quantization_config", json{{"quant_method", "awq"}, {"bits", 4}},
+                "awq"},
+        Refusal{"KvHeads", "num_key_value_heads", 3, "3"},
+        Refusal{"MissingHidden", "hidden_size", nullptr, "missing"},
+        Refusal{"ZeroLayers", "num_hidden_layers", 0, "positive"},
+        Refusal{"HiddenAsString", "hidden_size", "1024", "integer"},
+        Refusal{"OddHeadDim", "head_dim", 15, "15"},
+        Refusal{"Float64", "torch_dtype", "float64", "float64"},
+        Refusal{"EosOutsideVocab", "eos_token_id", 5000, "5000"}),
+    [](const ::testing::TestParamInfo<Refusal>& info) { return info.param.name; });
+
+TEST(ModelConfigTest, AcceptsDefaultRopeScalingAndNewDtypeKey) {
+  json j = ReadJson(kData + "tiny_qwen3_config.json");
+  j["rope_scaling"] = {{"rope_type", "default"}};
+  j.erase("torch_dtype");
+  j["dtype"] = "bfloat16";
+  j["sliding_window"] = 4096;  // present but disabled by use_sliding_window = false
+  j["layer_types"] = json::array({"full_attention", "full_attention"});
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromJson(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->torch_dtype, "bfloat16");
+}
+
+TEST(ModelConfigTest, HeadDimDerivationNeedsDivisibleHidden) {
+  json j = ReadJson(kData + "tiny_qwen3_config.json");
+  j.erase("head_dim");
+  j["num_attention_heads"] = 6;
+  j["num_key_value_heads"] = 2;
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromJson(j);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("hidden_size"));
+}
+
+TEST(ModelConfigTest, FileErrors) {
+  absl::StatusOr<ModelConfig> missing = ModelConfig::FromFile(kData + "no_such_config.json");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("no_such_config.json"));
+
+  const std::string path = ::testing::TempDir() + "/malformed_config.json";
+  std::ofstream(path) << "{\"hidden_size\": 12,";
+  absl::StatusOr<ModelConfig> malformed = ModelConfig::FromFile(path);
+  EXPECT_EQ(malformed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(malformed.status().message()), HasSubstr("malformed JSON"));
+}
+
+TEST(DTypeTest, NamesRoundTrip) {
+  for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    absl::StatusOr<DType> parsed = ParseDType(DTypeName(d));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, d);
+  }
+  EXPECT_STREQ(DTypeName(DType::kBFloat16), "bfloat16");
+  absl::StatusOr<DType> bad = ParseDType("int8");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("int8"));
+}
+
+}  // namespace
+}  // namespace kvl

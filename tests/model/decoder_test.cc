@@ -1,0 +1,436 @@
+// The cached decoder against the reference forward, and the reference against
+// hand-written per-element loops (an oracle sharing no tensor code with it).
+#include "model/decoder.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "model/kv_cache.h"
+#include "model/reference.h"
+#include "tests/model/test_models.h"
+
+namespace kvl {
+namespace {
+
+using testing::MaxAbsDiff;
+using testing::RandomIds;
+using testing::RandomWeights;
+using testing::TinyConfig;
+using testing::TinyModel;
+
+ReferenceOptions Capture() {
+  ReferenceOptions o;
+  o.capture_kv = true;
+  return o;
+}
+
+DecoderOptions WithMode(KeyTapMode mode) {
+  DecoderOptions o;
+  o.tap_mode = mode;
+  return o;
+}
+
+DecoderOptions WithDtype(at::ScalarType dtype) {
+  DecoderOptions o;
+  o.dtype = dtype;
+  return o;
+}
+
+DecoderOptions WithDevice(const std::string& device) {
+  DecoderOptions o;
+  o.device = device;
+  return o;
+}
+
+// ---------------------------------------------------------------------------
+// Oracle: the HF Qwen3/Llama forward written as loops over doubles.
+using Vec = std::vector<double>;
+
+Vec ToVec(const at::Tensor& t) {
+  const at::Tensor c = t.to(at::kDouble).contiguous();
+  return Vec(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+}
+
+// y = W x (+ b), W: [out, in] row-major.
+Vec MatVec(const at::Tensor& w, const Vec& x, const at::Tensor& b = at::Tensor()) {
+  const Vec wv = ToVec(w);
+  const size_t n_out = static_cast<size_t>(w.size(0)), n_in = x.size();
+  Vec y(n_out, 0.0);
+  const Vec bv = b.defined() ? ToVec(b) : Vec(n_out, 0.0);
+  for (size_t o = 0; o < n_out; ++o) {
+    double acc = bv[o];
+    for (size_t i = 0; i < n_in; ++i) acc += wv[o * n_in + i] * x[i];
+    y[o] = acc;
+  }
+  return y;
+}
+
+Vec RmsNormLoop(const Vec& x, const Vec& w, double eps) {
+  double ss = 0.0;
+  for (double v : x) ss += v * v;
+  const double inv = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + eps);
+  Vec y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * inv * w[i];
+  return y;
+}
+
+// Rotates one head vector (dims i and i + D/2 paired) to position pos.
+Vec RopeLoop(const Vec& x, int64_t pos, double theta) {
+  const size_t d = x.size(), half = d / 2;
+  Vec y(d);
+  for (size_t i = 0; i < half; ++i) {
+    const double angle =
+        static_cast<double>(pos) / std::pow(theta, 2.0 * i / static_cast<double>(d));
+    y[i] = x[i] * std::cos(angle) - x[i + half] * std::sin(angle);
+    y[i + half] = x[i + half] * std::cos(angle) + x[i] * std::sin(angle);
+  }
+  return y;
+}
+
+// logits [T][V] for one sequence.
+std::vector<Vec> OracleForward(const ModelConfig& c, const ModelWeights& w,
+                               const std::vector<int64_t>& ids) {
+  const size_t n = ids.size(), e = c.hidden_size, d = c.head_dim;
+  const size_t n_head = c.n_head, n_head_kv = c.n_head_kv, group = n_head / n_head_kv;
+  const Vec embed = ToVec(w.embed_tokens);
+  std::vector<Vec> x(n);
+  for (size_t t = 0; t < n; ++t)
+    x[t] = Vec(embed.begin() + ids[t] * e, embed.begin() + (ids[t] + 1) * e);
+  for (const LayerWeights& l : w.layers) {
+    std::vector<Vec> q(n), k(n), v(n);  // [T][heads * D] after norm and RoPE
+    for (size_t t = 0; t < n; ++t) {
+      const Vec h = RmsNormLoop(x[t], ToVec(l.input_layernorm), c.rms_norm_eps);
+      q[t] = MatVec(l.q_proj, h, l.q_bias);
+      k[t] = MatVec(l.k_proj, h, l.k_bias);
+      v[t] = MatVec(l.v_proj, h, l.v_bias);
+      auto per_head = [&](Vec& all, size_t n_heads, const at::Tensor& norm) {
+        for (size_t hd = 0; hd < n_heads; ++hd) {
+          Vec head(all.begin() + hd * d, all.begin() + (hd + 1) * d);
+          if (c.qk_norm) head = RmsNormLoop(head, ToVec(norm), c.rms_norm_eps);
+          head = RopeLoop(head, static_cast<int64_t>(t), c.rope_theta);
+          std::copy(head.begin(), head.end(), all.begin() + hd * d);
+        }
+      };
+      per_head(q[t], n_head, l.q_norm);
+      per_head(k[t], n_head_kv, l.k_norm);
+    }
+    for (size_t t = 0; t < n; ++t) {
+      Vec attn(n_head * d, 0.0);
+      for (size_t hq = 0; hq < n_head; ++hq) {
+        const size_t hk = hq / group;
+        Vec scores(t + 1);
+        double max_score = -1e300;
+        for (size_t j = 0; j <= t; ++j) {
+          double s = 0.0;
+          for (size_t i = 0; i < d; ++i) s += q[t][hq * d + i] * k[j][hk * d + i];
+          scores[j] = s / std::sqrt(static_cast<double>(d));
+          max_score = std::max(max_score, scores[j]);
+        }
+        double total = 0.0;
+        for (double& s : scores) total += (s = std::exp(s - max_score));
+        for (size_t j = 0; j <= t; ++j) {
+          for (size_t i = 0; i < d; ++i) attn[hq * d + i] += scores[j] / total * v[j][hk * d + i];
+        }
+      }
+      const Vec o = MatVec(l.o_proj, attn, l.o_bias);
+      for (size_t i = 0; i < e; ++i) x[t][i] += o[i];
+      const Vec h2 = RmsNormLoop(x[t], ToVec(l.post_attention_layernorm), c.rms_norm_eps);
+      const Vec gate = MatVec(l.gate_proj, h2), up = MatVec(l.up_proj, h2);
+      Vec act(gate.size());
+      for (size_t i = 0; i < gate.size(); ++i)
+        act[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
+      const Vec down = MatVec(l.down_proj, act);
+      for (size_t i = 0; i < e; ++i) x[t][i] += down[i];
+    }
+  }
+  std::vector<Vec> logits(n);
+  for (size_t t = 0; t < n; ++t)
+    logits[t] = MatVec(w.lm_head, RmsNormLoop(x[t], ToVec(w.norm), c.rms_norm_eps));
+  return logits;
+}
+
+TEST(ReferenceForward, MatchesHandWrittenLoops) {
+  // fp32 reference vs float64 loops on O(1) activations: 1e-5 covers fp32
+  // rounding through 2 layers (observed ~1e-6).
+  for (const TinyModel& m : {TinyModel{"qwen3_gqa_bias", true, true, false, 4, 2},
+                             TinyModel{"llama_tied", false, false, true, 4, 4}}) {
+    SCOPED_TRACE(m.name);
+    const ModelConfig config =
+        TinyConfig(m, /*n_layer=*/2, /*hidden=*/8, /*head_dim=*/4, /*vocab=*/13);
+    const ModelWeights w = RandomWeights(config, 7);
+    const std::vector<int64_t> ids = {3, 11, 0, 7, 7, 12};
+    const std::vector<Vec> want = OracleForward(config, w, ids);
+    const at::Tensor got = ReferenceForward(config, w, at::tensor(ids).unsqueeze(0)).logits[0];
+    ASSERT_EQ(got.size(0), static_cast<int64_t>(ids.size()));
+    double max_diff = 0.0, max_abs = 0.0;
+    for (size_t t = 0; t < ids.size(); ++t) {
+      for (int64_t j = 0; j < config.vocab_size; ++j) {
+        max_diff = std::max(max_diff, std::abs(got[t][j].item<double>() - want[t][j]));
+        max_abs = std::max(max_abs, std::abs(want[t][j]));
+      }
+    }
+    EXPECT_LT(max_diff, 1e-5);
+    EXPECT_GT(max_abs, 0.1);  // the comparison is not between near-zero numbers
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Cached path vs reference.
+
+struct CachedCase {
+  TinyModel model;
+  int64_t chunk;             // prefill chunk (awkward on purpose)
+  int64_t max_scores_bytes;  // small values force several query blocks per chunk
+};
+
+class CachedDecoderTest : public ::testing::TestWithParam<CachedCase> {};
+
+// Runs ids[0, n_prefill) in chunks, then one token at a time; returns [T, V].
+at::Tensor RunCached(Decoder& decoder, KvCache& cache, const at::Tensor& ids, int64_t n_prefill,
+                     int64_t chunk) {
+  std::vector<at::Tensor> rows;
+  for (int64_t i0 = 0; i0 < n_prefill; i0 += chunk) {
+    rows.push_back(
+        decoder.Forward(cache, ids.narrow(0, i0, std::min(chunk, n_prefill - i0)), true));
+  }
+  for (int64_t t = n_prefill; t < ids.numel(); ++t) {
+    rows.push_back(decoder.Forward(cache, ids.narrow(0, t, 1), false));
+  }
+  return at::cat(rows, 0);
+}
+
+TEST_P(CachedDecoderTest, MatchesReferenceAtEveryPosition) {
+  const CachedCase& p = GetParam();
+  const ModelConfig config = TinyConfig(p.model);
+  const ModelWeights w = RandomWeights(config, 11);
+  const at::Tensor ids = RandomIds(config.vocab_size, {41}, 101);
+  const ReferenceOutput ref = ReferenceForward(config, w, ids.unsqueeze(0), Capture());
+
+  for (KeyTapMode mode : {KeyTapMode::kInvert, KeyTapMode::kStorePreNorm}) {
+    DecoderOptions opts;
+    opts.max_scores_bytes = p.max_scores_bytes;
+    opts.tap_mode = mode;
+    auto decoder = Decoder::Create(config, w, opts);
+    ASSERT_TRUE(decoder.ok()) << decoder.status();
+    auto cache = (*decoder)->NewCache();
+    at::Tensor logits;
+    {
+      c10::InferenceMode guard;
+      logits = RunCached(**decoder, *cache, ids, 27, p.chunk);
+    }
+    ASSERT_EQ(logits.sizes(), ref.logits[0].sizes());
+    // Per position: the fused/chunked path reorders fp32 sums only.
+    for (int64_t t = 0; t < ids.numel(); ++t) {
+      ASSERT_LT(MaxAbsDiff(logits[t], ref.logits[0][t]), 1e-4) << "position " << t;
+    }
+
+    // Taps give the keys the forward computed before k-norm/RoPE. kStorePreNorm
+    // keeps them (so only the fused-vs-separate projection rounding, ~1e-7,
+    // separates them from the reference); kInvert reconstructs them in float32
+    // (a few ulp of the head vector more).
+    auto taps = cache->Taps(0, ids.numel());
+    ASSERT_TRUE(taps.ok()) << taps.status();
+    for (int64_t il = 0; il < config.n_layer; ++il) {
+      EXPECT_LT(MaxAbsDiff(taps->keys[il], ref.keys_prenorm[il][0]), 1e-5) << "layer " << il;
+      EXPECT_LT(MaxAbsDiff(taps->values[il], ref.values[il][0]), 1e-5) << "layer " << il;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, CachedDecoderTest,
+    ::testing::Values(CachedCase{{"qwen3_gqa", true, false, false, 4, 2}, 7, 16 << 20},
+                      CachedCase{{"qwen3_gqa_blocks", true, false, true, 4, 2}, 11, 2048},
+                      CachedCase{{"qwen3_mqa_bias", true, true, false, 4, 1}, 5, 4096},
+                      CachedCase{{"llama_mha", false, false, false, 4, 4}, 7, 16 << 20},
+                      CachedCase{{"llama_gqa_bias", false, true, true, 4, 2}, 9, 3000}),
+    [](const auto& info) { return std::string(info.param.model.name); });
+
+TEST(DecoderTaps, InvertedKeysMatchStoredKeys) {
+  // Both modes run identical forward arithmetic; the difference is the
+  // inversion error alone: float32 rounding of k-norm/RoPE and their inverse,
+  // a few ulp relative to the largest element of the head vector.
+  const ModelConfig config = TinyConfig({"qwen3", true, false, false, 4, 2});
+  const ModelWeights w = RandomWeights(config, 3);
+  const at::Tensor ids = RandomIds(config.vocab_size, {300}, 102);
+  std::vector<at::Tensor> keys;
+  for (KeyTapMode mode : {KeyTapMode::kInvert, KeyTapMode::kStorePreNorm}) {
+    auto decoder = Decoder::Create(config, w, WithMode(mode));
+    ASSERT_TRUE(decoder.ok());
+    auto cache = (*decoder)->NewCache();
+    {
+      c10::InferenceMode guard;
+      (*decoder)->Forward(*cache, ids, false);
+    }
+    keys.push_back(cache->Taps(0, 300)->keys);
+  }
+  const at::Tensor scale = keys[1].abs().amax(-1, /*keepdim=*/true);
+  const double rel = ((keys[0] - keys[1]).abs() / scale).max().item<double>();
+  EXPECT_LT(rel, 2e-6);
+}
+
+TEST(DecoderTaps, AcceptedSpanDecodesLikeNative) {
+  for (const TinyModel& m : {TinyModel{"qwen3", true, false, false, 4, 2},
+                             TinyModel{"llama_bias", false, true, false, 4, 2}}) {
+    SCOPED_TRACE(m.name);
+    const ModelConfig config = TinyConfig(m);
+    const ModelWeights w = RandomWeights(config, 5);
+    auto decoder = Decoder::Create(config, w, {});
+    ASSERT_TRUE(decoder.ok());
+    const at::Tensor ids = RandomIds(config.vocab_size, {32}, 103);
+    c10::InferenceMode guard;
+    auto native = (*decoder)->NewCache();
+    const at::Tensor native_logits = RunCached(**decoder, *native, ids, 24, 24).narrow(0, 24, 8);
+
+    auto taps = native->Taps(0, 24);
+    ASSERT_TRUE(taps.ok());
+    auto fresh = (*decoder)->NewCache();
+    ASSERT_TRUE(fresh->Accept(taps->keys, taps->values).ok());
+    ASSERT_EQ(fresh->Length(), 24);
+    ASSERT_EQ(fresh->Spans().size(), 1u);
+    EXPECT_FALSE(fresh->Spans()[0].native);
+    std::vector<at::Tensor> rows;
+    for (int64_t t = 24; t < 32; ++t)
+      rows.push_back((*decoder)->Forward(*fresh, ids.narrow(0, t, 1), false));
+    EXPECT_LT(MaxAbsDiff(at::cat(rows, 0), native_logits), 1e-5);
+
+    // The accepted span is foreign: never tapped again. The native tail is.
+    EXPECT_EQ(fresh->Taps(20, 26).status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(fresh->Taps(24, 31).ok());
+  }
+}
+
+TEST(DecoderRollback, RedecodeEqualsStraightRun) {
+  const ModelConfig config = TinyConfig({"qwen3", true, false, false, 4, 2});
+  const ModelWeights w = RandomWeights(config, 9);
+  auto decoder = Decoder::Create(config, w, {});
+  ASSERT_TRUE(decoder.ok());
+  const at::Tensor ids = RandomIds(config.vocab_size, {30}, 104);
+  const at::Tensor other = (ids + 1).remainder(config.vocab_size);
+  c10::InferenceMode guard;
+  auto cache = (*decoder)->NewCache();
+  const at::Tensor straight = RunCached(**decoder, *cache, ids, 12, 12);
+  // Rewind, take a different path, rewind again and redo the original one.
+  ASSERT_TRUE(cache->Rollback(18).ok());
+  for (int64_t t = 18; t < 25; ++t) (*decoder)->Forward(*cache, other.narrow(0, t, 1), false);
+  ASSERT_TRUE(cache->Rollback(18).ok());
+  std::vector<at::Tensor> rows;
+  for (int64_t t = 18; t < 30; ++t)
+    rows.push_back((*decoder)->Forward(*cache, ids.narrow(0, t, 1), false));
+  EXPECT_LT(MaxAbsDiff(at::cat(rows, 0), straight.narrow(0, 18, 12)), 1e-6);
+  EXPECT_EQ(cache->Length(), 30);
+}
+
+TEST(DecoderBf16, StaysCloseToFloat32) {
+  // bf16 keeps 8 significant bits (relative rounding 2^-9); through 2 layers
+  // of O(1) activations the logit error grows to a few % of the logit scale:
+  // on this model HF's own bf16 arithmetic (the bf16 reference) is 3.9% of the
+  // largest |logit| away from float32, the cached bf16 path 2.6%. Bound: 6%
+  // for both, and the greedy choice agrees at >= 90% of positions.
+  const ModelConfig config = TinyConfig({"qwen3", true, false, false, 4, 2});
+  const ModelWeights w = RandomWeights(config, 13);
+  const at::Tensor ids = RandomIds(config.vocab_size, {24}, 105);
+  const at::Tensor ref = ReferenceForward(config, w, ids.unsqueeze(0)).logits[0];
+  const double scale = ref.abs().max().item<double>();
+  auto decoder = Decoder::Create(config, w, WithDtype(at::kBFloat16));
+  ASSERT_TRUE(decoder.ok()) << decoder.status();
+  auto cache = (*decoder)->NewCache();
+  at::Tensor logits;
+  {
+    c10::InferenceMode guard;
+    logits = RunCached(**decoder, *cache, ids, 16, 5);
+  }
+  EXPECT_EQ(logits.scalar_type(), at::kFloat);
+  EXPECT_LT(MaxAbsDiff(logits, ref), 0.06 * scale) << "logit scale " << scale;
+  const double agree = (logits.argmax(-1) == ref.argmax(-1)).to(at::kDouble).mean().item<double>();
+  EXPECT_GE(agree, 0.9);
+  // The bf16 reference (HF's bf16 arithmetic) is as close to both.
+  const at::Tensor ref_bf16 =
+      ReferenceForward(config, w.To(at::kBFloat16, "cpu"), ids.unsqueeze(0)).logits[0];
+  EXPECT_LT(MaxAbsDiff(logits, ref_bf16), 0.06 * scale);
+  EXPECT_LT(MaxAbsDiff(ref_bf16, ref), 0.06 * scale);
+}
+
+TEST(ReferenceForward, TrainsUnderAutogradOnBatches) {
+  const ModelConfig config = TinyConfig({"qwen3", true, false, false, 4, 2});
+  ModelWeights w = RandomWeights(config, 17);
+  for (at::Tensor& t : w.All()) t.requires_grad_(true);
+  const at::Tensor ids = RandomIds(config.vocab_size, {3, 10}, 106);
+  const ReferenceOutput out = ReferenceForward(config, w, ids);
+  ASSERT_EQ(out.logits.sizes(), (std::vector<int64_t>{3, 10, config.vocab_size}));
+  // Rows of a batch are independent sequences.
+  const at::Tensor single = ReferenceForward(config, w, ids.narrow(0, 1, 1)).logits;
+  EXPECT_LT(MaxAbsDiff(out.logits.narrow(0, 1, 1).detach(), single.detach()), 1e-5);
+  at::Tensor loss =
+      at::cross_entropy_loss(out.logits.reshape({-1, config.vocab_size}).narrow(0, 0, 29),
+                             ids.reshape({-1}).narrow(0, 1, 29));
+  loss.backward();
+  for (const at::Tensor& t : w.All()) {
+    ASSERT_TRUE(t.grad().defined());
+    EXPECT_TRUE(at::isfinite(t.grad()).all().item<bool>());
+  }
+  EXPECT_GT(w.layers[0].k_proj.grad().abs().sum().item<double>(), 0.0);
+}
+
+TEST(ReferenceForward, InjectedPrefixActsLikeNativeKeysAndCarriesGradients) {
+  // The distillation setting: frozen weights, a prefix of pre-norm keys and
+  // values given from outside. Fed the model's own prefix, the suffix logits
+  // equal those of the full sequence; gradients reach the injected tensors.
+  const ModelConfig config = TinyConfig({"qwen3", true, false, false, 4, 2});
+  const ModelWeights w = RandomWeights(config, 19);
+  const at::Tensor ids = RandomIds(config.vocab_size, {2, 16}, 107);
+  const ReferenceOutput full = ReferenceForward(config, w, ids, Capture());
+  ReferenceOptions opts;
+  for (int64_t il = 0; il < config.n_layer; ++il) {
+    opts.prefix_keys.push_back(
+        full.keys_prenorm[il].narrow(2, 0, 10).detach().clone().requires_grad_(true));
+    opts.prefix_values.push_back(
+        full.values[il].narrow(2, 0, 10).detach().clone().requires_grad_(true));
+  }
+  const ReferenceOutput suffix = ReferenceForward(config, w, ids.narrow(1, 10, 6), opts);
+  EXPECT_LT(MaxAbsDiff(suffix.logits.detach(), full.logits.narrow(1, 10, 6).detach()), 1e-5);
+  suffix.logits.logsumexp(-1).sum().backward();
+  for (int64_t il = 0; il < config.n_layer; ++il) {
+    ASSERT_TRUE(opts.prefix_keys[il].grad().defined());
+    EXPECT_GT(opts.prefix_keys[il].grad().abs().sum().item<double>(), 0.0);
+    EXPECT_GT(opts.prefix_values[il].grad().abs().sum().item<double>(), 0.0);
+  }
+  EXPECT_FALSE(w.layers[0].q_proj.grad().defined());
+}
+
+TEST(Decoder, CreateRejectsBadOptions) {
+  const ModelConfig config = TinyConfig({"qwen3", true, false, false, 4, 2});
+  const ModelWeights w = RandomWeights(config, 1);
+  EXPECT_EQ(Decoder::Create(config, w, WithDevice("cuda")).status().code(),
+            at::hasCUDA() ? absl::StatusCode::kOk : absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Decoder::Create(config, w, WithDevice("nonsense")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ModelConfig odd = config;
+  odd.n_head_kv = 3;
+  EXPECT_EQ(Decoder::Create(odd, w, {}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Decoder, ZeroKNormWeightFallsBackToStoredKeys) {
+  const ModelConfig config = TinyConfig({"qwen3", true, false, false, 4, 2});
+  ModelWeights w = RandomWeights(config, 1);
+  w.layers[1].k_norm[3] = 0.0;  // k-norm no longer invertible
+  auto decoder = Decoder::Create(config, w, WithMode(KeyTapMode::kInvert));
+  ASSERT_TRUE(decoder.ok());
+  EXPECT_EQ((*decoder)->tap_mode(), KeyTapMode::kStorePreNorm);
+  const at::Tensor ids = RandomIds(config.vocab_size, {6}, 108);
+  const ReferenceOutput ref = ReferenceForward(config, w, ids.unsqueeze(0), Capture());
+  auto cache = (*decoder)->NewCache();
+  {
+    c10::InferenceMode guard;
+    (*decoder)->Forward(*cache, ids, false);
+  }
+  EXPECT_LT(MaxAbsDiff(cache->Taps(0, 6)->keys[1], ref.keys_prenorm[1][0]), 1e-5);
+}
+
+}  // namespace
+}  // namespace kvl

@@ -1,0 +1,71 @@
+// Small random models for the model/ runtime tests (decoder, KV cache, engine).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+
+#include "model/checkpoint.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace kvl::testing {
+
+struct TinyModel {
+  const char* name;
+  bool qk_norm;
+  bool attention_bias;
+  bool tied;
+  int64_t n_head, n_head_kv;
+};
+
+inline ModelConfig TinyConfig(const TinyModel& m, int64_t n_layer = 2, int64_t hidden = 32,
+                              int64_t head_dim = 8, int64_t vocab = 61) {
+  ModelConfig c;
+  c.architecture = m.qk_norm ? Architecture::kQwen3 : Architecture::kLlama;
+  c.architecture_name = m.qk_norm ? "Qwen3ForCausalLM" : "LlamaForCausalLM";
+  c.model_type = m.qk_norm ? "qwen3" : "llama";
+  c.vocab_size = vocab;
+  c.hidden_size = hidden;
+  c.intermediate_size = hidden * 3 / 2;
+  c.n_layer = n_layer;
+  c.n_head = m.n_head;
+  c.n_head_kv = m.n_head_kv;
+  c.head_dim = head_dim;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 10000.0;
+  c.max_position_embeddings = 512;
+  c.tie_word_embeddings = m.tied;
+  c.attention_bias = m.attention_bias;
+  c.qk_norm = m.qk_norm;
+  return c;
+}
+
+// Hugging Face's initialisation (std 0.02, unit norms) makes attention nearly
+// uniform and logits tiny, which would let errors hide; these weights have
+// O(1) activations, non-trivial attention and non-unit norm weights.
+inline ModelWeights RandomWeights(const ModelConfig& config, uint64_t seed, double std = 0.25) {
+  ModelWeights w = InitWeights(config, seed);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed + 1);
+  for (auto& [name, t] : w.Named(config)) {
+    if (name.find("norm") != std::string::npos) {
+      t.normal_(1.0, 0.2, gen);
+    } else {
+      t.normal_(0.0, std, gen);
+    }
+  }
+  return w;
+}
+
+// Token ids [shape] drawn uniformly from [0, vocab), fixed by seed.
+inline at::Tensor RandomIds(int64_t vocab, at::IntArrayRef shape, uint64_t seed) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randint(vocab, shape, gen, at::TensorOptions().dtype(at::kLong));
+}
+
+inline double MaxAbsDiff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+}  // namespace kvl::testing

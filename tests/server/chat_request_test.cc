@@ -1,0 +1,157 @@
+// ChatRequest validation at the server's edge (server/chat_request.h).
+#include "server/chat_request.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+namespace kvl::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+kvlingo::v1::ChatRequest Valid() {
+  kvlingo::v1::ChatRequest r;
+  r.set_session_id("s1");
+  r.set_user_message("héllo 世界 🙂");
+  return r;
+}
+
+absl::Status Error(const kvlingo::v1::ChatRequest& r, TurnLimits limits = {}) {
+  return ParseChatRequest(r, limits).status();
+}
+
+void ExpectInvalid(const kvlingo::v1::ChatRequest& r, const std::string& field) {
+  absl::Status s = Error(r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr(field + ": "));
+}
+
+TEST(ChatRequestTest, ValidRequestGetsServerDefaults) {
+  absl::StatusOr<TurnRequest> t = ParseChatRequest(Valid(), TurnLimits{100, 77});
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->session_id, "s1");
+  EXPECT_EQ(t->user_message, "héllo 世界 🙂");
+  EXPECT_EQ(t->sampling.max_tokens, 77u);
+  EXPECT_EQ(t->sampling.temperature, 0.0f);
+  EXPECT_EQ(t->sampling.top_p, 1.0f);
+  EXPECT_FALSE(t->sampling.seed.has_value());
+  EXPECT_FALSE(t->policy.has_value());
+  EXPECT_FALSE(t->strategy.has_value());
+}
+
+TEST(ChatRequestTest, OverridesAreCarriedOver) {
+  kvlingo::v1::ChatRequest r = Valid();
+  r.mutable_sampling()->set_max_tokens(5);
+  r.mutable_sampling()->set_temperature(0.7f);
+  r.mutable_sampling()->set_top_k(40);
+  r.mutable_sampling()->set_top_p(0.9f);
+  r.mutable_sampling()->set_seed(0);
+  r.mutable_sampling()->add_stop("\n\n");
+  r.mutable_routing()->set_policy("explicit");
+  r.mutable_routing()->set_model("large");
+  r.mutable_routing()->set_strategy(kvlingo::v1::SWITCH_STRATEGY_REPREFILL_MISSING);
+  absl::StatusOr<TurnRequest> t = ParseChatRequest(r, {});
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->sampling.max_tokens, 5u);
+  EXPECT_EQ(t->sampling.top_k, 40u);
+  EXPECT_FLOAT_EQ(t->sampling.top_p, 0.9f);
+  ASSERT_TRUE(t->sampling.seed.has_value());  // an explicit 0 seed is still a seed
+  EXPECT_EQ(*t->sampling.seed, 0u);
+  EXPECT_EQ(t->policy, RoutingPolicy::kExplicit);
+  EXPECT_EQ(t->model, "large");
+  EXPECT_EQ(t->strategy, SwitchStrategy::kReprefillMissing);
+}
+
+TEST(ChatRequestTest, EachBadFieldIsNamed) {
+  kvlingo::v1::ChatRequest r = Valid();
+  r.clear_session_id();
+  ExpectInvalid(r, "session_id");
+  r = Valid();
+  r.set_session_id("a b");
+  ExpectInvalid(r, "session_id");
+  r = Valid();
+  r.clear_user_message();
+  ExpectInvalid(r, "user_message");
+  r = Valid();
+  r.set_user_message(std::string(65537, 'x'));
+  ExpectInvalid(r, "user_message");
+  r = Valid();
+  r.mutable_sampling()->set_max_tokens(4097);
+  ExpectInvalid(r, "sampling.max_tokens");
+  for (float bad : {-0.1f, 2.01f, std::numeric_limits<float>::quiet_NaN()}) {
+    r = Valid();
+    r.mutable_sampling()->set_temperature(bad);
+    ExpectInvalid(r, "sampling.temperature");
+  }
+  for (float bad : {-0.5f, 1.5f, std::numeric_limits<float>::quiet_NaN()}) {
+    r = Valid();
+    r.mutable_sampling()->set_top_p(bad);
+    ExpectInvalid(r, "sampling.top_p");
+  }
+  r = Valid();
+  r.mutable_sampling()->add_stop("");
+  ExpectInvalid(r, "sampling.stop[0]");
+  r = Valid();
+  for (size_t i = 0; i <= kMaxStopStrings; ++i) r.mutable_sampling()->add_stop("x");
+  ExpectInvalid(r, "sampling.stop");
+  r = Valid();
+  r.mutable_routing()->set_policy("random");
+  ExpectInvalid(r, "routing.policy");
+  r = Valid();
+  r.mutable_routing()->set_policy("explicit");
+  ExpectInvalid(r, "routing.model");
+  r = Valid();
+  r.mutable_routing()->set_strategy(static_cast<kvlingo::v1::SwitchStrategy>(9));
+  ExpectInvalid(r, "routing.strategy");
+}
+
+TEST(ChatRequestTest, MaxTurnBytesIsInclusive) {
+  kvlingo::v1::ChatRequest r = Valid();
+  r.set_user_message(std::string(10, 'x'));
+  EXPECT_TRUE(ParseChatRequest(r, TurnLimits{10, 1}).ok());
+  r.set_user_message(std::string(11, 'x'));
+  EXPECT_THAT(Error(r, TurnLimits{10, 1}).message(),
+              HasSubstr("11 bytes is over the server's limit of 10"));
+}
+
+TEST(Utf8Test, AcceptsWellFormedText) {
+  EXPECT_TRUE(IsValidUtf8(""));
+  EXPECT_TRUE(IsValidUtf8("ascii"));
+  EXPECT_TRUE(IsValidUtf8("\xC2\x80"));              // U+0080
+  EXPECT_TRUE(IsValidUtf8("\xED\x9F\xBF"));          // U+D7FF
+  EXPECT_TRUE(IsValidUtf8("\xEE\x80\x80"));          // U+E000
+  EXPECT_TRUE(IsValidUtf8("\xF4\x8F\xBF\xBF"));      // U+10FFFF
+  EXPECT_TRUE(IsValidUtf8(std::string("a\0b", 3)));  // NUL is a valid code point
+}
+
+TEST(Utf8Test, RejectsMalformedTextAndReportsTheOffset) {
+  struct Case {
+    std::string text;
+    size_t offset;
+  };
+  const Case cases[] = {
+      {"ab\x80", 2},                // lone continuation byte
+      {"a\xC0\xAF", 1},             // overlong '/'
+      {"\xE0\x80\xAF", 0},          // overlong, 3 bytes
+      {"xy\xED\xA0\x80", 2},        // surrogate U+D800
+      {"\xF4\x90\x80\x80", 0},      // above U+10FFFF
+      {"\xF8\x88\x80\x80\x80", 0},  // 5-byte form
+      {"ok\xE4\xB8", 2},            // truncated
+      {"\xC3\x28", 0},              // bad continuation
+  };
+  for (const Case& c : cases) {
+    size_t offset = 999;
+    EXPECT_FALSE(IsValidUtf8(c.text, &offset)) << ::testing::PrintToString(c.text);
+    EXPECT_EQ(offset, c.offset) << ::testing::PrintToString(c.text);
+  }
+  kvlingo::v1::ChatRequest r = Valid();
+  r.set_user_message("bad \xFF byte");
+  EXPECT_EQ(Error(r).message(), "user_message: not valid UTF-8 (first bad byte at offset 4)");
+}
+
+}  // namespace
+}  // namespace kvl::server

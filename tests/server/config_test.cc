@@ -1,0 +1,258 @@
+// Parsing and validation of the server config file (server/config.h).
+#include "server/config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "tests/testing/temp_dir.h"
+
+namespace kvl::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A checkpoint directory as the validator expects it: a config.json inside.
+std::string MakeModelDir(const testing::TempDir& dir, const std::string& name) {
+  dir.WriteFile(name + "/config.json", "{}");
+  return dir.Path(name);
+}
+
+absl::Status ParseError(const std::string& text, const std::string& base_dir = "/") {
+  return ParseConfig(text, base_dir).status();
+}
+
+TEST(ConfigTest, EmptyObjectGivesDocumentedDefaults) {
+  absl::StatusOr<ServerConfig> c = ParseConfig("{}", "/");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->server.listen_address.ToString(), "127.0.0.1:50051");
+  EXPECT_EQ(c->server.metrics_address.ToString(), "127.0.0.1:9464");
+  EXPECT_EQ(c->server.drain_timeout_seconds, 30.0);
+  EXPECT_EQ(c->server.max_turn_bytes, 65536);
+  EXPECT_EQ(c->server.max_new_tokens_limit, 4096);
+  EXPECT_EQ(c->log.level, LogLevel::kInfo);
+  EXPECT_EQ(c->runtime.threads, 0);
+  EXPECT_EQ(c->runtime.dtype, Dtype::kFloat32);
+  EXPECT_TRUE(c->models.empty());
+  EXPECT_TRUE(c->translators.empty());
+  EXPECT_EQ(c->routing.policy, RoutingPolicy::kFixed);
+  EXPECT_EQ(c->routing.strategy, SwitchStrategy::kTranslate);
+  EXPECT_EQ(c->sessions.idle_timeout_seconds, 3600);
+  EXPECT_EQ(c->sessions.memory_budget_bytes, int64_t{4} << 30);
+}
+
+TEST(ConfigTest, FullConfigWithCommentsAndRelativePaths) {
+  testing::TempDir dir("config");
+  MakeModelDir(dir, "models/small");
+  MakeModelDir(dir, "models/large");
+  dir.WriteFile("translators/s2l.kvlt", "x");
+  const std::string text = R"({
+    // line comments and /* block comments */ are allowed
+    "server": {"listen_address": "0.0.0.0:6000", "metrics_address": "[::1]:0",
+               "drain_timeout_seconds": 2.5, "max_turn_bytes": 1000, "max_new_tokens_limit": 64},
+    "log": {"level": "debug"},
+    "runtime": {"threads": 4, "dtype": "bfloat16"},
+    "models": [{"name": "small", "path": "models/small"},
+               {"name": "large", "path": "models/large", "dtype": "float32"}],
+    "translators": [{"source": "small", "target": "large", "path": "translators/s2l.kvlt"}],
+    "routing": {"policy": "rules", "default_model": "small", "strategy": "reprefill-missing",
+                "models": ["small", "large"],
+                "rules": [{"model": "large", "contains": ["prove", "derive"], "min_bytes": 10}],
+                "cascade_min_mean_logprob": -0.5},
+    "sessions": {"idle_timeout_seconds": 0, "memory_budget_bytes": 1048576}
+  })";
+  absl::StatusOr<ServerConfig> c = ParseConfig(text, dir.path());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->server.listen_address.host, "0.0.0.0");
+  EXPECT_EQ(c->server.listen_address.port, 6000);
+  EXPECT_EQ(c->server.metrics_address.host, "[::1]");
+  EXPECT_EQ(c->server.metrics_address.port, 0);
+  EXPECT_EQ(c->server.drain_timeout_seconds, 2.5);
+  EXPECT_EQ(c->server.max_turn_bytes, 1000);
+  EXPECT_EQ(c->server.max_new_tokens_limit, 64);
+  EXPECT_EQ(c->log.level, LogLevel::kDebug);
+  EXPECT_EQ(c->runtime.threads, 4);
+  ASSERT_EQ(c->models.size(), 2u);
+  EXPECT_EQ(c->models[0].path, dir.Path("models/small"));
+  EXPECT_EQ(c->models[0].dtype, Dtype::kBFloat16);  // inherits runtime.dtype
+  EXPECT_EQ(c->models[1].dtype, Dtype::kFloat32);
+  ASSERT_EQ(c->translators.size(), 1u);
+  EXPECT_EQ(c->translators[0].name, "small->large");
+  EXPECT_EQ(c->translators[0].path, dir.Path("translators/s2l.kvlt"));
+  EXPECT_EQ(c->routing.policy, RoutingPolicy::kRules);
+  EXPECT_EQ(c->routing.strategy, SwitchStrategy::kReprefillMissing);
+  ASSERT_EQ(c->routing.rules.size(), 1u);
+  EXPECT_EQ(c->routing.rules[0].model, "large");
+  EXPECT_THAT(c->routing.rules[0].contains, ::testing::ElementsAre("prove", "derive"));
+  EXPECT_EQ(c->routing.rules[0].min_bytes, 10);
+  EXPECT_EQ(c->routing.cascade_min_mean_logprob, -0.5);
+  EXPECT_EQ(c->sessions.idle_timeout_seconds, 0);
+  EXPECT_EQ(c->sessions.memory_budget_bytes, 1048576);
+}
+
+TEST(ConfigTest, UnknownKeysAreRejectedAtEveryLevelWithTheirPath) {
+  EXPECT_THAT(ParseError(R"({"sever": {}})").message(), HasSubstr("config: sever: unknown key"));
+  EXPECT_THAT(ParseError(R"({"server": {"listen": "a:1"}})").message(),
+              HasSubstr("config: server.listen: unknown key"));
+  EXPECT_THAT(ParseError(R"({"routing": {"rules": [{"model": "m", "when": 1}]}})").message(),
+              HasSubstr("unknown key"));
+  testing::TempDir dir("config");
+  MakeModelDir(dir, "m");
+  absl::Status s = ParseError(R"({"models": [{"name": "m", "path": "m", "size": 3}]})", dir.path());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("config: models[0].size: unknown key"));
+}
+
+TEST(ConfigTest, BadValuesNameTheKeyAndTheValue) {
+  absl::Status s = ParseError(R"({"server": {"listen_address": "x"}})");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "config: server.listen_address: expected host:port, got 'x'");
+  EXPECT_THAT(
+      ParseError(R"({"server": {"metrics_address": "h:70000"}})").message(),
+      HasSubstr("config: server.metrics_address: expected host:port with a port in [0, 65535]"));
+  EXPECT_THAT(
+      ParseError(R"({"server": {"drain_timeout_seconds": -1}})").message(),
+      HasSubstr("config: server.drain_timeout_seconds: expected a number in [0, 3600], got -1"));
+  EXPECT_THAT(ParseError(R"({"server": {"max_turn_bytes": "big"}})").message(),
+              HasSubstr("config: server.max_turn_bytes: expected an integer, got 'big'"));
+  EXPECT_THAT(ParseError(R"({"server": {"max_new_tokens_limit": 0}})").message(),
+              HasSubstr("config: server.max_new_tokens_limit: expected an integer in [1,"));
+  EXPECT_THAT(
+      ParseError(R"({"log": {"level": "verbose"}})").message(),
+      HasSubstr(
+          "config: log.level: expected one of trace, debug, info, warn, error, got 'verbose'"));
+  EXPECT_THAT(ParseError(R"({"runtime": {"threads": 1.5}})").message(),
+              HasSubstr("config: runtime.threads: expected an integer, got 1.5"));
+  EXPECT_THAT(ParseError(R"({"runtime": {"dtype": "int8"}})").message(),
+              HasSubstr("config: runtime.dtype: expected one of float32, bfloat16, float16"));
+  EXPECT_THAT(
+      ParseError(R"({"routing": {"policy": "random"}})").message(),
+      HasSubstr(
+          "config: routing.policy: expected one of fixed, explicit, rules, cascade, alternate"));
+  EXPECT_THAT(ParseError(R"({"routing": {"strategy": "copy"}})").message(),
+              HasSubstr("config: routing.strategy:"));
+  EXPECT_THAT(ParseError(R"({"sessions": {"memory_budget_bytes": 0}})").message(),
+              HasSubstr("config: sessions.memory_budget_bytes: expected an integer in [1,"));
+  EXPECT_THAT(ParseError(R"({"server": []})").message(),
+              HasSubstr("config: server: expected an object, got []"));
+  EXPECT_THAT(ParseError(R"({"models": {}})").message(),
+              HasSubstr("config: models: expected a list"));
+}
+
+TEST(ConfigTest, SyntaxErrorsAndNonObjectsAreInvalidArgument) {
+  absl::Status s = ParseError("{\"server\": ");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("config: invalid JSON"));
+  EXPECT_THAT(ParseError("[1]").message(), HasSubstr("expected a JSON object at the top level"));
+}
+
+TEST(ConfigTest, HostPortForms) {
+  EXPECT_TRUE(ParseHostPort("localhost:1").ok());
+  EXPECT_TRUE(ParseHostPort("[::]:50051").ok());
+  EXPECT_EQ(ParseHostPort("[::]:50051")->host, "[::]");
+  EXPECT_FALSE(ParseHostPort(":1").ok());
+  EXPECT_FALSE(ParseHostPort("host:").ok());
+  EXPECT_FALSE(ParseHostPort("::1:80").ok());  // IPv6 needs brackets
+  EXPECT_FALSE(ParseHostPort("host:8o").ok());
+  EXPECT_FALSE(ParseHostPort("host:-1").ok());
+}
+
+TEST(ConfigTest, ModelPathMustBeACheckpointDirectory) {
+  testing::TempDir dir("config");
+  dir.MakeDir("empty");
+  absl::Status s = ParseError(R"({"models": [{"name": "m", "path": "missing"}]})", dir.path());
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr("config: models[0].path: '" + dir.Path("missing") +
+                                     "' is not a directory"));
+  s = ParseError(R"({"models": [{"name": "m", "path": "empty"}]})", dir.path());
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr("has no config.json"));
+  EXPECT_THAT(ParseError(R"({"models": [{"name": "m"}]})", dir.path()).message(),
+              HasSubstr("config: models[0].path: required"));
+}
+
+TEST(ConfigTest, CrossReferencesAreChecked) {
+  testing::TempDir dir("config");
+  MakeModelDir(dir, "a");
+  MakeModelDir(dir, "b");
+  dir.WriteFile("t.kvlt", "x");
+  const std::string models =
+      R"("models": [{"name": "a", "path": "a"}, {"name": "b", "path": "b"}])";
+  auto parse = [&](const std::string& rest) {
+    return ParseError("{" + models + rest + "}", dir.path());
+  };
+
+  EXPECT_THAT(ParseError(R"({"models": [{"name": "a", "path": "a"}, {"name": "a", "path": "b"}]})",
+                         dir.path())
+                  .message(),
+              HasSubstr("config: models[1].name: duplicate model name 'a'"));
+  EXPECT_THAT(ParseError(R"({"models": [{"name": "a b", "path": "a"}]})", dir.path()).message(),
+              HasSubstr("config: models[0].name: expected 1-64 characters"));
+  EXPECT_THAT(
+      parse(
+          R"(, "routing": {"default_model": "a"}, "translators": [{"source": "a", "target": "c", "path": "t.kvlt"}])")
+          .message(),
+      HasSubstr("config: translators[0].target: 'c' is not a configured model (configured: a, b)"));
+  EXPECT_THAT(
+      parse(
+          R"(, "routing": {"default_model": "a"}, "translators": [{"source": "a", "target": "a", "path": "t.kvlt"}])")
+          .message(),
+      HasSubstr("config: translators[0].target: equals source 'a'"));
+  EXPECT_THAT(
+      parse(
+          R"(, "routing": {"default_model": "a"}, "translators": [{"source": "a", "target": "b", "path": "t.kvlt"}, {"name": "x", "source": "a", "target": "b", "path": "t.kvlt"}])")
+          .message(),
+      HasSubstr("config: translators[1]: a second translator from 'a' to 'b'"));
+  EXPECT_EQ(
+      parse(
+          R"(, "routing": {"default_model": "a"}, "translators": [{"source": "a", "target": "b", "path": "nope"}])")
+          .code(),
+      absl::StatusCode::kNotFound);
+  EXPECT_THAT(parse("").message(),
+              HasSubstr("config: routing.default_model: required when models are configured"));
+  EXPECT_THAT(parse(R"(, "routing": {"default_model": "z"})").message(),
+              HasSubstr("config: routing.default_model: 'z' is not a configured model"));
+  EXPECT_THAT(
+      parse(R"(, "routing": {"default_model": "a", "policy": "alternate", "models": ["a"]})")
+          .message(),
+      HasSubstr("config: routing.models: the 'alternate' policy needs at least 2 models"));
+  EXPECT_THAT(parse(R"(, "routing": {"default_model": "a", "models": ["a", "a"]})").message(),
+              HasSubstr("config: routing.models[1]: 'a' is listed twice"));
+  EXPECT_THAT(parse(R"(, "routing": {"default_model": "a", "policy": "rules"})").message(),
+              HasSubstr("config: routing.rules: the 'rules' policy needs at least one rule"));
+  EXPECT_THAT(parse(R"(, "routing": {"default_model": "a", "rules": [{"model": "q"}]})").message(),
+              HasSubstr("config: routing.rules[0].model: 'q' is not a configured model"));
+  EXPECT_TRUE(
+      parse(R"(, "routing": {"default_model": "b", "policy": "cascade", "models": ["a", "b"]})")
+          .ok());
+  // Without models only the "fixed" policy, with no default model, makes sense.
+  EXPECT_THAT(
+      ParseError(R"({"routing": {"policy": "explicit"}})").message(),
+      HasSubstr("config: routing.policy: 'explicit' needs configured models (there are none)"));
+  EXPECT_THAT(ParseError(R"({"routing": {"default_model": "a"}})").message(),
+              HasSubstr("'a' is not a configured model (configured: none)"));
+}
+
+TEST(ConfigTest, LoadConfigFileResolvesPathsAgainstTheFilesDirectory) {
+  testing::TempDir dir("config");
+  MakeModelDir(dir, "etc/models/m");
+  const std::string file = dir.WriteFile(
+      "etc/server.json",
+      R"({"models": [{"name": "m", "path": "models/m"}], "routing": {"default_model": "m"}})");
+  absl::StatusOr<ServerConfig> c = LoadConfigFile(file);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->models[0].path, dir.Path("etc/models/m"));
+  absl::Status missing = LoadConfigFile(dir.Path("nope.json")).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.message(), HasSubstr("config: cannot read '" + dir.Path("nope.json") + "'"));
+}
+
+TEST(ConfigTest, TheShippedExampleConfigIsValid) {
+  absl::StatusOr<ServerConfig> c =
+      LoadConfigFile(std::string(KVL_SOURCE_DIR) + "/configs/server.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+}
+
+}  // namespace
+}  // namespace kvl::server

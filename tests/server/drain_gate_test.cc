@@ -1,0 +1,43 @@
+// Admission and draining of Chat streams (server/drain_gate.h).
+#include "server/drain_gate.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+namespace kvl::server {
+namespace {
+
+TEST(DrainGateTest, RefusesNewCallsOnceDrainingAndWaitsForRunningOnes) {
+  DrainGate gate;
+  ASSERT_TRUE(gate.TryEnter());
+  ASSERT_TRUE(gate.TryEnter());
+  EXPECT_EQ(gate.in_flight(), 2);
+  gate.BeginDrain();
+  EXPECT_TRUE(gate.draining());
+  EXPECT_FALSE(gate.TryEnter());
+  EXPECT_EQ(gate.in_flight(), 2);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(gate.WaitIdle(absl::Milliseconds(50)));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(50));
+
+  gate.Exit();
+  std::thread finisher([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    gate.Exit();
+  });
+  EXPECT_TRUE(gate.WaitIdle(absl::Seconds(10)));
+  EXPECT_EQ(gate.in_flight(), 0);
+  finisher.join();
+}
+
+TEST(DrainGateTest, IdleGateDrainsAtOnce) {
+  DrainGate gate;
+  gate.BeginDrain();
+  EXPECT_TRUE(gate.WaitIdle(absl::ZeroDuration()));
+}
+
+}  // namespace
+}  // namespace kvl::server

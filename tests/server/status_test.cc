@@ -1,0 +1,53 @@
+// The absl::Status -> grpc::Status mapping (server/status.h).
+#include "server/status.h"
+
+#include <gtest/gtest.h>
+
+#include <utility>
+#include <vector>
+
+namespace kvl::server {
+namespace {
+
+TEST(StatusTest, EveryCanonicalCodeMapsToTheSameGrpcCodeAndKeepsTheMessage) {
+  // Written out pairwise (not derived from the enum values) so that a wrong
+  // mapping cannot hide behind the shared numbering.
+  const std::vector<std::pair<absl::StatusCode, grpc::StatusCode>> pairs = {
+      {absl::StatusCode::kCancelled, grpc::StatusCode::CANCELLED},
+      {absl::StatusCode::kUnknown, grpc::StatusCode::UNKNOWN},
+      {absl::StatusCode::kInvalidArgument, grpc::StatusCode::INVALID_ARGUMENT},
+      {absl::StatusCode::kDeadlineExceeded, grpc::StatusCode::DEADLINE_EXCEEDED},
+      {absl::StatusCode::kNotFound, grpc::StatusCode::NOT_FOUND},
+      {absl::StatusCode::kAlreadyExists, grpc::StatusCode::ALREADY_EXISTS},
+      {absl::StatusCode::kPermissionDenied, grpc::StatusCode::PERMISSION_DENIED},
+      {absl::StatusCode::kResourceExhausted, grpc::StatusCode::RESOURCE_EXHAUSTED},
+      {absl::StatusCode::kFailedPrecondition, grpc::StatusCode::FAILED_PRECONDITION},
+      {absl::StatusCode::kAborted, grpc::StatusCode::ABORTED},
+      {absl::StatusCode::kOutOfRange, grpc::StatusCode::OUT_OF_RANGE},
+      {absl::StatusCode::kUnimplemented, grpc::StatusCode::UNIMPLEMENTED},
+      {absl::StatusCode::kInternal, grpc::StatusCode::INTERNAL},
+      {absl::StatusCode::kUnavailable, grpc::StatusCode::UNAVAILABLE},
+      {absl::StatusCode::kDataLoss, grpc::StatusCode::DATA_LOSS},
+      {absl::StatusCode::kUnauthenticated, grpc::StatusCode::UNAUTHENTICATED},
+  };
+  for (const auto& [absl_code, grpc_code] : pairs) {
+    const grpc::Status s = ToGrpcStatus(absl::Status(absl_code, "what went wrong"));
+    EXPECT_EQ(s.error_code(), grpc_code) << absl::StatusCodeToString(absl_code);
+    EXPECT_EQ(s.error_message(), "what went wrong");
+  }
+}
+
+TEST(StatusTest, OkIsOkWithNoMessage) {
+  const grpc::Status s = ToGrpcStatus(absl::OkStatus());
+  EXPECT_TRUE(s.ok());
+  EXPECT_EQ(s.error_message(), "");
+}
+
+TEST(StatusTest, NonCanonicalCodeBecomesUnknown) {
+  const grpc::Status s = ToGrpcStatus(absl::Status(static_cast<absl::StatusCode>(42), "odd"));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNKNOWN);
+  EXPECT_EQ(s.error_message(), "odd");
+}
+
+}  // namespace
+}  // namespace kvl::server

@@ -1,0 +1,296 @@
+// kvl train-lm: training lowers the loss, a checkpoint resumes to exactly the
+// run it interrupted, the written directory is a loadable Hub-format model
+// whose cached decoder agrees with the reference forward, the schedule and
+// batch sampling keep their contracts, bf16 autocast engages, and the CLI
+// writes what it promises.
+#include "tools/train_lm.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <gtest/gtest.h>
+
+#include "model/checkpoint.h"
+#include "model/engine.h"
+#include "model/reference.h"
+#include "model/safetensors.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/subprocess.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/tools/tiny_lm_fixture.h"
+
+namespace kvl::tools {
+namespace {
+
+using kvl::testing::TempDir;
+using kvl::testing::TinyLmFiles;
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TrainOptions TinyOptions(const TinyLmFiles& f, const std::string& out, int64_t steps) {
+  TrainOptions o;
+  o.config_path = f.config;
+  o.tokenizer_path = f.tokenizer_dir;
+  o.train_path = f.train;
+  o.valid_path = f.valid;
+  o.out_dir = out;
+  o.seed = 7;
+  o.n_steps = steps;
+  o.batch = 8;
+  o.seq_len = 64;
+  o.lr = 1e-2;
+  o.warmup = 20;
+  o.eval_every = 0;
+  o.eval_tokens = 2048;
+  o.n_threads = 1;  // a tiny model gains nothing from threads on a shared machine
+  o.progress = false;
+  o.plot = false;
+  return o;
+}
+
+class TrainLmTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir("train-lm");
+    files_ = new TinyLmFiles(kvl::testing::MakeTinyLm(*dir_));
+  }
+  static void TearDownTestSuite() {
+    delete files_;
+    delete dir_;
+  }
+  static TempDir* dir_;
+  static TinyLmFiles* files_;
+};
+TempDir* TrainLmTest::dir_ = nullptr;
+TinyLmFiles* TrainLmTest::files_ = nullptr;
+
+TEST_F(TrainLmTest, TrainingLowersTrainAndValidLossAndWritesItsOutputs) {
+  TrainOptions o = TinyOptions(*files_, dir_->Path("run"), 250);
+  o.eval_every = 100;
+  o.plot = true;
+  absl::StatusOr<TrainResult> r = TrainLm(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->log.size(), 250u);
+  const double first = r->log.front().loss;
+  // Uniform prediction over the vocabulary at initialisation.
+  EXPECT_NEAR(first, std::log(static_cast<double>(files_->vocab_size)), 0.3);
+  EXPECT_LT(r->final_train_loss, 0.7 * first);
+  ASSERT_GT(r->initial_valid_loss, 0);
+  EXPECT_LT(r->final_valid_loss, 0.7 * r->initial_valid_loss);
+  EXPECT_EQ(r->tokens_seen, 250 * 8 * 64);
+
+  // train_log.jsonl: one line per step, validation at 100, 200 and the end.
+  std::ifstream log(dir_->Path("run/train_log.jsonl"));
+  std::string line;
+  std::vector<int64_t> valid_steps;
+  int64_t n_lines = 0;
+  while (std::getline(log, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["step"].get<int64_t>(), ++n_lines);
+    EXPECT_GT(j["tokens_per_s"].get<double>(), 0);
+    if (j.contains("valid_loss")) valid_steps.push_back(j["step"].get<int64_t>());
+  }
+  EXPECT_EQ(n_lines, 250);
+  EXPECT_EQ(valid_steps, (std::vector<int64_t>{100, 200, 250}));
+
+  const std::string png = ReadAll(dir_->Path("run/loss.png"));
+  ASSERT_GE(png.size(), 8u);
+  EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  const nlohmann::json summary = nlohmann::json::parse(ReadAll(dir_->Path("run/summary.json")));
+  EXPECT_EQ(summary["steps"], 250);
+  EXPECT_TRUE(summary["finished"].get<bool>());
+  EXPECT_DOUBLE_EQ(summary["final_valid_loss"].get<double>(), r->final_valid_loss);
+  for (const char* file : {"config.json", "model.safetensors", "generation_config.json",
+                           "tokenizer.json", "tokenizer_config.json"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir_->Path(std::string("run/") + file))) << file;
+  }
+}
+
+TEST_F(TrainLmTest, ResumedRunIsBitIdenticalToUninterruptedRun) {
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16 autocast" : "float32");
+    const std::string straight = dir_->Path(bf16 ? "straight16" : "straight32");
+    const std::string resumed = dir_->Path(bf16 ? "resumed16" : "resumed32");
+    TrainOptions o = TinyOptions(*files_, straight, 40);
+    o.bf16 = bf16;
+    absl::StatusOr<TrainResult> a = TrainLm(o);
+    ASSERT_TRUE(a.ok()) << a.status();
+
+    o.out_dir = resumed;
+    o.stop_after = 17;
+    absl::StatusOr<TrainResult> first = TrainLm(o);
+    ASSERT_TRUE(first.ok()) << first.status();
+    EXPECT_EQ(first->steps_done, 17);
+    o.stop_after = 0;
+    o.resume = true;
+    absl::StatusOr<TrainResult> second = TrainLm(o);
+    ASSERT_TRUE(second.ok()) << second.status();
+    EXPECT_EQ(second->start_step, 17);
+    ASSERT_EQ(second->log.size(), 23u);
+    for (size_t i = 0; i < second->log.size(); ++i) {
+      EXPECT_EQ(second->log[i].loss, a->log[17 + i].loss) << "step " << 18 + i;
+    }
+    EXPECT_EQ(second->final_valid_loss, a->final_valid_loss);
+
+    // Same weights and moments, bit for bit.
+    absl::StatusOr<SafetensorsFile> sa = ReadSafetensors(straight + "/train_state/optimizer.safetensors");
+    absl::StatusOr<SafetensorsFile> sb = ReadSafetensors(resumed + "/train_state/optimizer.safetensors");
+    ASSERT_TRUE(sa.ok() && sb.ok());
+    ASSERT_EQ(sa->tensors.size(), sb->tensors.size());
+    for (const auto& [name, t] : sa->tensors) {
+      ASSERT_TRUE(sb->tensors.count(name)) << name;
+      EXPECT_TRUE(at::equal(t, sb->tensors.at(name))) << name;
+    }
+    // The resumed log holds every step once.
+    std::ifstream log(resumed + "/train_log.jsonl");
+    std::string line;
+    int64_t n = 0;
+    while (std::getline(log, line)) EXPECT_EQ(nlohmann::json::parse(line)["step"], ++n);
+    EXPECT_EQ(n, 40);
+  }
+}
+
+TEST_F(TrainLmTest, ResumeRefusesMissingFinishedOrDifferentRuns) {
+  TrainOptions o = TinyOptions(*files_, dir_->Path("refuse"), 6);
+  o.resume = true;
+  EXPECT_EQ(TrainLm(o).status().code(), absl::StatusCode::kNotFound);
+  o.resume = false;
+  ASSERT_TRUE(TrainLm(o).ok());
+  o.resume = true;
+  EXPECT_EQ(TrainLm(o).status().code(), absl::StatusCode::kFailedPrecondition);  // finished
+  o.n_steps = 12;
+  o.lr = 5e-3;
+  const absl::Status s = TrainLm(o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("lr"), std::string::npos) << s;
+}
+
+TEST_F(TrainLmTest, BadInputsAreSpecificErrors) {
+  TrainOptions o = TinyOptions(*files_, dir_->Path("bad"), 5);
+  o.train_path = dir_->Path("missing.txt");
+  EXPECT_EQ(TrainLm(o).status().code(), absl::StatusCode::kNotFound);
+  o = TinyOptions(*files_, dir_->Path("bad"), 5);
+  o.seq_len = 100000;  // beyond max_position_embeddings
+  EXPECT_EQ(TrainLm(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = TinyOptions(*files_, dir_->Path("bad"), 5);
+  o.train_path = dir_->WriteFile("short.txt", "hi");
+  EXPECT_EQ(TrainLm(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = TinyOptions(*files_, dir_->Path("bad"), 5);
+  nlohmann::json config = nlohmann::json::parse(ReadAll(files_->config));
+  config["vocab_size"] = 100;  // smaller than the tokenizer
+  o.config_path = dir_->WriteFile("small_vocab.json", config.dump());
+  EXPECT_EQ(TrainLm(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(TrainLmTest, WrittenModelLoadsAndEngineMatchesReferenceForward) {
+  const std::string out = dir_->Path("export");
+  ASSERT_TRUE(TrainLm(TinyOptions(*files_, out, 30)).ok());
+  absl::StatusOr<Checkpoint> ckpt = LoadCheckpoint(out);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  // Hugging Face's keys and the tokenizer's stop token.
+  const nlohmann::json config = nlohmann::json::parse(ReadAll(out + "/config.json"));
+  EXPECT_EQ(config["architectures"], nlohmann::json::array({"Qwen3ForCausalLM"}));
+  EXPECT_EQ(config["model_type"], "qwen3");
+  EXPECT_EQ(config["num_hidden_layers"], 2);
+  EXPECT_EQ(ckpt->generation.eos_token_ids, std::vector<int64_t>{files_->im_end});
+  // The exported weights are the trained master weights.
+  absl::StatusOr<SafetensorsFile> state = ReadSafetensors(out + "/train_state/optimizer.safetensors");
+  ASSERT_TRUE(state.ok());
+  for (const auto& [name, t] : ckpt->weights.Named(ckpt->config)) {
+    EXPECT_TRUE(at::equal(t, state->tensors.at("param." + name))) << name;
+  }
+  EXPECT_FALSE(at::equal(ckpt->weights.norm, at::ones_like(ckpt->weights.norm)));
+
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*ckpt, RuntimeOptions{});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::vector<int64_t> ids = {5, 77, 12, 200, 3, 3, 150, 9, 64, 101, 33, 7};
+  std::unique_ptr<KvCache> cache = (*engine)->NewCache();
+  absl::StatusOr<at::Tensor> got = (*engine)->Prefill(*cache, ids, /*all_logits=*/true);
+  ASSERT_TRUE(got.ok()) << got.status();
+  c10::InferenceMode guard;
+  const at::Tensor want =
+      ReferenceForward(ckpt->config, ckpt->weights, at::tensor(ids).unsqueeze(0)).logits[0];
+  EXPECT_LT((*got - want).abs().max().item<double>(), 1e-4);
+}
+
+TEST(LearningRateTest, WarmsUpLinearlyThenDecaysByCosineToTheFloor) {
+  TrainOptions o;
+  o.lr = 2e-3;
+  o.warmup = 10;
+  o.n_steps = 110;
+  o.min_lr_ratio = 0.1;
+  EXPECT_DOUBLE_EQ(LearningRate(o, 1), 2e-4);
+  EXPECT_DOUBLE_EQ(LearningRate(o, 5), 1e-3);
+  EXPECT_DOUBLE_EQ(LearningRate(o, 10), 2e-3);
+  EXPECT_NEAR(LearningRate(o, 60), 0.5 * (2e-3 + 2e-4), 1e-12);  // half-way down the cosine
+  EXPECT_NEAR(LearningRate(o, 110), 2e-4, 1e-12);
+  for (int64_t s = 11; s <= 110; ++s) EXPECT_LT(LearningRate(o, s), LearningRate(o, s - 1));
+}
+
+TEST(BatchOffsetsTest, DeterministicInRangeAndDifferentPerStepAndSeed) {
+  const std::vector<int64_t> a = BatchOffsets(3, 10, 16, 64, 1000);
+  EXPECT_EQ(a, BatchOffsets(3, 10, 16, 64, 1000));
+  EXPECT_NE(a, BatchOffsets(3, 11, 16, 64, 1000));
+  EXPECT_NE(a, BatchOffsets(4, 10, 16, 64, 1000));
+  for (int64_t off : BatchOffsets(3, 10, 4096, 64, 1000)) {
+    EXPECT_GE(off, 0);
+    EXPECT_LE(off + 64 + 1, 1000);
+  }
+  // Windows cover the text: with few start positions every one is drawn.
+  std::vector<bool> seen(6, false);
+  for (int64_t off : BatchOffsets(1, 1, 200, 64, 70)) seen[off] = true;
+  for (bool s : seen) EXPECT_TRUE(s);
+}
+
+TEST_F(TrainLmTest, Bf16AutocastChangesTheArithmeticButNotTheLoss) {
+  // One step each: the first loss is computed before any update.
+  TrainOptions o = TinyOptions(*files_, dir_->Path("ac32"), 1);
+  o.valid_path = "";
+  absl::StatusOr<TrainResult> f32 = TrainLm(o);
+  o.out_dir = dir_->Path("ac16");
+  o.bf16 = true;
+  absl::StatusOr<TrainResult> b16 = TrainLm(o);
+  ASSERT_TRUE(f32.ok() && b16.ok());
+  // bf16 matmuls round to 8 bits of mantissa: the loss moves, but only a little.
+  EXPECT_NE(f32->log[0].loss, b16->log[0].loss);
+  EXPECT_NEAR(f32->log[0].loss, b16->log[0].loss, 0.02 * f32->log[0].loss);
+}
+
+TEST_F(TrainLmTest, CommandLineTrainsAndReportsUsageErrors) {
+  const std::string out = dir_->Path("cli");
+  auto p = kvl::testing::Subprocess::Start(
+      {KVL_CLI_BIN, "train-lm", "--config", files_->config, "--tokenizer", files_->tokenizer_dir,
+       "--train", files_->train, "--valid", files_->valid, "--out", out, "--steps", "8",
+       "--batch", "4", "--seq-len", "32", "--warmup", "2", "--eval-every", "4",
+       "--eval-tokens", "256", "--threads", "1", "--bf16"});
+  ASSERT_TRUE(p.ok()) << p.status();
+  absl::StatusOr<int> rc = (*p)->Wait(std::chrono::seconds(60));
+  ASSERT_TRUE(rc.ok());
+  EXPECT_EQ(*rc, 0) << (*p)->Describe();
+  EXPECT_NE((*p)->stdout_text().find("final train loss"), std::string::npos) << (*p)->Describe();
+  // The progress line (not a terminal: one line per draw) with rate and ETA.
+  EXPECT_NE((*p)->stderr_text().find("8/8 step"), std::string::npos) << (*p)->Describe();
+  EXPECT_NE((*p)->stderr_text().find("tok/s"), std::string::npos) << (*p)->Describe();
+  EXPECT_TRUE(std::filesystem::exists(out + "/loss.png"));
+  EXPECT_TRUE(LoadCheckpoint(out).ok());
+
+  auto bad = kvl::testing::Subprocess::Start({KVL_CLI_BIN, "train-lm", "--steps", "x"});
+  ASSERT_TRUE(bad.ok());
+  absl::StatusOr<int> bad_rc = (*bad)->Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(bad_rc.ok());
+  EXPECT_EQ(*bad_rc, 2);
+}
+
+}  // namespace
+}  // namespace kvl::tools

@@ -1,0 +1,21 @@
+// The `kvl` subcommands. Each takes the arguments after its name and returns
+// the process exit code; errors are printed as one clear line on stderr.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace kvl::tools {
+
+using Args = std::vector<std::string>;
+
+int RunTokenize(const Args& args);   // tools/tokenize_cmd.cc
+int RunLogits(const Args& args);     // tools/logits_cmd.cc
+int RunGenerate(const Args& args);   // tools/generate_cmd.cc
+int RunInitModel(const Args& args);  // tools/init_model_cmd.cc
+int RunMakeData(const Args& args);   // tools/make_data_cmd.cc
+int RunTrainTokenizer(const Args& args);  // tools/train_tokenizer_cmd.cc
+int RunTrainLm(const Args& args);    // tools/train_lm_cmd.cc
+int RunEval(const Args& args);       // tools/eval_cmd.cc
+
+}  // namespace kvl::tools

@@ -1,0 +1,48 @@
+// kvl: the kvlingo command line. Thin: it only dispatches to tools/*_cmd.cc.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tools/commands.h"
+
+namespace {
+
+struct Command {
+  const char* name;
+  const char* summary;
+  int (*run)(const kvl::tools::Args&);
+};
+
+constexpr Command kCommands[] = {
+    {"tokenize", "tokenize JSON strings from stdin (or --decode id arrays)", kvl::tools::RunTokenize},
+    {"logits", "print a model's logits for a list of token ids as JSON", kvl::tools::RunLogits},
+    {"generate", "stream a model's continuation of a prompt", kvl::tools::RunGenerate},
+    {"init-model", "write a randomly initialised checkpoint", kvl::tools::RunInitModel},
+    {"make-data", "write the synthetic chat data set and evaluation suites", kvl::tools::RunMakeData},
+    {"train-tokenizer", "train a byte-level BPE tokenizer.json on a corpus", kvl::tools::RunTrainTokenizer},
+    {"train-lm", "train a Qwen3-architecture model from scratch", kvl::tools::RunTrainLm},
+    {"eval", "suite accuracy and held-out log-perplexity of a model", kvl::tools::RunEval},
+};
+
+void PrintUsage(FILE* out) {
+  std::fprintf(out, "usage: kvl <command> [flags]   (kvl <command> --help for its flags)\n\ncommands:\n");
+  for (const Command& c : kCommands) std::fprintf(out, "  %-12s %s\n", c.name, c.summary);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    PrintUsage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  for (const Command& c : kCommands) {
+    if (std::strcmp(argv[1], c.name) == 0) {
+      return c.run(kvl::tools::Args(argv + 2, argv + argc));
+    }
+  }
+  std::fprintf(stderr, "kvl: unknown command '%s'\n", argv[1]);
+  PrintUsage(stderr);
+  return 2;
+}

@@ -1,0 +1,93 @@
+// kvl logits: runs a model directory on a list of token ids and prints the
+// float32 logits of every position as JSON, {"logits": [[...], ...]} — the
+// format golden tests compare against other implementations.
+#include <ATen/ATen.h>
+
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "model/config.h"
+#include "model/engine.h"
+#include "nlohmann/json.hpp"
+#include "tools/commands.h"
+
+namespace kvl::tools {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: kvl logits --model DIR --ids 1,2,3 [--dtype float32|bfloat16] [--threads N]\n"
+    "Prints {\"logits\": [[...], ...]}: one row of float32 logits per position.\n";
+
+int Fail(const std::string& message, int code = 1) {
+  std::fprintf(stderr, "kvl logits: %s\n", message.c_str());
+  return code;
+}
+
+}  // namespace
+
+int RunLogits(const Args& args) {
+  std::map<std::string, std::string> flags;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (arg.rfind("--", 0) != 0) return Fail("unexpected argument '" + arg + "'", 2);
+    std::string key = arg.substr(2), value;
+    if (const size_t eq = key.find('='); eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key.resize(eq);
+    } else if (i + 1 < args.size()) {
+      value = args[++i];
+    } else {
+      return Fail("flag --" + key + " needs a value", 2);
+    }
+    if (key != "model" && key != "ids" && key != "dtype" && key != "threads") {
+      return Fail("unknown flag --" + key, 2);
+    }
+    flags[key] = value;
+  }
+  if (!flags.count("model") || !flags.count("ids"))
+    return Fail("--model and --ids are required", 2);
+
+  std::vector<int64_t> ids;
+  for (absl::string_view piece : absl::StrSplit(flags["ids"], ',', absl::SkipWhitespace())) {
+    int64_t id = 0;
+    if (!absl::SimpleAtoi(piece, &id))
+      return Fail("--ids: '" + std::string(piece) + "' is not an integer", 2);
+    ids.push_back(id);
+  }
+  RuntimeOptions options;
+  if (flags.count("dtype")) {
+    absl::StatusOr<DType> dtype = ParseDType(flags["dtype"]);
+    if (!dtype.ok()) return Fail(std::string(dtype.status().message()), 2);
+    options.dtype = *dtype;
+  }
+  if (flags.count("threads") &&
+      (!absl::SimpleAtoi(flags["threads"], &options.n_threads) || options.n_threads < 1)) {
+    return Fail("--threads must be a positive integer", 2);
+  }
+
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::CreateFromDir(flags["model"], options);
+  if (!engine.ok()) return Fail(std::string(engine.status().message()));
+  std::unique_ptr<KvCache> cache = (*engine)->NewCache();
+  absl::StatusOr<at::Tensor> logits = (*engine)->Prefill(*cache, ids, /*all_logits=*/true);
+  if (!logits.ok()) return Fail(std::string(logits.status().message()));
+
+  const at::Tensor rows = logits->contiguous();
+  const float* data = rows.data_ptr<float>();
+  const int64_t n_vocab = rows.size(1);
+  nlohmann::json out = {{"logits", nlohmann::json::array()}};
+  for (int64_t t = 0; t < rows.size(0); ++t) {
+    out["logits"].push_back(std::vector<float>(data + t * n_vocab, data + (t + 1) * n_vocab));
+  }
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
+}  // namespace kvl::tools

