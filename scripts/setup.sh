@@ -16,13 +16,18 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libpcre2-dev libutf8proc-dev
   prometheus python3-grpcio python3-protobuf curl
-  nodejs npm gnuplot-nox
+  gnuplot-nox bc
 )
 
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node.js and npm run the test oracles; a machine may already have them from
+# another source (e.g. a vendor repack of nodejs that bundles npm), and Debian's
+# npm package would conflict with it, so they are installed only when absent.
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo

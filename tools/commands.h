@@ -17,5 +17,6 @@ int RunMakeData(const Args& args);   // tools/make_data_cmd.cc
 int RunTrainTokenizer(const Args& args);  // tools/train_tokenizer_cmd.cc
 int RunTrainLm(const Args& args);    // tools/train_lm_cmd.cc
 int RunEval(const Args& args);       // tools/eval_cmd.cc
+int RunFit(const Args& args);        // tools/fit_cmd.cc
 
 }  // namespace kvl::tools

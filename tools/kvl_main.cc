@@ -23,6 +23,7 @@ constexpr Command kCommands[] = {
     {"train-tokenizer", "train a byte-level BPE tokenizer.json on a corpus", kvl::tools::RunTrainTokenizer},
     {"train-lm", "train a Qwen3-architecture model from scratch", kvl::tools::RunTrainLm},
     {"eval", "suite accuracy and held-out log-perplexity of a model", kvl::tools::RunEval},
+    {"fit", "closed-form fit of a KV-cache translator between two models", kvl::tools::RunFit},
 };
 
 void PrintUsage(FILE* out) {

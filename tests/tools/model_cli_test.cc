@@ -1,0 +1,143 @@
+// The model commands of the `kvl` CLI, run as a user runs them: init-model
+// writes a random checkpoint; logits and generate on it agree with the eager
+// reference forward computed in this process (the oracle); a bad model
+// directory gives one clear line and a non-zero exit.
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "model/checkpoint.h"
+#include "model/reference.h"
+#include "model/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/subprocess.h"
+#include "tests/testing/temp_dir.h"
+
+namespace kvl {
+namespace {
+
+using testing::RunProcess;
+using testing::RunResult;
+using testing::TempDir;
+
+constexpr auto kTimeout = std::chrono::seconds(120);
+
+// A small Qwen3-shaped config over the house tokenizer's 4096-token vocabulary.
+std::string TinyConfigJson() {
+  return R"({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+    "vocab_size": 4096, "hidden_size": 64, "intermediate_size": 96,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+    "max_position_embeddings": 512, "tie_word_embeddings": true,
+    "attention_bias": false, "hidden_act": "silu", "torch_dtype": "float32"})";
+}
+
+class ModelCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string tokenizer = std::string(KVL_SOURCE_DIR) + "/models/tokenizer/tokenizer.json";
+    ASSERT_TRUE(std::ifstream(tokenizer).good()) << "missing " << tokenizer;
+    const std::string config = dir_.WriteFile("config.json", TinyConfigJson());
+    model_dir_ = dir_.Path("model");
+    absl::StatusOr<RunResult> init =
+        RunProcess({KVL_CLI_BIN, "init-model", "--config", config, "--out", model_dir_, "--seed",
+                    "7", "--tokenizer", tokenizer},
+                   kTimeout);
+    ASSERT_TRUE(init.ok()) << init.status();
+    ASSERT_EQ(init->exit_code, 0) << init->err;
+    absl::StatusOr<Checkpoint> loaded = LoadCheckpoint(model_dir_);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    checkpoint_ = std::move(*loaded);
+  }
+
+  // Logits [T, V] of the reference forward over ids.
+  at::Tensor ReferenceLogits(const std::vector<int64_t>& ids) {
+    c10::InferenceMode guard;
+    at::Tensor input = at::tensor(ids, at::kLong).unsqueeze(0);
+    return ReferenceForward(checkpoint_.config, checkpoint_.weights, input).logits[0];
+  }
+
+  TempDir dir_{"model-cli"};
+  std::string model_dir_;
+  Checkpoint checkpoint_;
+};
+
+TEST_F(ModelCliTest, LogitsMatchTheReferenceForward) {
+  const std::vector<int64_t> ids = {5, 300, 17, 4000, 42, 9};
+  absl::StatusOr<RunResult> run = RunProcess(
+      {KVL_CLI_BIN, "logits", "--model", model_dir_, "--ids", absl::StrJoin(ids, ",")}, kTimeout);
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_EQ(run->exit_code, 0) << run->err;
+  const nlohmann::json out = nlohmann::json::parse(run->out);
+  const at::Tensor expected = ReferenceLogits(ids);
+  ASSERT_EQ(out["logits"].size(), ids.size());
+  for (size_t t = 0; t < ids.size(); ++t) {
+    const std::vector<float> row = out["logits"][t].get<std::vector<float>>();
+    ASSERT_EQ(static_cast<int64_t>(row.size()), checkpoint_.config.vocab_size);
+    const at::Tensor got = at::tensor(row);
+    EXPECT_LT((got - expected[t]).abs().max().item<float>(), 1e-4) << "position " << t;
+  }
+}
+
+TEST_F(ModelCliTest, GreedyGenerateStreamsTheReferenceContinuation) {
+  const std::string prompt = "The meeting is on Thursday";
+  constexpr int kMaxTokens = 12;
+  absl::StatusOr<RunResult> run =
+      RunProcess({KVL_CLI_BIN, "generate", "--model", model_dir_, "--prompt", prompt,
+                  "--max-tokens", std::to_string(kMaxTokens), "--temperature", "0"},
+                 kTimeout);
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_EQ(run->exit_code, 0) << run->err;
+
+  // The oracle: argmax of the full reference forward, token by token, stopping
+  // at the checkpoint's end-of-sequence ids as generate does.
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
+      Tokenizer::FromFile(model_dir_ + "/tokenizer.json");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  std::vector<int64_t> ids;
+  for (int32_t id : (*tokenizer)->Encode(prompt)) ids.push_back(id);
+  std::vector<int64_t> stops = checkpoint_.generation.eos_token_ids;
+  stops.insert(stops.end(), checkpoint_.config.eos_token_ids.begin(),
+               checkpoint_.config.eos_token_ids.end());
+  std::vector<int32_t> generated;
+  std::string finish = "length";
+  for (int i = 0; i < kMaxTokens; ++i) {
+    const int64_t next = ReferenceLogits(ids)[-1].argmax().item<int64_t>();
+    if (std::find(stops.begin(), stops.end(), next) != stops.end()) {
+      finish = "stop";
+      break;
+    }
+    generated.push_back(static_cast<int32_t>(next));
+    ids.push_back(next);
+  }
+  EXPECT_EQ(run->out, (*tokenizer)->Decode(generated) + "\n");
+  EXPECT_NE(run->err.find(std::to_string(generated.size()) + " tokens"), std::string::npos)
+      << run->err;
+}
+
+TEST_F(ModelCliTest, BadModelDirectoryIsOneClearLineAndNonZeroExit) {
+  for (const std::string& command : {std::string("generate"), std::string("logits")}) {
+    std::vector<std::string> argv = {KVL_CLI_BIN, command, "--model", dir_.Path("no-such-model")};
+    if (command == "generate") argv.insert(argv.end(), {"--prompt", "hi"});
+    if (command == "logits") argv.insert(argv.end(), {"--ids", "1,2"});
+    absl::StatusOr<RunResult> run = RunProcess(argv, kTimeout);
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_NE(run->exit_code, 0) << command;
+    EXPECT_TRUE(run->out.empty()) << command << ": " << run->out;
+    const std::vector<std::string> lines =
+        absl::StrSplit(run->err, '\n', absl::SkipEmpty());
+    ASSERT_EQ(lines.size(), 1u) << command << ": " << run->err;
+    EXPECT_NE(lines[0].find("no-such-model"), std::string::npos) << lines[0];
+  }
+}
+
+}  // namespace
+}  // namespace kvl

@@ -1,0 +1,329 @@
+#include "translator/translator.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "model/engine.h"
+#include "model/safetensors.h"
+#include "tests/model/test_models.h"
+#include "tests/testing/temp_dir.h"
+
+namespace kvl {
+namespace {
+
+using Lists = std::vector<std::vector<int64_t>>;
+using testing::MaxAbsDiff;
+
+TEST(AssignmentTest, SameIndexIsTheDiagonalAndNeedsEqualDepth) {
+  auto a = SameIndexAssignment(3, 3);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->keys, (Lists{{0}, {1}, {2}}));
+  EXPECT_EQ(a->values, (Lists{{0}, {1}, {2}}));
+  EXPECT_EQ(SameIndexAssignment(3, 4).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(AssignmentTest, RelativeDepthRoundsAndBandsStayInRange) {
+  // round(il * 7 / 3): 0, 2.33, 4.67, 7.
+  auto a = RelativeDepthAssignment(8, 4, 1);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->keys, (Lists{{0}, {2}, {5}, {7}}));
+  EXPECT_EQ(a->values, a->keys);
+  auto b3 = RelativeDepthAssignment(8, 4, 3);
+  ASSERT_TRUE(b3.ok());
+  EXPECT_EQ(b3->keys, (Lists{{0, 1, 2}, {1, 2, 3}, {4, 5, 6}, {5, 6, 7}}));
+  auto b2 = RelativeDepthAssignment(8, 4, 2);
+  ASSERT_TRUE(b2.ok());
+  EXPECT_EQ(b2->keys, (Lists{{0, 1}, {2, 3}, {5, 6}, {6, 7}}));
+  // Halves round up: il=1 of 3 into 4 layers sits at 1.5.
+  EXPECT_EQ(RelativeDepthAssignment(4, 3, 1)->keys, (Lists{{0}, {2}, {3}}));
+  // Deeper target than source: layers repeat.
+  EXPECT_EQ(RelativeDepthAssignment(2, 4, 1)->keys, (Lists{{0}, {0}, {1}, {1}}));
+  EXPECT_EQ(RelativeDepthAssignment(5, 1, 1)->keys, (Lists{{0}}));
+  EXPECT_EQ(RelativeDepthAssignment(8, 4, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RelativeDepthAssignment(8, 4, 9).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(AssignmentTest, TopR2PicksTheBestLayersPerSide) {
+  const at::Tensor keys = at::tensor({0.1, 0.9, 0.5, 0.8, 0.2, 0.8}).view({2, 3});
+  const at::Tensor values = at::tensor({0.7, 0.1, 0.6, 0.0, 0.3, 0.2}).view({2, 3});
+  auto a = TopR2Assignment(keys, values, 2);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->keys, (Lists{{1, 2}, {0, 2}}));
+  EXPECT_EQ(a->values, (Lists{{0, 2}, {1, 2}}));
+  auto one = TopR2Assignment(keys, values, 1);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->keys, (Lists{{1}, {0}}));  // tie 0.8/0.8: lower layer
+  EXPECT_EQ(one->values, (Lists{{0}, {1}}));
+  EXPECT_EQ(TopR2Assignment(keys, values.view({3, 2}), 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(TopR2Assignment(keys, values, 4).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TranslatorEndpoint Endpoint(int64_t n_layer, int64_t n_head_kv, int64_t head_dim,
+                            const std::string& name) {
+  TranslatorEndpoint e;
+  e.identity = "model-" + name;
+  e.tokenizer_hash = "tok-" + name;
+  e.n_layer = n_layer;
+  e.n_head_kv = n_head_kv;
+  e.head_dim = head_dim;
+  return e;
+}
+
+// Random maps for spec's assignment (the value maps scaled differently from the keys').
+std::unique_ptr<Translator> RandomTranslator(TranslatorSpec spec, uint64_t seed) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const int64_t out = spec.target.n_head_kv * spec.target.head_dim;
+  const int64_t in = spec.source.n_head_kv * spec.source.head_dim;
+  TranslatorMaps keys, values;
+  for (const auto& [lists, maps] :
+       {std::pair{&spec.assignment.keys, &keys}, {&spec.assignment.values, &values}}) {
+    for (const auto& l : *lists) {
+      maps->weight.push_back(at::randn({out, in * static_cast<int64_t>(l.size())}, gen));
+      if (spec.bias) maps->bias.push_back(at::randn({out}, gen));
+    }
+  }
+  auto t = Translator::Create(std::move(spec), std::move(keys), std::move(values));
+  EXPECT_TRUE(t.ok()) << t.status();
+  return std::move(*t);
+}
+
+TranslatorSpec MixedSpec(bool bias = true) {
+  TranslatorSpec spec;
+  spec.source = Endpoint(3, 2, 4, "s");
+  spec.target = Endpoint(2, 3, 2, "t");
+  spec.assignment_kind = "custom";
+  spec.assignment.keys = {{2, 0}, {1, 2}};
+  spec.assignment.values = {{1}, {0}};
+  spec.bias = bias;
+  return spec;
+}
+
+// Independent oracle: for every target layer and token, the explicit sum over
+// assigned source layers and heads of W-block times the head vector, in float64.
+at::Tensor OracleSide(const at::Tensor& source, const Lists& lists, const TranslatorMaps& maps,
+                      const TranslatorEndpoint& target) {
+  const int64_t n_tokens = source.size(2), h_s = source.size(1), d_s = source.size(3);
+  at::Tensor out = at::zeros({target.n_layer, target.n_head_kv, n_tokens, target.head_dim},
+                             at::kDouble);
+  for (int64_t il = 0; il < target.n_layer; ++il) {
+    const at::Tensor w = maps.weight[il].to(at::kDouble);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      at::Tensor y = maps.bias.empty() ? at::zeros({w.size(0)}, at::kDouble)
+                                       : maps.bias[il].to(at::kDouble).clone();
+      for (size_t j = 0; j < lists[il].size(); ++j) {
+        for (int64_t h = 0; h < h_s; ++h) {
+          const int64_t col = (static_cast<int64_t>(j) * h_s + h) * d_s;
+          y += w.narrow(1, col, d_s).matmul(source[lists[il][j]][h][t].to(at::kDouble));
+        }
+      }
+      out.select(0, il).select(1, t).copy_(y.view({target.n_head_kv, target.head_dim}));
+    }
+  }
+  return out;
+}
+
+KvTaps RandomTaps(const TranslatorEndpoint& e, int64_t n_tokens, uint64_t seed) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return {at::randn({e.n_layer, e.n_head_kv, n_tokens, e.head_dim}, gen),
+          at::randn({e.n_layer, e.n_head_kv, n_tokens, e.head_dim}, gen)};
+}
+
+TEST(TranslateTest, MatchesTheExplicitOracleOnBothApplyPaths) {
+  // Keys: equal band widths (the batched path); values too. Then unequal
+  // widths (the per-layer path).
+  for (const Lists& key_lists : {Lists{{2, 0}, {1, 2}}, Lists{{2}, {0, 1, 2}}}) {
+    for (bool bias : {true, false}) {
+      TranslatorSpec spec = MixedSpec(bias);
+      spec.assignment.keys = key_lists;
+      auto tr = RandomTranslator(spec, 5);
+      const KvTaps src = RandomTaps(spec.source, 6, 9);
+      auto out = tr->Translate(src);
+      ASSERT_TRUE(out.ok()) << out.status();
+      EXPECT_EQ(out->keys.sizes(), at::IntArrayRef({2, 3, 6, 2}));
+      EXPECT_EQ(out->keys.scalar_type(), at::kFloat);
+      EXPECT_LT(MaxAbsDiff(out->keys, OracleSide(src.keys, spec.assignment.keys, tr->key_maps(),
+                                                 spec.target)),
+                1e-4);
+      EXPECT_LT(MaxAbsDiff(out->values, OracleSide(src.values, spec.assignment.values,
+                                                   tr->value_maps(), spec.target)),
+                1e-4);
+    }
+  }
+}
+
+TEST(TranslateTest, SpanEqualsTokenByToken) {
+  auto tr = RandomTranslator(MixedSpec(), 3);
+  // Long spans take the per-layer path, single tokens the batched one.
+  const int64_t n = 300;
+  const KvTaps src = RandomTaps(tr->spec().source, n, 4);
+  auto whole = tr->Translate(src);
+  ASSERT_TRUE(whole.ok());
+  for (int64_t t = 0; t < n; ++t) {
+    auto one = tr->Translate({src.keys.narrow(2, t, 1), src.values.narrow(2, t, 1)});
+    ASSERT_TRUE(one.ok());
+    EXPECT_LT(MaxAbsDiff(one->keys, whole->keys.narrow(2, t, 1)), 1e-5) << t;
+    EXPECT_LT(MaxAbsDiff(one->values, whole->values.narrow(2, t, 1)), 1e-5) << t;
+  }
+  // bfloat16 taps are accepted (converted).
+  EXPECT_TRUE(tr->Translate({src.keys.to(at::kBFloat16), src.values.to(at::kBFloat16)}).ok());
+  EXPECT_EQ(tr->Translate({src.keys.narrow(0, 0, 2), src.values}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TranslateTest, CreateRejectsBadSpecsAndShapes) {
+  TranslatorSpec spec = MixedSpec();
+  spec.assignment.values = {{1}, {3}};  // source has 3 layers
+  TranslatorMaps k, v;
+  EXPECT_EQ(Translator::Create(spec, k, v).status().code(), absl::StatusCode::kInvalidArgument);
+  spec = MixedSpec();
+  auto good = RandomTranslator(spec, 1);
+  TranslatorMaps keys = good->key_maps();
+  keys.weight[1] = at::zeros({6, 7});
+  EXPECT_EQ(Translator::Create(spec, keys, good->value_maps()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// A model translated into itself through identity maps must decode exactly as
+// if it had prefilled the prefix itself.
+TEST(TranslateTest, IdentityTranslatorReproducesNativeLogits) {
+  for (const testing::TinyModel& m : {testing::TinyModel{"qwen3", true, false, false, 4, 2},
+                                      testing::TinyModel{"llama", false, true, true, 4, 4}}) {
+    Checkpoint c;
+    c.config = testing::TinyConfig(m, 3);
+    c.weights = testing::RandomWeights(c.config, 17);
+    RuntimeOptions o;
+    o.n_threads = 1;
+    auto engine = Engine::Create(c, o);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+
+    TranslatorSpec spec;
+    spec.source = EndpointOf(c.config, "self", "tok");
+    spec.target = spec.source;
+    spec.assignment_kind = "same_index";
+    spec.assignment = *SameIndexAssignment(3, 3);
+    spec.training.method = "identity";
+    const int64_t width = c.config.n_head_kv * c.config.head_dim;
+    TranslatorMaps keys;
+    for (int il = 0; il < 3; ++il) {
+      keys.weight.push_back(at::eye(width));
+      keys.bias.push_back(at::zeros({width}));
+    }
+    auto tr = Translator::Create(spec, keys, keys);
+    ASSERT_TRUE(tr.ok()) << tr.status();
+
+    const std::vector<int64_t> prefix = {3, 14, 15, 9, 26, 5, 35, 8};
+    const std::vector<int64_t> turn = {9, 7, 9, 3, 23};
+    auto native = (*engine)->NewCache();
+    ASSERT_TRUE((*engine)->Prefill(*native, prefix).ok());
+    auto taps = native->Taps(0, 8);
+    ASSERT_TRUE(taps.ok()) << taps.status();
+    auto translated = (*tr)->Translate(*taps);
+    ASSERT_TRUE(translated.ok()) << translated.status();
+    auto foreign = (*engine)->NewCache();
+    ASSERT_TRUE(foreign->Accept(translated->keys, translated->values).ok());
+
+    auto want = (*engine)->Prefill(*native, turn, /*all_logits=*/true);
+    auto got = (*engine)->Prefill(*foreign, turn, /*all_logits=*/true);
+    ASSERT_TRUE(want.ok() && got.ok());
+    EXPECT_LT(MaxAbsDiff(*got, *want), 1e-5) << m.name;
+  }
+}
+
+class TranslatorFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    TranslatorSpec spec = MixedSpec();
+    spec.training.corpus = "corpus.jsonl";
+    spec.training.ridge = 1e-4;
+    spec.training.n_tokens = 1234;
+    translator_ = RandomTranslator(spec, 11);
+    path_ = dir_.Path("t.safetensors");
+    ASSERT_TRUE(translator_->Save(path_).ok());
+    expect_ = {"model-s", "model-t", "tok-s", "tok-t"};
+  }
+  // Rewrites the file with one tensor replaced (undefined: removed).
+  void Rewrite(const std::string& name, const at::Tensor& t) {
+    auto f = ReadSafetensors(path_);
+    ASSERT_TRUE(f.ok());
+    if (t.defined()) {
+      f->tensors[name] = t;
+    } else {
+      f->tensors.erase(name);
+    }
+    ASSERT_TRUE(WriteSafetensors(path_, f->tensors, f->metadata).ok());
+  }
+
+  testing::TempDir dir_{"translator"};
+  std::unique_ptr<Translator> translator_;
+  std::string path_;
+  TranslatorExpectation expect_;
+};
+
+TEST_F(TranslatorFileTest, RoundTripsMapsAndSpec) {
+  auto t = Translator::Load(path_, expect_);
+  ASSERT_TRUE(t.ok()) << t.status();
+  const TranslatorSpec& s = (*t)->spec();
+  EXPECT_EQ(s.assignment.keys, translator_->spec().assignment.keys);
+  EXPECT_EQ(s.assignment.values, translator_->spec().assignment.values);
+  EXPECT_EQ(s.assignment_kind, "custom");
+  EXPECT_EQ(s.target.n_head_kv, 3);
+  EXPECT_EQ(s.training.corpus, "corpus.jsonl");
+  EXPECT_EQ(s.training.n_tokens, 1234);
+  EXPECT_DOUBLE_EQ(s.training.ridge, 1e-4);
+  for (size_t il = 0; il < 2; ++il) {
+    EXPECT_TRUE((*t)->key_maps().weight[il].equal(translator_->key_maps().weight[il]));
+    EXPECT_TRUE((*t)->value_maps().bias[il].equal(translator_->value_maps().bias[il]));
+  }
+}
+
+TEST_F(TranslatorFileTest, RefusesOtherModelsAndTokenizers) {
+  struct Case {
+    std::string TranslatorExpectation::*field;
+    const char* named;
+  };
+  for (const Case& c : {Case{&TranslatorExpectation::source_identity, "source model"},
+                        Case{&TranslatorExpectation::target_identity, "target model"},
+                        Case{&TranslatorExpectation::source_tokenizer_hash, "source tokenizer"},
+                        Case{&TranslatorExpectation::target_tokenizer_hash, "target tokenizer"}}) {
+    TranslatorExpectation e = expect_;
+    e.*(c.field) = "something-else";
+    auto t = Translator::Load(path_, e);
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition) << c.named;
+    EXPECT_NE(t.status().message().find(c.named), std::string::npos) << t.status();
+  }
+}
+
+TEST_F(TranslatorFileTest, RefusesCorruptFiles) {
+  EXPECT_EQ(Translator::Load(dir_.Path("absent"), expect_).status().code(),
+            absl::StatusCode::kNotFound);
+  const auto size = std::filesystem::file_size(path_);
+  std::filesystem::resize_file(path_, size - 16);
+  EXPECT_EQ(Translator::Load(path_, expect_).status().code(), absl::StatusCode::kInvalidArgument);
+  std::filesystem::resize_file(path_, 5);
+  EXPECT_EQ(Translator::Load(path_, expect_).status().code(), absl::StatusCode::kInvalidArgument);
+
+  ASSERT_TRUE(translator_->Save(path_).ok());
+  Rewrite("values.1.bias", at::Tensor());
+  auto missing = Translator::Load(path_, expect_);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.status().message().find("values.1.bias"), std::string::npos);
+
+  ASSERT_TRUE(translator_->Save(path_).ok());
+  Rewrite("keys.0.weight", at::zeros({6, 15}));
+  EXPECT_EQ(Translator::Load(path_, expect_).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // A plain safetensors file without the translator metadata.
+  ASSERT_TRUE(WriteSafetensors(path_, {{"x", at::zeros({2})}}).ok());
+  EXPECT_EQ(Translator::Load(path_, expect_).status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(WriteSafetensors(path_, {{"x", at::zeros({2})}}, {{"kvlingo_translator", "{"}}).ok());
+  EXPECT_EQ(Translator::Load(path_, expect_).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvl

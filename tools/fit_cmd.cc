@@ -1,0 +1,303 @@
+// kvl fit: stage-1 closed-form translator fit (translator/fit.h,
+// translator/README.md) from a corpus, with a per-layer R² report.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "model/checkpoint.h"
+#include "model/engine.h"
+#include "model/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "tools/chat_data.h"
+#include "tools/commands.h"
+#include "tools/progress.h"
+#include "translator/fit.h"
+#include "translator/translator.h"
+
+namespace kvl::tools {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: kvl fit --source DIR --target DIR --data FILE.jsonl|FILE.txt --out FILE\n"
+    "               [--assignment same_index|relative_depth|top_r2] [--band N] [--ridge L]\n"
+    "               [--weighting uniform] [--no-bias] [--max-sequences N] [--seq-len T]\n"
+    "               [--threads N] [--quiet]\n"
+    "Prefills every sequence of the corpus with both models (which must share a\n"
+    "tokenizer), accumulates float64 second moments of their pre-norm keys and\n"
+    "values, and solves each target layer's maps in closed form (ridge relative to\n"
+    "the mean input second moment). .jsonl: one chat per line ({\"messages\": [...]}),\n"
+    "rendered as ChatML and cut to --seq-len tokens; .txt: consecutive windows of\n"
+    "--seq-len tokens. Writes the translator to --out and the per-layer R² (and the\n"
+    "single-layer R² tables) to the same path with extension .r2.json.\n"
+    "Defaults: assignment same_index when depths match, else relative_depth; band 1;\n"
+    "ridge 1e-4; max-sequences 512 (0: all); seq-len 256; threads 0 (all cores).\n"
+    "Attention-weighted fitting is not available yet (needs attention probabilities\n"
+    "from the model runtime).\n";
+
+const std::set<std::string> kValueFlags = {"source",  "target",        "data",    "out",
+                                           "assignment", "band",       "ridge",   "weighting",
+                                           "max-sequences", "seq-len", "threads"};
+
+int UsageError(const std::string& message) {
+  std::fprintf(stderr, "kvl fit: %s (see kvl fit --help)\n", message.c_str());
+  return 2;
+}
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "kvl fit: %s\n", message.c_str());
+  return 1;
+}
+
+absl::StatusOr<std::vector<std::vector<int64_t>>> ReadSequences(const std::string& path,
+                                                                const Tokenizer& tokenizer,
+                                                                int64_t seq_len,
+                                                                int64_t max_sequences) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::vector<std::vector<int64_t>> out;
+  auto full = [&] { return max_sequences > 0 && static_cast<int64_t>(out.size()) >= max_sequences; };
+  if (path.size() >= 6 && path.substr(path.size() - 6) == ".jsonl") {
+    std::string line;
+    int64_t line_no = 0;
+    while (!full() && std::getline(in, line)) {
+      ++line_no;
+      if (line.empty()) continue;
+      std::vector<ChatMessage> messages;
+      try {
+        const nlohmann::json chat = nlohmann::json::parse(line);
+        for (const auto& m : chat.at("messages")) {
+          messages.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>()});
+        }
+      } catch (const nlohmann::json::exception& e) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ":", line_no, ": ", e.what()));
+      }
+      const std::vector<int32_t> ids = tokenizer.Encode(RenderChatMl(messages));
+      if (ids.size() < 2) continue;
+      const size_t n = std::min<size_t>(ids.size(), seq_len);
+      out.emplace_back(ids.begin(), ids.begin() + n);
+    }
+  } else {
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::vector<int32_t> ids = tokenizer.Encode(ss.str());
+    for (size_t t = 0; !full() && t + seq_len <= ids.size(); t += seq_len) {
+      out.emplace_back(ids.begin() + t, ids.begin() + t + seq_len);
+    }
+  }
+  if (out.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no sequences"));
+  return out;
+}
+
+struct LoadedModel {
+  Checkpoint checkpoint;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<Engine> engine;
+  std::string identity;
+};
+
+absl::StatusOr<LoadedModel> Load(const std::string& dir, int n_threads, int64_t seq_len) {
+  LoadedModel m;
+  absl::StatusOr<Checkpoint> c = LoadCheckpoint(dir);
+  if (!c.ok()) return c.status();
+  m.checkpoint = std::move(*c);
+  absl::StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::FromFile(dir + "/tokenizer.json");
+  if (!t.ok()) return t.status();
+  m.tokenizer = std::move(*t);
+  m.identity = ModelIdentity(m.checkpoint.config, m.checkpoint.weights);
+  RuntimeOptions o;
+  o.dtype = DType::kFloat32;  // moments in float64 from float32 caches
+  o.n_threads = n_threads;
+  o.prefill_chunk = std::max<int64_t>(seq_len, 1);
+  absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(m.checkpoint, o);
+  if (!e.ok()) return e.status();
+  m.engine = std::move(*e);
+  return m;
+}
+
+nlohmann::json TableJson(const at::Tensor& t) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (int64_t i = 0; i < t.size(0); ++i) {
+    std::vector<double> row(t.size(1));
+    for (int64_t j = 0; j < t.size(1); ++j) row[j] = t[i][j].item<double>();
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+}  // namespace
+
+int RunFit(const Args& args) {
+  std::map<std::string, std::string> flags;
+  bool quiet = false, bias = true;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (arg == "--quiet") {
+      quiet = true;
+      continue;
+    }
+    if (arg == "--no-bias") {
+      bias = false;
+      continue;
+    }
+    if (arg.rfind("--", 0) != 0) return UsageError("unexpected argument '" + arg + "'");
+    std::string key = arg.substr(2), value;
+    if (const size_t eq = key.find('='); eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key.resize(eq);
+    } else if (i + 1 < args.size()) {
+      value = args[++i];
+    } else {
+      return UsageError("flag --" + key + " needs a value");
+    }
+    if (!kValueFlags.count(key)) return UsageError("unknown flag --" + key);
+    flags[key] = value;
+  }
+  for (const char* required : {"source", "target", "data", "out"}) {
+    if (!flags.count(required)) return UsageError(std::string("--") + required + " is required");
+  }
+  int64_t band = 1, max_sequences = 512, seq_len = 256, n_threads = 0;
+  for (auto [name, out] : {std::pair{"band", &band}, {"max-sequences", &max_sequences},
+                           {"seq-len", &seq_len}, {"threads", &n_threads}}) {
+    if (!flags.count(name)) continue;
+    if (!absl::SimpleAtoi(flags[name], out) || *out < 0) {
+      return UsageError(std::string("--") + name + " must be a non-negative integer");
+    }
+  }
+  if (band < 1 || seq_len < 2) return UsageError("--band must be >= 1 and --seq-len >= 2");
+  double ridge = 1e-4;
+  if (flags.count("ridge") && (!absl::SimpleAtod(flags["ridge"], &ridge) || ridge < 0)) {
+    return UsageError("--ridge must be a non-negative number");
+  }
+  if (flags.count("weighting") && flags["weighting"] != "uniform") {
+    return UsageError("--weighting: only 'uniform' is available");
+  }
+
+  absl::StatusOr<LoadedModel> source = Load(flags["source"], n_threads, seq_len);
+  if (!source.ok()) return Fail(std::string(source.status().message()));
+  absl::StatusOr<LoadedModel> target = Load(flags["target"], n_threads, seq_len);
+  if (!target.ok()) return Fail(std::string(target.status().message()));
+  if (source->tokenizer->content_hash() != target->tokenizer->content_hash()) {
+    return Fail("source and target tokenizers differ; cross-tokenizer fitting is not supported");
+  }
+  const ModelConfig& sc = source->checkpoint.config;
+  const ModelConfig& tc = target->checkpoint.config;
+  std::string kind = flags.count("assignment") ? flags["assignment"]
+                     : sc.n_layer == tc.n_layer ? "same_index"
+                                                : "relative_depth";
+  if (kind != "same_index" && kind != "relative_depth" && kind != "top_r2") {
+    return UsageError("--assignment must be same_index, relative_depth or top_r2");
+  }
+
+  absl::StatusOr<std::vector<std::vector<int64_t>>> sequences =
+      ReadSequences(flags["data"], *source->tokenizer, seq_len, max_sequences);
+  if (!sequences.ok()) return Fail(std::string(sequences.status().message()));
+
+  TranslatorSpec spec;
+  spec.source = EndpointOf(sc, source->identity, source->tokenizer->content_hash());
+  spec.target = EndpointOf(tc, target->identity, target->tokenizer->content_hash());
+  spec.assignment_kind = kind;
+  spec.band = band;
+  spec.bias = bias;
+  spec.training.method = "closed_form";
+  spec.training.weighting = "uniform";
+  spec.training.corpus = flags["data"];
+
+  absl::StatusOr<std::unique_ptr<MomentAccumulator>> moments =
+      MomentAccumulator::Create(spec.source, spec.target);
+  if (!moments.ok()) return Fail(std::string(moments.status().message()));
+  {
+    ProgressOptions po;
+    po.label = "fit";
+    po.total = static_cast<int64_t>(sequences->size());
+    po.unit = "seq";
+    std::unique_ptr<ProgressBar> bar = quiet ? nullptr : std::make_unique<ProgressBar>(po);
+    for (size_t i = 0; i < sequences->size(); ++i) {
+      absl::Status s =
+          AccumulateSequence(*source->engine, *target->engine, (*sequences)[i], **moments);
+      if (!s.ok()) return Fail(absl::StrCat("sequence ", i, ": ", s.message()));
+      if (bar) {
+        bar->Update(static_cast<int64_t>(i) + 1,
+                    absl::StrCat(FormatCount(static_cast<double>((*moments)->n_tokens())), " tok"));
+      }
+    }
+    if (bar) bar->Finish();
+  }
+
+  absl::StatusOr<SingleLayerR2Table> single = (*moments)->SingleLayerR2(bias, ridge);
+  if (!single.ok()) return Fail(std::string(single.status().message()));
+  absl::StatusOr<LayerAssignment> assignment =
+      kind == "same_index" ? (band == 1 ? SameIndexAssignment(sc.n_layer, tc.n_layer)
+                                        : absl::InvalidArgumentError("same_index takes no band"))
+      : kind == "relative_depth" ? RelativeDepthAssignment(sc.n_layer, tc.n_layer, band)
+                                 : TopR2Assignment(single->keys, single->values, band);
+  if (!assignment.ok()) return Fail(std::string(assignment.status().message()));
+  spec.assignment = *assignment;
+
+  absl::StatusOr<FitResult> fit = (*moments)->Fit(spec, ridge);
+  if (!fit.ok()) return Fail(std::string(fit.status().message()));
+  if (absl::Status s = fit->translator->Save(flags["out"]); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+
+  std::printf("%-6s %-14s %-8s %-14s %-8s\n", "layer", "keys from", "R2 keys", "values from",
+              "R2 values");
+  auto list = [](const std::vector<int64_t>& l) {
+    std::string s;
+    for (int64_t x : l) absl::StrAppend(&s, s.empty() ? "" : ",", x);
+    return s;
+  };
+  double mean_k = 0, mean_v = 0;
+  for (int64_t il = 0; il < tc.n_layer; ++il) {
+    std::printf("%-6lld %-14s %-8.4f %-14s %-8.4f\n", static_cast<long long>(il),
+                list(spec.assignment.keys[il]).c_str(), fit->r2_keys[il],
+                list(spec.assignment.values[il]).c_str(), fit->r2_values[il]);
+    mean_k += fit->r2_keys[il] / tc.n_layer;
+    mean_v += fit->r2_values[il] / tc.n_layer;
+  }
+  std::printf("mean   %-14s %-8.4f %-14s %-8.4f\n", "", mean_k, "", mean_v);
+
+  nlohmann::json report = {
+      {"translator", flags["out"]},
+      {"source", flags["source"]},
+      {"target", flags["target"]},
+      {"data", flags["data"]},
+      {"assignment", kind},
+      {"band", band},
+      {"ridge", ridge},
+      {"bias", bias},
+      {"n_sequences", (*moments)->n_spans()},
+      {"n_tokens", (*moments)->n_tokens()},
+      {"r2_keys", fit->r2_keys},
+      {"r2_values", fit->r2_values},
+      {"mean_r2_keys", mean_k},
+      {"mean_r2_values", mean_v},
+      {"assignment_keys", spec.assignment.keys},
+      {"assignment_values", spec.assignment.values},
+      {"single_layer_r2_keys", TableJson(single->keys)},
+      {"single_layer_r2_values", TableJson(single->values)},
+  };
+  const std::string json_path =
+      std::filesystem::path(flags["out"]).replace_extension(".r2.json").string();
+  std::ofstream out(json_path, std::ios::trunc);
+  out << report.dump(2) << "\n";
+  if (!out) return Fail("cannot write " + json_path);
+  std::printf("wrote %s and %s\n", flags["out"].c_str(), json_path.c_str());
+  return 0;
+}
+
+}  // namespace kvl::tools

@@ -1,0 +1,406 @@
+#include "translator/translator.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "model/safetensors.h"
+#include "nlohmann/json.hpp"
+
+namespace kvl {
+namespace {
+
+constexpr char kMetadataKey[] = "kvlingo_translator";
+constexpr char kFormatName[] = "kvlingo-translator";
+constexpr int kFormatVersion = 1;
+// Spans up to this long run as one baddbmm over all target layers; longer ones
+// as one addmm per layer, which reads the source rows in place instead of
+// gathering a [L_t, T, ν*H_s*D_s] copy. Measured on the house shapes (4x2x32 ->
+// 6x4x32, one thread, translator/README.md): batched wins below ~256 tokens
+// (T=1: 42 vs 56 us), per-layer above (T=2048: 6-15 vs 8-19 ms).
+constexpr int64_t kBatchedMaxTokens = 256;
+
+absl::Status CheckLists(const std::vector<std::vector<int64_t>>& lists, int64_t n_layer_source,
+                        int64_t n_layer_target, const char* side) {
+  if (static_cast<int64_t>(lists.size()) != n_layer_target) {
+    return absl::InvalidArgumentError(absl::StrCat("assignment for ", side, " has ", lists.size(),
+                                                   " target layers, expected ", n_layer_target));
+  }
+  for (size_t il = 0; il < lists.size(); ++il) {
+    if (lists[il].empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("assignment for ", side, " of target layer ", il, " is empty"));
+    }
+    for (int64_t s : lists[il]) {
+      if (s < 0 || s >= n_layer_source) {
+        return absl::InvalidArgumentError(absl::StrCat("assignment for ", side, " of target layer ",
+                                                       il, " names source layer ", s,
+                                                       " (source has ", n_layer_source, ")"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckEndpoint(const TranslatorEndpoint& e, const char* which) {
+  if (e.n_layer <= 0 || e.n_head_kv <= 0 || e.head_dim <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(which, " shape must be positive, got n_layer ",
+                                                   e.n_layer, ", n_head_kv ", e.n_head_kv,
+                                                   ", head_dim ", e.head_dim));
+  }
+  return absl::OkStatus();
+}
+
+// Validates and normalises one side's maps to contiguous float32 CPU tensors.
+absl::Status PrepareMaps(const TranslatorSpec& spec, const std::vector<std::vector<int64_t>>& lists,
+                         const char* side, TranslatorMaps& maps) {
+  const int64_t n_layer = spec.target.n_layer;
+  const int64_t out = spec.target.n_head_kv * spec.target.head_dim;
+  const int64_t in_per_layer = spec.source.n_head_kv * spec.source.head_dim;
+  if (static_cast<int64_t>(maps.weight.size()) != n_layer) {
+    return absl::InvalidArgumentError(absl::StrCat(side, ": ", maps.weight.size(),
+                                                   " weights for ", n_layer, " target layers"));
+  }
+  if (spec.bias != !maps.bias.empty() ||
+      (spec.bias && static_cast<int64_t>(maps.bias.size()) != n_layer)) {
+    return absl::InvalidArgumentError(absl::StrCat(side, ": ", maps.bias.size(), " biases, spec ",
+                                                   spec.bias ? "has" : "has no", " bias"));
+  }
+  for (int64_t il = 0; il < n_layer; ++il) {
+    const int64_t in = in_per_layer * static_cast<int64_t>(lists[il].size());
+    at::Tensor& w = maps.weight[il];
+    if (!w.defined() || w.dim() != 2 || w.size(0) != out || w.size(1) != in) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(side, ".", il, ".weight must be [", out, ", ", in, "], got ",
+                       w.defined() ? c10::str(w.sizes()) : std::string("undefined")));
+    }
+    if (!w.is_floating_point()) {
+      return absl::InvalidArgumentError(absl::StrCat(side, ".", il, ".weight is not float"));
+    }
+    w = w.detach().to(at::kCPU, at::kFloat).contiguous();
+    if (spec.bias) {
+      at::Tensor& b = maps.bias[il];
+      if (!b.defined() || b.dim() != 1 || b.size(0) != out || !b.is_floating_point()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(side, ".", il, ".bias must be float [", out, "], got ",
+                         b.defined() ? c10::str(b.sizes()) : std::string("undefined")));
+      }
+      b = b.detach().to(at::kCPU, at::kFloat).contiguous();
+    }
+  }
+  return absl::OkStatus();
+}
+
+nlohmann::json EndpointToJson(const TranslatorEndpoint& e) {
+  return {{"identity", e.identity},   {"tokenizer_hash", e.tokenizer_hash},
+          {"n_layer", e.n_layer},     {"n_head_kv", e.n_head_kv},
+          {"head_dim", e.head_dim}};
+}
+
+TranslatorEndpoint EndpointFromJson(const nlohmann::json& j) {
+  TranslatorEndpoint e;
+  e.identity = j.at("identity").get<std::string>();
+  e.tokenizer_hash = j.at("tokenizer_hash").get<std::string>();
+  e.n_layer = j.at("n_layer").get<int64_t>();
+  e.n_head_kv = j.at("n_head_kv").get<int64_t>();
+  e.head_dim = j.at("head_dim").get<int64_t>();
+  return e;
+}
+
+std::string ShortHash(const std::string& h) { return h.size() > 16 ? h.substr(0, 16) + "…" : h; }
+
+}  // namespace
+
+absl::StatusOr<LayerAssignment> SameIndexAssignment(int64_t n_layer_source,
+                                                    int64_t n_layer_target) {
+  if (n_layer_source != n_layer_target || n_layer_source <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("same_index needs equal depths, got source ",
+                                                   n_layer_source, " and target ",
+                                                   n_layer_target, " layers"));
+  }
+  LayerAssignment a;
+  for (int64_t il = 0; il < n_layer_target; ++il) {
+    a.keys.push_back({il});
+    a.values.push_back({il});
+  }
+  return a;
+}
+
+absl::StatusOr<LayerAssignment> RelativeDepthAssignment(int64_t n_layer_source,
+                                                        int64_t n_layer_target, int64_t band) {
+  if (n_layer_source <= 0 || n_layer_target <= 0) {
+    return absl::InvalidArgumentError("relative_depth needs positive layer counts");
+  }
+  if (band < 1 || band > n_layer_source) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("band must be in [1, ", n_layer_source, "], got ", band));
+  }
+  LayerAssignment a;
+  for (int64_t il = 0; il < n_layer_target; ++il) {
+    // round(il*(L_s-1)/(L_t-1)) with halves up, in exact integer arithmetic.
+    const int64_t den = n_layer_target - 1;
+    const int64_t center = den == 0 ? 0 : (2 * il * (n_layer_source - 1) + den) / (2 * den);
+    const int64_t start =
+        std::clamp<int64_t>(center - (band - 1) / 2, 0, n_layer_source - band);
+    std::vector<int64_t> list(band);
+    std::iota(list.begin(), list.end(), start);
+    a.keys.push_back(list);
+    a.values.push_back(std::move(list));
+  }
+  return a;
+}
+
+absl::StatusOr<LayerAssignment> TopR2Assignment(const at::Tensor& r2_keys,
+                                                const at::Tensor& r2_values, int64_t band) {
+  if (!r2_keys.defined() || !r2_values.defined() || r2_keys.dim() != 2 ||
+      !r2_keys.sizes().equals(r2_values.sizes())) {
+    return absl::InvalidArgumentError("top_r2 needs two R² tables [L_t, L_s] of equal shape");
+  }
+  const int64_t n_layer_target = r2_keys.size(0), n_layer_source = r2_keys.size(1);
+  if (band < 1 || band > n_layer_source) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("band must be in [1, ", n_layer_source, "], got ", band));
+  }
+  LayerAssignment a;
+  for (const auto& [table, out] : {std::pair{&r2_keys, &a.keys}, {&r2_values, &a.values}}) {
+    const at::Tensor t = table->to(at::kCPU, at::kDouble).contiguous();
+    const double* p = t.data_ptr<double>();
+    for (int64_t il = 0; il < n_layer_target; ++il) {
+      std::vector<int64_t> order(n_layer_source);
+      std::iota(order.begin(), order.end(), 0);
+      const double* row = p + il * n_layer_source;
+      std::stable_sort(order.begin(), order.end(),
+                       [row](int64_t x, int64_t y) { return row[x] > row[y]; });
+      order.resize(band);
+      std::sort(order.begin(), order.end());
+      out->push_back(std::move(order));
+    }
+  }
+  return a;
+}
+
+TranslatorEndpoint EndpointOf(const ModelConfig& config, std::string identity,
+                              std::string tokenizer_hash) {
+  TranslatorEndpoint e;
+  e.identity = std::move(identity);
+  e.tokenizer_hash = std::move(tokenizer_hash);
+  e.n_layer = config.n_layer;
+  e.n_head_kv = config.n_head_kv;
+  e.head_dim = config.head_dim;
+  return e;
+}
+
+absl::StatusOr<std::unique_ptr<Translator>> Translator::Create(TranslatorSpec spec,
+                                                               TranslatorMaps keys,
+                                                               TranslatorMaps values) {
+  if (absl::Status s = CheckEndpoint(spec.source, "source"); !s.ok()) return s;
+  if (absl::Status s = CheckEndpoint(spec.target, "target"); !s.ok()) return s;
+  for (const auto& [lists, side] :
+       {std::pair{&spec.assignment.keys, "keys"}, {&spec.assignment.values, "values"}}) {
+    if (absl::Status s = CheckLists(*lists, spec.source.n_layer, spec.target.n_layer, side);
+        !s.ok()) {
+      return s;
+    }
+  }
+  try {
+    if (absl::Status s = PrepareMaps(spec, spec.assignment.keys, "keys", keys); !s.ok()) return s;
+    if (absl::Status s = PrepareMaps(spec, spec.assignment.values, "values", values); !s.ok()) {
+      return s;
+    }
+    std::unique_ptr<Translator> t(new Translator());
+    t->spec_ = std::move(spec);
+    t->keys_ = std::move(keys);
+    t->values_ = std::move(values);
+    const int64_t out = t->spec_.target.n_head_kv * t->spec_.target.head_dim;
+    for (const auto& [lists, maps, stacked] :
+         {std::tuple{&t->spec_.assignment.keys, &t->keys_, &t->stacked_keys_},
+          {&t->spec_.assignment.values, &t->values_, &t->stacked_values_}}) {
+      const size_t band = lists->front().size();
+      stacked->uniform = std::all_of(lists->begin(), lists->end(),
+                                     [band](const auto& l) { return l.size() == band; });
+      if (!stacked->uniform) continue;
+      std::vector<int64_t> flat;
+      for (const auto& l : *lists) flat.insert(flat.end(), l.begin(), l.end());
+      stacked->index = at::tensor(flat, at::kLong);
+      stacked->weight_t = at::stack(maps->weight).transpose(1, 2).contiguous();
+      stacked->bias = maps->bias.empty()
+                          ? at::zeros({t->spec_.target.n_layer, 1, out}, at::kFloat)
+                          : at::stack(maps->bias).unsqueeze(1).contiguous();
+    }
+    return t;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("building translator: ", e.what_without_backtrace()));
+  }
+}
+
+at::Tensor Translator::Apply(const at::Tensor& source,
+                             const std::vector<std::vector<int64_t>>& lists,
+                             const TranslatorMaps& maps, const Stacked& stacked) const {
+  const int64_t n_layer_source = source.size(0), n_tokens = source.size(2);
+  const int64_t in_per_layer = source.size(1) * source.size(3);
+  const int64_t n_layer_target = spec_.target.n_layer;
+  // [L_s, H_s, T, D_s] -> [L_s, T, H_s*D_s]: head-major rows, as the maps expect.
+  const at::Tensor x = source.to(at::kFloat).permute({0, 2, 1, 3}).reshape(
+      {n_layer_source, n_tokens, in_per_layer});
+  at::Tensor y;  // [L_t, T, H_t*D_t]
+  if (stacked.uniform && n_tokens <= kBatchedMaxTokens) {
+    const int64_t band = static_cast<int64_t>(lists.front().size());
+    // [L_t*ν, T, in] -> [L_t, T, ν*in] with the ν blocks in list order.
+    const at::Tensor xs = x.index_select(0, stacked.index)
+                              .view({n_layer_target, band, n_tokens, in_per_layer})
+                              .permute({0, 2, 1, 3})
+                              .reshape({n_layer_target, n_tokens, band * in_per_layer});
+    y = at::baddbmm(stacked.bias, xs, stacked.weight_t);
+  } else {
+    y = at::empty({n_layer_target, n_tokens, spec_.target.n_head_kv * spec_.target.head_dim},
+                  x.options());
+    for (int64_t il = 0; il < n_layer_target; ++il) {
+      std::vector<at::Tensor> parts;
+      for (int64_t s : lists[il]) parts.push_back(x[s]);
+      const at::Tensor xi = parts.size() == 1 ? parts[0] : at::cat(parts, 1);
+      at::Tensor yl = y[il];
+      if (maps.bias.empty()) {
+        at::mm_out(yl, xi, maps.weight[il].t());
+      } else {
+        at::addmm_out(yl, maps.bias[il], xi, maps.weight[il].t());
+      }
+    }
+  }
+  return y.view({n_layer_target, n_tokens, spec_.target.n_head_kv, spec_.target.head_dim})
+      .permute({0, 2, 1, 3})
+      .contiguous();
+}
+
+absl::StatusOr<KvTaps> Translator::Translate(const KvTaps& source) const {
+  const TranslatorEndpoint& s = spec_.source;
+  for (const at::Tensor* t : {&source.keys, &source.values}) {
+    if (!t->defined() || t->dim() != 4 || t->size(0) != s.n_layer || t->size(1) != s.n_head_kv ||
+        t->size(3) != s.head_dim || !t->is_floating_point()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "source taps must be float [", s.n_layer, ", ", s.n_head_kv, ", T, ", s.head_dim,
+          "], got ", t->defined() ? c10::str(t->sizes()) : std::string("undefined")));
+    }
+  }
+  if (source.keys.size(2) != source.values.size(2)) {
+    return absl::InvalidArgumentError("source keys and values cover different token counts");
+  }
+  try {
+    c10::InferenceMode guard;
+    KvTaps out;
+    out.keys = Apply(source.keys.to(at::kCPU), spec_.assignment.keys, keys_, stacked_keys_);
+    out.values =
+        Apply(source.values.to(at::kCPU), spec_.assignment.values, values_, stacked_values_);
+    return out;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("translate: ", e.what_without_backtrace()));
+  }
+}
+
+absl::Status Translator::Save(const std::string& path) const {
+  nlohmann::json meta;
+  meta["format"] = kFormatName;
+  meta["format_version"] = kFormatVersion;
+  meta["source"] = EndpointToJson(spec_.source);
+  meta["target"] = EndpointToJson(spec_.target);
+  meta["bias"] = spec_.bias;
+  meta["assignment"] = {{"kind", spec_.assignment_kind},
+                        {"band", spec_.band},
+                        {"keys", spec_.assignment.keys},
+                        {"values", spec_.assignment.values}};
+  const TranslatorTraining& tr = spec_.training;
+  meta["training"] = {{"method", tr.method},         {"weighting", tr.weighting},
+                      {"corpus", tr.corpus},         {"ridge", tr.ridge},
+                      {"n_sequences", tr.n_sequences}, {"n_tokens", tr.n_tokens},
+                      {"steps", tr.steps}};
+  std::map<std::string, at::Tensor> tensors;
+  for (const auto& [maps, side] : {std::pair{&keys_, "keys"}, {&values_, "values"}}) {
+    for (size_t il = 0; il < maps->weight.size(); ++il) {
+      tensors[absl::StrCat(side, ".", il, ".weight")] = maps->weight[il];
+      if (spec_.bias) tensors[absl::StrCat(side, ".", il, ".bias")] = maps->bias[il];
+    }
+  }
+  return WriteSafetensors(path, tensors, {{kMetadataKey, meta.dump()}});
+}
+
+absl::StatusOr<std::unique_ptr<Translator>> Translator::Load(const std::string& path,
+                                                             const TranslatorExpectation& expect) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    return absl::NotFoundError(absl::StrCat("translator file not found: ", path));
+  }
+  absl::StatusOr<SafetensorsFile> file = ReadSafetensors(path);
+  if (!file.ok()) {
+    // Whatever the reader's code, an unreadable translator file is invalid input.
+    return absl::InvalidArgumentError(file.status().message());
+  }
+  auto bad = [&path](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+  };
+  auto it = file->metadata.find(kMetadataKey);
+  if (it == file->metadata.end()) return bad("no kvlingo_translator metadata");
+  TranslatorSpec spec;
+  try {
+    const nlohmann::json meta = nlohmann::json::parse(it->second);
+    if (meta.at("format").get<std::string>() != kFormatName) return bad("not a kvlingo translator");
+    if (meta.at("format_version").get<int>() != kFormatVersion) {
+      return bad(absl::StrCat("unsupported format_version ", meta.at("format_version").dump(),
+                              " (this build reads ", kFormatVersion, ")"));
+    }
+    spec.source = EndpointFromJson(meta.at("source"));
+    spec.target = EndpointFromJson(meta.at("target"));
+    spec.bias = meta.at("bias").get<bool>();
+    const nlohmann::json& a = meta.at("assignment");
+    spec.assignment_kind = a.at("kind").get<std::string>();
+    spec.band = a.at("band").get<int64_t>();
+    spec.assignment.keys = a.at("keys").get<std::vector<std::vector<int64_t>>>();
+    spec.assignment.values = a.at("values").get<std::vector<std::vector<int64_t>>>();
+    const nlohmann::json& tr = meta.at("training");
+    spec.training.method = tr.at("method").get<std::string>();
+    spec.training.weighting = tr.at("weighting").get<std::string>();
+    spec.training.corpus = tr.at("corpus").get<std::string>();
+    spec.training.ridge = tr.at("ridge").get<double>();
+    spec.training.n_sequences = tr.at("n_sequences").get<int64_t>();
+    spec.training.n_tokens = tr.at("n_tokens").get<int64_t>();
+    spec.training.steps = tr.at("steps").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    return bad(absl::StrCat("malformed metadata: ", e.what()));
+  }
+  // The models and tokenizers must be exactly the ones the maps were fitted for.
+  const std::pair<const char*, std::pair<const std::string*, const std::string*>> checks[] = {
+      {"source model", {&spec.source.identity, &expect.source_identity}},
+      {"target model", {&spec.target.identity, &expect.target_identity}},
+      {"source tokenizer", {&spec.source.tokenizer_hash, &expect.source_tokenizer_hash}},
+      {"target tokenizer", {&spec.target.tokenizer_hash, &expect.target_tokenizer_hash}},
+  };
+  for (const auto& [what, pair] : checks) {
+    if (*pair.first != *pair.second) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, ": ", what, " differs from the one this translator was built for (file ",
+          ShortHash(*pair.first), ", given ", ShortHash(*pair.second), ")"));
+    }
+  }
+  TranslatorMaps keys, values;
+  for (const auto& [maps, side] : {std::pair{&keys, "keys"}, {&values, "values"}}) {
+    for (int64_t il = 0; il < spec.target.n_layer; ++il) {
+      for (const char* part : {"weight", "bias"}) {
+        if (std::string(part) == "bias" && !spec.bias) continue;
+        const std::string name = absl::StrCat(side, ".", il, ".", part);
+        auto t = file->tensors.find(name);
+        if (t == file->tensors.end()) return bad(absl::StrCat("missing tensor ", name));
+        (std::string(part) == "weight" ? maps->weight : maps->bias).push_back(t->second);
+      }
+    }
+  }
+  absl::StatusOr<std::unique_ptr<Translator>> t =
+      Create(std::move(spec), std::move(keys), std::move(values));
+  if (!t.ok()) return bad(std::string(t.status().message()));
+  return t;
+}
+
+}  // namespace kvl

@@ -1,0 +1,143 @@
+// KV-cache translators (KV-Lingo, DESIGN.md decisions 2-4): per target layer,
+// one linear map for keys and one for values. Each reads the concatenated
+// pre-norm keys (values) of the source layers assigned to that target layer,
+// mixing all heads, and writes the target layer's pre-norm keys (values); the
+// target cache then applies its own k-norm and RoPE (KvCache::Accept).
+// translator/README.md documents the file format and the math.
+//
+// Legend: L_s/L_t = n_layer of source/target, H_s/H_t = n_head_kv,
+// D_s/D_t = head_dim, T = tokens, ν = source layers assigned to one target layer.
+//
+// Map of target layer il (keys; values alike):
+//   x = concat over s in assignment.keys[il] (list order) of source keys[s]
+//       as [T, H_s*D_s] (head-major), so x is [T, ν*H_s*D_s]
+//   y = x · weight^T + bias,  weight [H_t*D_t, ν*H_s*D_s], bias [H_t*D_t]
+//   target keys[il] = y viewed as [T, H_t, D_t], returned as [H_t, T, D_t].
+//
+// Thread-safety: a Translator is immutable after creation; Translate may be
+// called from any number of threads at once.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "model/config.h"
+#include "model/kv_cache.h"
+
+namespace kvl {
+
+// Per target layer, the source layers its map reads, in concatenation order.
+struct LayerAssignment {
+  std::vector<std::vector<int64_t>> keys;    // L_t lists
+  std::vector<std::vector<int64_t>> values;  // L_t lists
+};
+
+// Target layer il reads source layer il. InvalidArgument unless L_s == L_t.
+absl::StatusOr<LayerAssignment> SameIndexAssignment(int64_t n_layer_source,
+                                                    int64_t n_layer_target);
+// Target layer il reads the band of `band` consecutive source layers around
+// c = round(il*(L_s-1)/(L_t-1)) (halves rounded up; c = 0 when L_t == 1): the
+// band starts at c - floor((band-1)/2) and is shifted to lie within
+// [0, L_s). Keys and values alike. InvalidArgument unless 1 <= band <= L_s.
+absl::StatusOr<LayerAssignment> RelativeDepthAssignment(int64_t n_layer_source,
+                                                        int64_t n_layer_target, int64_t band);
+// From single-layer R² tables [L_t, L_s] (any float dtype): for each target
+// layer the `band` source layers with the highest R², separately for keys and
+// values, listed in ascending layer order (ties: lower layer first).
+// InvalidArgument for bad shapes or band.
+absl::StatusOr<LayerAssignment> TopR2Assignment(const at::Tensor& r2_keys,
+                                                const at::Tensor& r2_values, int64_t band);
+
+// What one side of a translator was built for.
+struct TranslatorEndpoint {
+  std::string identity;        // ModelIdentity(config, weights)
+  std::string tokenizer_hash;  // Tokenizer::content_hash()
+  int64_t n_layer = 0, n_head_kv = 0, head_dim = 0;
+};
+TranslatorEndpoint EndpointOf(const ModelConfig& config, std::string identity,
+                              std::string tokenizer_hash);
+
+// How the maps were obtained; recorded in the file, not used to translate.
+struct TranslatorTraining {
+  std::string method = "closed_form";  // closed_form | distilled | identity
+  std::string weighting = "uniform";   // uniform | attention
+  std::string corpus;                  // data file(s) the moments came from
+  double ridge = 0.0;
+  int64_t n_sequences = 0, n_tokens = 0, steps = 0;
+};
+
+struct TranslatorSpec {
+  TranslatorEndpoint source, target;
+  std::string assignment_kind;  // same_index | relative_depth | top_r2 | greedy | custom
+  int64_t band = 1;
+  LayerAssignment assignment;
+  bool bias = true;
+  TranslatorTraining training;
+};
+
+// The weights of one side (keys or values), per target layer.
+struct TranslatorMaps {
+  std::vector<at::Tensor> weight;  // L_t x [H_t*D_t, ν*H_s*D_s] float32
+  std::vector<at::Tensor> bias;    // L_t x [H_t*D_t] float32; empty when !spec.bias
+};
+
+// What Load checks a file against: the models and tokenizers about to use it.
+struct TranslatorExpectation {
+  std::string source_identity, target_identity;
+  std::string source_tokenizer_hash, target_tokenizer_hash;
+};
+
+class Translator {
+ public:
+  // Validates the spec (assignment lists in range, one list per target layer)
+  // and the map shapes; InvalidArgument naming what is wrong. Weights are
+  // converted to contiguous float32 CPU tensors.
+  static absl::StatusOr<std::unique_ptr<Translator>> Create(TranslatorSpec spec,
+                                                            TranslatorMaps keys,
+                                                            TranslatorMaps values);
+  // Reads a translator file. InvalidArgument for a file that is not a valid
+  // translator (corrupt or truncated safetensors, missing or malformed
+  // metadata, unsupported format version, missing tensor, wrong shape);
+  // NotFound when the file does not exist; FailedPrecondition naming the model
+  // or tokenizer that differs from `expect`.
+  static absl::StatusOr<std::unique_ptr<Translator>> Load(const std::string& path,
+                                                          const TranslatorExpectation& expect);
+  // Writes the file (safetensors, metadata under __metadata__["kvlingo_translator"]).
+  absl::Status Save(const std::string& path) const;
+
+  const TranslatorSpec& spec() const { return spec_; }
+  const TranslatorMaps& key_maps() const { return keys_; }
+  const TranslatorMaps& value_maps() const { return values_; }
+
+  // source: keys/values [L_s, H_s, T, D_s] before k-norm/RoPE (KvCache::Taps),
+  // any float dtype. Returns float32 [L_t, H_t, T, D_t] keys and values for
+  // KvCache::Accept of the target. Runs under c10::InferenceMode (the result is
+  // an inference tensor). InvalidArgument on shape mismatch.
+  absl::StatusOr<KvTaps> Translate(const KvTaps& source) const;
+
+ private:
+  // Maps stacked for one batched product when every target layer reads the
+  // same number of source layers: x [L_t, T, in] -> baddbmm with w_t [L_t, in, out].
+  // Used for short spans; long ones run one addmm per layer (README.md).
+  struct Stacked {
+    bool uniform = false;
+    at::Tensor index;     // [L_t*ν] int64 source layers, row-major per target layer
+    at::Tensor weight_t;  // [L_t, ν*H_s*D_s, H_t*D_t]
+    at::Tensor bias;      // [L_t, 1, H_t*D_t] (zeros when !spec.bias)
+  };
+  Translator() = default;
+  at::Tensor Apply(const at::Tensor& source, const std::vector<std::vector<int64_t>>& lists,
+                   const TranslatorMaps& maps, const Stacked& stacked) const;
+
+  TranslatorSpec spec_;
+  TranslatorMaps keys_, values_;
+  Stacked stacked_keys_, stacked_values_;
+};
+
+}  // namespace kvl
