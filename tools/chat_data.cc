@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "model/tokenizer.h"  // Sha256Hex
 #include "nlohmann/json.hpp"
 #include "tools/chat_data_rng.h"
 

@@ -122,8 +122,6 @@ absl::Status WriteChatData(const ChatDataset& data, const std::string& out_dir);
 // "<|im_start|>" + role + "\n" + content + "<|im_end|>\n" for each message.
 std::string RenderChatMl(const std::vector<ChatMessage>& messages);
 
-std::string Sha256Hex(std::string_view bytes);
-
 // Paragraphs of a prose file after format-specific clean-up (markup removed,
 // lines joined, ASCII only); exposed for tests.
 std::vector<std::string> ExtractParagraphs(std::string_view text, ProseFormat format);
