@@ -121,8 +121,8 @@ grpc::ServerWriteReactor<ChatResponse>* ChatServiceImpl::Chat(
     return reactor;
   }
   reactor->FinishWith(absl::UnimplementedError(
-      "no models are loaded: the model runtime and router are not built yet, so this server "
-      "only manages sessions"));
+      "no models are loaded: the server does not load models until the router is built, so "
+      "it only manages sessions"));
   return reactor;
 }
 
@@ -131,15 +131,18 @@ grpc::ServerUnaryReactor* ModelServiceImpl::ListModels(
     kvlingo::v1::ListModelsResponse* /*response*/) {
   return FinishUnary(
       context, deps_.metrics, RpcMethod::kListModels,
-      absl::UnimplementedError("no models are loaded: the model runtime is not built yet"));
+      absl::UnimplementedError(
+          "no models are loaded: the server does not load models until the router is built"));
 }
 
 grpc::ServerUnaryReactor* ModelServiceImpl::ListTranslators(
     grpc::CallbackServerContext* context, const kvlingo::v1::ListTranslatorsRequest* /*request*/,
     kvlingo::v1::ListTranslatorsResponse* /*response*/) {
-  return FinishUnary(context, deps_.metrics, RpcMethod::kListTranslators,
-                     absl::UnimplementedError(
-                         "no translators are loaded: the translator runtime is not built yet"));
+  return FinishUnary(
+      context, deps_.metrics, RpcMethod::kListTranslators,
+      absl::UnimplementedError(
+          "no translators are loaded: the server does not load translators until the router is "
+          "built"));
 }
 
 }  // namespace kvl::server
