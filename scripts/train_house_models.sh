@@ -25,18 +25,19 @@ timed() {  # timed NAME CMD...: runs CMD, appends "NAME<TAB>seconds" to $TIMES
 }
 
 if [ ! -f "$WORK/data/manifest.json" ]; then
-  timed make-data "$KVL" make-data --out "$WORK/data" --seed 1
+  timed make-data "$KVL" make-data --out "$WORK/data" --seed 1 --train-conversations 40000 \
+    --facts-distractors 3 --facts-filler 4 --kv-max-bytes 2000 --arith-steps 5 --list-len 8 \
+    --string-len 10
 fi
-if [ ! -f models/tokenizer/tokenizer.json ]; then
-  timed train-tokenizer "$KVL" train-tokenizer --input "$WORK/data/train.txt" \
-    --out models/tokenizer --vocab-size 4096 --eval "$WORK/data/valid.txt"
-fi
+# Deterministic: the same corpus gives a byte-identical tokenizer.json.
+timed train-tokenizer "$KVL" train-tokenizer --input "$WORK/data/train.txt" \
+  --out models/tokenizer --vocab-size 4096 --eval "$WORK/data/valid.txt"
 
-train() {  # train NAME CONFIG SEED STEPS LR
-  local name=$1 config=$2 seed=$3 steps=$4 lr=$5
+train() {  # train NAME CONFIG SEED STEPS LR BATCH SEQ_LEN
+  local name=$1 config=$2 seed=$3 steps=$4 lr=$5 batch=$6 seq_len=$7
   timed "train-lm $name" "$KVL" train-lm --config "$config" --tokenizer models/tokenizer \
     --train "$WORK/data/train.txt" --valid "$WORK/data/valid.txt" --out "models/$name" \
-    --seed "$seed" --steps "$steps" --batch 8 --seq-len 512 --lr "$lr" --warmup 50 \
+    --seed "$seed" --steps "$steps" --batch "$batch" --seq-len "$seq_len" --lr "$lr" --warmup 50 \
     --bf16 --threads "$THREADS" --checkpoint-every 200 --save-dtype bfloat16 \
     $( [ -d "models/$name/train_state" ] && echo --resume )
   timed "eval $name" "$KVL" eval --model "models/$name" \
@@ -47,10 +48,18 @@ train() {  # train NAME CONFIG SEED STEPS LR
 ONLY=${KVL_HOUSE_ONLY:-kvl-small kvl-small-b kvl-large}
 for name in $ONLY; do
   case $name in
-    kvl-small)   train kvl-small   models/configs/kvl-small.json 1 1300 3e-3 ;;
-    kvl-small-b) train kvl-small-b models/configs/kvl-small.json 2 1300 3e-3 ;;
-    kvl-large)   train kvl-large   models/configs/kvl-large.json 3 1250 2e-3 ;;
+    kvl-small)   train kvl-small   models/configs/kvl-small.json 1 1600 3e-3 8 512 ;;
+    kvl-small-b) train kvl-small-b models/configs/kvl-small.json 2 1600 3e-3 8 512 ;;
+    kvl-large)   train kvl-large   models/configs/kvl-large.json 3 1000 2e-3 8 512 ;;
     *) echo "unknown model $name" >&2; exit 2 ;;
   esac
 done
 echo "step times (seconds) in $TIMES:"; cat "$TIMES"
+
+# Cards, the results table and the in-context copying probe, once all three exist.
+if [ -f models/kvl-small/eval_test.json ] && [ -f models/kvl-small-b/eval_test.json ] &&
+   [ -f models/kvl-large/eval_test.json ]; then
+  /usr/bin/python3 scripts/house_report.py "$WORK"
+  scripts/induction_probe.sh "$WORK" models/kvl-small models/kvl-small-b models/kvl-large |
+    tee docs/results/induction_probe.txt
+fi

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -22,6 +23,7 @@
 #include <ATen/autocast_mode.h>
 #include <c10/core/GradMode.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "model/checkpoint.h"
@@ -97,6 +99,8 @@ json RunIdentity(const TrainOptions& o, const ModelConfig& config, const std::st
               {"steps", o.n_steps},
               {"batch", o.batch},
               {"seq_len", o.seq_len},
+              {"align_to_conversations", o.align_to_conversations},
+              {"assistant_weight", o.assistant_weight},
               {"lr", o.lr},
               {"warmup", o.warmup},
               {"min_lr_ratio", o.min_lr_ratio},
@@ -214,16 +218,75 @@ std::vector<int64_t> BatchOffsets(uint64_t seed, int64_t step, int64_t batch, in
   return offsets;
 }
 
+std::vector<int64_t> BatchOffsets(uint64_t seed, int64_t step, int64_t batch,
+                                  const std::vector<int64_t>& starts) {
+  std::vector<int64_t> offsets(batch);
+  const uint64_t base = SplitMix64(seed ^ SplitMix64(static_cast<uint64_t>(step)));
+  for (int64_t b = 0; b < batch; ++b) {
+    offsets[b] = starts[SplitMix64(base + static_cast<uint64_t>(b)) % starts.size()];
+  }
+  return offsets;
+}
+
+std::vector<uint8_t> AssistantTokenMask(const Tokenizer& tokenizer,
+                                        const std::vector<int32_t>& tokens) {
+  std::vector<uint8_t> mask(tokens.size(), 0);
+  const std::optional<int32_t> im_start = tokenizer.AddedTokenId("<|im_start|>");
+  const std::optional<int32_t> im_end = tokenizer.AddedTokenId("<|im_end|>");
+  if (!im_start || !im_end) return mask;
+  const size_t n = tokens.size();
+  for (size_t p = 0; p < n; ++p) {
+    if (tokens[p] != *im_start) continue;
+    // The role line: tokens up to and including the first one whose text ends
+    // the line (a role is a handful of tokens; give up after 8).
+    std::string role;
+    size_t q = p + 1;
+    for (; q < n && q <= p + 8 && tokens[q] != *im_end && tokens[q] != *im_start; ++q) {
+      role += tokenizer.Decode(absl::Span<const int32_t>(&tokens[q], 1));
+      if (role.find('\n') != std::string::npos) break;
+    }
+    if (q >= n || !absl::StartsWith(role, "assistant\n")) continue;
+    // Content bytes that share the newline's token are rare (the pre-tokenizer
+    // splits newlines off); the mask starts after it.
+    for (size_t r = q + 1; r < n && tokens[r] != *im_start; ++r) {
+      mask[r] = 1;
+      if (tokens[r] == *im_end) break;
+    }
+    p = q;
+  }
+  return mask;
+}
+
+std::vector<int64_t> ConversationStarts(const Tokenizer& tokenizer,
+                                        const std::vector<int32_t>& tokens, int64_t seq_len) {
+  std::vector<int64_t> starts;
+  const std::optional<int32_t> im_start = tokenizer.AddedTokenId("<|im_start|>");
+  if (!im_start) return starts;
+  const int64_t last = static_cast<int64_t>(tokens.size()) - seq_len - 1;
+  for (int64_t p = 0; p <= last; ++p) {
+    if (tokens[p] != *im_start) continue;
+    if (p > 0) {
+      // Two tokens of text suffice: the separator is "<|im_end|>\n\n".
+      const int64_t from = std::max<int64_t>(p - 2, 0);
+      const std::string before = tokenizer.Decode(
+          absl::Span<const int32_t>(tokens.data() + from, static_cast<size_t>(p - from)));
+      if (!absl::EndsWith(before, "\n\n")) continue;
+    }
+    starts.push_back(p);
+  }
+  return starts;
+}
+
 absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
   const Clock::time_point t_start = Clock::now();
   if (o.n_steps <= 0 || o.batch <= 0 || o.seq_len <= 0) {
     return absl::InvalidArgumentError("steps, batch and seq-len must be positive");
   }
   if (!(o.lr > 0) || o.warmup < 0 || o.min_lr_ratio < 0 || o.min_lr_ratio > 1 ||
-      o.weight_decay < 0 || o.eval_every < 0 || o.checkpoint_every < 0 || o.stop_after < 0 ||
+      !(o.assistant_weight > 0) || o.weight_decay < 0 || o.eval_every < 0 || o.checkpoint_every < 0 || o.stop_after < 0 ||
       o.eval_tokens <= 0) {
     return absl::InvalidArgumentError(
-        "need lr > 0, warmup >= 0, 0 <= min-lr-ratio <= 1, weight-decay >= 0, eval-tokens > 0 "
+        "need lr > 0, assistant-weight > 0, warmup >= 0, 0 <= min-lr-ratio <= 1, weight-decay >= 0, eval-tokens > 0 "
         "and non-negative eval-every, checkpoint-every, stop-after");
   }
   if (o.out_dir.empty()) return absl::InvalidArgumentError("an output directory is required");
@@ -277,6 +340,20 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
     if (valid_tokens.size() < 2) {
       return absl::InvalidArgumentError(absl::StrCat(o.valid_path, ": fewer than two tokens"));
     }
+  }
+  const std::vector<int64_t> window_starts =
+      o.align_to_conversations ? ConversationStarts(**tokenizer, *train_tokens, o.seq_len)
+                               : std::vector<int64_t>();
+  // Per-target loss weights, indexed like the tokens (weight of predicting
+  // token p); undefined when all are 1.
+  at::Tensor train_weights;
+  if (o.assistant_weight != 1.0) {
+    const std::vector<uint8_t> mask = AssistantTokenMask(**tokenizer, *train_tokens);
+    train_weights = at::from_blob(const_cast<uint8_t*>(mask.data()), {n_train},
+                                  at::TensorOptions().dtype(at::kByte))
+                        .to(at::kFloat)
+                        .mul_(o.assistant_weight - 1.0)
+                        .add_(1.0);
   }
   const at::Tensor train_ids =
       at::from_blob(train_tokens->data(), {n_train}, at::TensorOptions().dtype(at::kInt))
@@ -445,7 +522,9 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
   double last_valid = -1;
   for (int64_t step = start_step + 1; step <= end_step; ++step) {
     const Clock::time_point t0 = Clock::now();
-    const std::vector<int64_t> offsets = BatchOffsets(o.seed, step, o.batch, o.seq_len, n_train);
+    const std::vector<int64_t> offsets =
+        window_starts.empty() ? BatchOffsets(o.seed, step, o.batch, o.seq_len, n_train)
+                              : BatchOffsets(o.seed, step, o.batch, window_starts);
     std::vector<at::Tensor> rows;
     rows.reserve(offsets.size());
     for (int64_t off : offsets) rows.push_back(train_ids.narrow(0, off, o.seq_len + 1));
@@ -466,8 +545,19 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
     } else {
       logits = ReferenceForward(config, weights, inputs).logits;
     }
-    const at::Tensor loss = at::cross_entropy_loss(logits.reshape({-1, config.vocab_size}),
-                                                   targets.reshape({-1}));
+    at::Tensor loss;
+    if (train_weights.defined()) {
+      std::vector<at::Tensor> weight_rows;
+      weight_rows.reserve(offsets.size());
+      for (int64_t off : offsets) weight_rows.push_back(train_weights.narrow(0, off + 1, o.seq_len));
+      const at::Tensor w = at::stack(weight_rows).reshape({-1});  // [B*T]
+      const at::Tensor nll = at::cross_entropy_loss(logits.reshape({-1, config.vocab_size}),
+                                                    targets.reshape({-1}), {},
+                                                    at::Reduction::None);
+      loss = (nll * w).sum() / w.sum();
+    } else {
+      loss = at::cross_entropy_loss(logits.reshape({-1, config.vocab_size}), targets.reshape({-1}));
+    }
     loss.backward();
 
     const double lr = LearningRate(o, step);

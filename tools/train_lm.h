@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "model/config.h"
+#include "model/tokenizer.h"
 
 namespace kvl::tools {
 
@@ -33,6 +34,15 @@ struct TrainOptions {
   int64_t n_steps = 1000;      // total optimizer steps of the whole run (sets the schedule)
   int64_t batch = 8;
   int64_t seq_len = 512;
+  // Windows start at the beginning of a conversation (an <|im_start|> after an
+  // empty line, or the start of the text) instead of anywhere: a window then
+  // holds whole short conversations, so a question and the context it needs
+  // are seen together. Falls back to anywhere for text without conversations.
+  bool align_to_conversations = true;
+  // Loss weight of the tokens an assistant wrote (the content of each
+  // assistant message and its <|im_end|>) relative to every other token: the
+  // step loss is sum(w * nll) / sum(w). 1 is the plain language-model loss.
+  double assistant_weight = 1.0;
   double lr = 3e-3;            // peak learning rate
   int64_t warmup = 50;         // linear warm-up steps (from lr/warmup)
   double min_lr_ratio = 0.1;   // cosine decays to min_lr_ratio * lr at n_steps
@@ -90,6 +100,20 @@ double LearningRate(const TrainOptions& options, int64_t step);
 // the batches the uninterrupted run would have.
 std::vector<int64_t> BatchOffsets(uint64_t seed, int64_t step, int64_t batch, int64_t seq_len,
                                   int64_t n_tokens);
+// The same, drawn from a list of allowed start offsets (non-empty).
+std::vector<int64_t> BatchOffsets(uint64_t seed, int64_t step, int64_t batch,
+                                  const std::vector<int64_t>& starts);
+
+// Per token of `tokens`: 1 when it belongs to an assistant message's content
+// or is the <|im_end|> closing it, else 0.
+std::vector<uint8_t> AssistantTokenMask(const Tokenizer& tokenizer,
+                                        const std::vector<int32_t>& tokens);
+
+// Offsets of the <|im_start|> tokens that begin a conversation in `tokens`
+// (at offset 0, or whose preceding text ends with an empty line) and leave
+// room for a window of seq_len + 1 tokens.
+std::vector<int64_t> ConversationStarts(const Tokenizer& tokenizer,
+                                        const std::vector<int32_t>& tokens, int64_t seq_len);
 
 // Runs (or resumes) training. Writes, in out_dir: the model (config.json,
 // model.safetensors, generation_config.json, tokenizer files) at every

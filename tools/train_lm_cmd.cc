@@ -22,17 +22,20 @@ constexpr char kUsage[] =
     "                    [--warmup 50] [--min-lr-ratio 0.1] [--weight-decay 0.1] [--clip 1.0]\n"
     "                    [--bf16] [--threads N] [--eval-every K] [--eval-tokens N]\n"
     "                    [--checkpoint-every K] [--stop-after STEP] [--resume]\n"
-    "                    [--save-dtype float32|bfloat16] [--no-plot] [--quiet]\n"
+    "                    [--save-dtype float32|bfloat16] [--windows conversation|anywhere]\n"
+    "                    [--assistant-weight W] [--no-plot] [--quiet]\n"
     "Trains from a random initialisation (or continues DIR/train_state with --resume)\n"
     "and writes DIR as a Hugging Face model directory, plus train_log.jsonl, loss.png\n"
     "and summary.json. Defaults: seed 0, steps 1000, batch 8, seq-len 512, lr 3e-3,\n"
     "warmup 50, min-lr-ratio 0.1, weight-decay 0.1, clip 1.0, eval-every 100,\n"
-    "eval-tokens 32768, threads = all cores.\n";
+    "eval-tokens 32768, threads = all cores, windows conversation (training windows start\n"
+    "at the beginning of a conversation; 'anywhere' draws any token offset),\n"
+    "assistant-weight 1 (loss weight of assistant-written tokens relative to the rest).\n";
 
 const std::set<std::string> kValueFlags = {
     "config", "tokenizer", "train", "valid", "out", "seed", "steps", "batch", "seq-len",
     "lr", "warmup", "min-lr-ratio", "weight-decay", "clip", "threads", "eval-every",
-    "eval-tokens", "checkpoint-every", "stop-after", "save-dtype"};
+    "eval-tokens", "checkpoint-every", "stop-after", "save-dtype", "windows", "assistant-weight"};
 const std::set<std::string> kBoolFlags = {"bf16", "resume", "no-plot", "quiet"};
 
 int UsageError(const std::string& message) {
@@ -113,11 +116,19 @@ int RunTrainLm(const Args& args) {
   double_flag("min-lr-ratio", &o.min_lr_ratio);
   double_flag("weight-decay", &o.weight_decay);
   double_flag("clip", &o.clip);
+  double_flag("assistant-weight", &o.assistant_weight);
   if (!ok) return UsageError(bad);
   if (flags.count("save-dtype")) {
     absl::StatusOr<DType> dtype = ParseDType(flags["save-dtype"]);
     if (!dtype.ok()) return UsageError(std::string(dtype.status().message()));
     o.save_dtype = *dtype;
+  }
+  if (flags.count("windows")) {
+    if (flags["windows"] != "conversation" && flags["windows"] != "anywhere") {
+      return UsageError("--windows must be 'conversation' or 'anywhere', got '" +
+                        flags["windows"] + "'");
+    }
+    o.align_to_conversations = flags["windows"] == "conversation";
   }
   o.bf16 = bools.count("bf16") > 0;
   o.resume = bools.count("resume") > 0;

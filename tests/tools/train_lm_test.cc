@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "model/engine.h"
 #include "model/reference.h"
 #include "model/safetensors.h"
+#include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
@@ -251,6 +253,81 @@ TEST(BatchOffsetsTest, DeterministicInRangeAndDifferentPerStepAndSeed) {
   std::vector<bool> seen(6, false);
   for (int64_t off : BatchOffsets(1, 1, 200, 64, 70)) seen[off] = true;
   for (bool s : seen) EXPECT_TRUE(s);
+}
+
+TEST_F(TrainLmTest, ConversationStartsAreExactlyTheFirstTokensOfConversations) {
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok =
+      Tokenizer::FromFile(files_->tokenizer_dir + "/tokenizer.json");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  // Three conversations of two and three messages, separated by empty lines
+  // as the data generator writes them.
+  const std::string text =
+      "<|im_start|>user\nI have 3 pens.<|im_end|>\n<|im_start|>assistant\nOkay.<|im_end|>\n\n"
+      "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n"
+      "<|im_start|>user\nbye<|im_end|>\n\n"
+      "<|im_start|>user\nReverse abc.<|im_end|>\n<|im_start|>assistant\ncba<|im_end|>\n\n";
+  const std::vector<int32_t> ids = (*tok)->Encode(text, /*parse_special=*/true);
+  const int32_t im_start = *(*tok)->AddedTokenId("<|im_start|>");
+  // The oracle: the token offsets at which the decoded prefix ends where a
+  // conversation begins in the text.
+  std::vector<size_t> conversation_bytes = {0};
+  for (size_t at = text.find("\n\n<|im_start|>"); at != std::string::npos;
+       at = text.find("\n\n<|im_start|>", at + 1)) {
+    conversation_bytes.push_back(at + 2);
+  }
+  std::vector<int64_t> expected;
+  for (size_t p = 0; p < ids.size(); ++p) {
+    if (ids[p] != im_start) continue;
+    const std::string prefix = (*tok)->Decode(absl::Span<const int32_t>(ids.data(), p));
+    for (size_t b : conversation_bytes) {
+      if (prefix.size() == b) expected.push_back(static_cast<int64_t>(p));
+    }
+  }
+  ASSERT_EQ(expected.size(), 3u);
+  EXPECT_EQ(ConversationStarts(**tok, ids, /*seq_len=*/0), expected);
+  // Starts that leave no room for a window of seq_len + 1 tokens are dropped.
+  const int64_t seq_len = static_cast<int64_t>(ids.size()) - expected[1] - 1;
+  EXPECT_EQ(ConversationStarts(**tok, ids, seq_len),
+            std::vector<int64_t>(expected.begin(), expected.begin() + 2));
+  // Batches drawn from the starts use only them, and all of them.
+  std::set<int64_t> drawn;
+  for (int64_t off : BatchOffsets(5, 3, 64, expected)) drawn.insert(off);
+  EXPECT_EQ(drawn, std::set<int64_t>(expected.begin(), expected.end()));
+}
+
+TEST_F(TrainLmTest, AssistantMaskCoversExactlyAssistantContentAndItsEnd) {
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok =
+      Tokenizer::FromFile(files_->tokenizer_dir + "/tokenizer.json");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const std::string user = "<|im_start|>user\nI have 3 pens.<|im_end|>\n";
+  const std::string head = "<|im_start|>assistant\n";
+  const std::string body = "Okay, 3.";
+  const std::string text = user + head + body + "<|im_end|>\n\n" + user + head + "cba<|im_end|>";
+  const std::vector<int32_t> ids = (*tok)->Encode(text, /*parse_special=*/true);
+  const std::vector<uint8_t> mask = AssistantTokenMask(**tok, ids);
+  ASSERT_EQ(mask.size(), ids.size());
+  // Oracle: the masked tokens decode, in order, to exactly the assistant
+  // contents with their closing <|im_end|>.
+  std::string masked;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (mask[i]) masked += (*tok)->Decode(absl::Span<const int32_t>(&ids[i], 1));
+  }
+  EXPECT_EQ(masked, body + "<|im_end|>" + "cba<|im_end|>");
+}
+
+TEST_F(TrainLmTest, AssistantWeightChangesTheLossAndIsPartOfTheRun) {
+  TrainOptions o = TinyOptions(*files_, dir_->Path("aw1"), 1);
+  o.valid_path = "";
+  absl::StatusOr<TrainResult> plain = TrainLm(o);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  o.out_dir = dir_->Path("aw4");
+  o.assistant_weight = 4.0;
+  absl::StatusOr<TrainResult> weighted = TrainLm(o);
+  ASSERT_TRUE(weighted.ok()) << weighted.status();
+  // Same batch, same initial weights: only the weighting differs.
+  EXPECT_NE(plain->final_train_loss, weighted->final_train_loss);
+  o.assistant_weight = 0;
+  EXPECT_EQ(TrainLm(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(TrainLmTest, Bf16AutocastChangesTheArithmeticButNotTheLoss) {
