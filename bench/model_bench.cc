@@ -22,23 +22,14 @@
 
 #include "model/checkpoint.h"
 #include "model/decoder.h"
+#include "bench/bench_timing.h"
 #include "model/engine.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 
-double Seconds(const std::function<void()>& f) {
-  const auto t0 = Clock::now();
-  f();
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-double Best(int n, const std::function<void()>& f) {
-  double best = 1e300;
-  for (int i = 0; i < n; ++i) best = std::min(best, Seconds(f));
-  return best;
-}
+using kvl::bench::Best;
+using kvl::bench::Seconds;
 
 kvl::ModelConfig BenchConfig() {
   kvl::ModelConfig c;
@@ -120,11 +111,8 @@ int main(int argc, char** argv) {
   // 1. The machine's fp32 GEMM rate (square 2048, best of 3). The machine is
   // shared, so it is re-measured next to every prefill measurement and each
   // ratio uses the GEMM rate measured just before it.
-  const at::Tensor a = at::randn({2048, 2048}), b = at::randn({2048, 2048});
-  auto gemm_rate = [&] {
-    at::mm(a, b);
-    return 2.0 * 2048 * 2048 * 2048 / Best(3, [&] { at::mm(a, b); }) / 1e9;
-  };
+  const kvl::bench::GemmRate gemm;
+  auto gemm_rate = [&] { return gemm.Measure(); };
   double gemm_gflops = gemm_rate();
   std::snprintf(buf, sizeof buf, "fp32 GEMM 2048x2048x2048 (torch::mm) at start: %.1f GFLOP/s",
                 gemm_gflops);

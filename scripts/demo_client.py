@@ -29,7 +29,7 @@ def health_status(channel, service=""):
 def main():
     target, stubs_dir, metrics_url = sys.argv[1], sys.argv[2], sys.argv[3]
     sys.path.insert(0, stubs_dir)
-    from kvlingo.v1 import chat_pb2, session_pb2  # noqa: E402
+    from kvlingo.v1 import chat_pb2, model_pb2, session_pb2  # noqa: E402
 
     channel = grpc.insecure_channel(target)
     grpc.channel_ready_future(channel).result(timeout=30)
@@ -40,23 +40,65 @@ def main():
     create = channel.unary_unary("/kvlingo.v1.SessionService/CreateSession",
                                  request_serializer=session_pb2.CreateSessionRequest.SerializeToString,
                                  response_deserializer=session_pb2.Session.FromString)
-    session = create(session_pb2.CreateSessionRequest(system_prompt="You are a helpful assistant."),
-                     timeout=5)
-    print(f"created session                     : {session.session_id}")
-
+    list_models = channel.unary_unary("/kvlingo.v1.ModelService/ListModels",
+                                      request_serializer=model_pb2.ListModelsRequest.SerializeToString,
+                                      response_deserializer=model_pb2.ListModelsResponse.FromString)
     chat = channel.unary_stream("/kvlingo.v1.ChatService/Chat",
                                 request_serializer=chat_pb2.ChatRequest.SerializeToString,
                                 response_deserializer=chat_pb2.ChatResponse.FromString)
-    try:
-        for event in chat(chat_pb2.ChatRequest(session_id=session.session_id,
-                                               user_message="Hello!".encode()), timeout=30):
-            print(event)
-    except grpc.RpcError as e:
-        print(f"chat                                : {e.code().name}: {e.details()}")
+    models = list_models(model_pb2.ListModelsRequest(), timeout=10).models
+    print("models: " + ", ".join(f"{m.name} ({m.n_layer} layers, {m.hidden_size} wide)" for m in models))
+
+    def turn(session_id, text, **routing):
+        decision, text_out, summary = None, "", None
+        for event in chat(chat_pb2.ChatRequest(
+                session_id=session_id, user_message=text.encode(),
+                sampling=chat_pb2.SamplingParams(max_tokens=48),
+                routing=chat_pb2.RoutingHints(**routing)), timeout=300):
+            kind = event.WhichOneof("event")
+            if kind == "routing":
+                decision = event.routing
+            elif kind == "delta":
+                text_out += event.delta.text
+            else:
+                summary = event.summary
+        return decision, text_out, summary
+
+    system = "You are a helpful assistant."
+    main_session = create(session_pb2.CreateSessionRequest(system_prompt=system), timeout=5)
+    # The twin hears the same turns under the same cascade (so the same model
+    # answers), but every hand-over re-prefills: what the switch would cost
+    # without translation.
+    twin = create(session_pb2.CreateSessionRequest(system_prompt=system), timeout=5)
+    script = [
+        "Hi! What is your name?",
+        "What is two plus three?",
+        "Explain step by step why the sky looks blue during the day and red at sunset, "
+        "in terms of Rayleigh scattering and the path length of sunlight through air.",
+        "Thanks. Now summarise that in one sentence.",
+        "And what colour is the sky on Mars?",
+    ]
+    print(f"\n{'turn':>4}  {'model':<12} {'path':<11} {'switch':<7} {'TTFT ms':>8}  "
+          f"{'reprefill TTFT ms':>17}  {'translated':>10}  reason")
+    for i, text in enumerate(script, 1):
+        d, answer, s = turn(main_session.session_id, text, policy="cascade")
+        td, _, ts = turn(twin.session_id, text, policy="cascade",
+                         strategy=chat_pb2.SWITCH_STRATEGY_REPREFILL)
+        path = chat_pb2.CachePath.Name(d.path).replace("CACHE_PATH_", "").lower()
+        print(f"{i:>4}  {d.model:<12} {path:<11} {'yes' if d.switched else 'no':<7} "
+              f"{s.time_to_first_token_seconds * 1e3:>8.1f}  "
+              f"{ts.time_to_first_token_seconds * 1e3:>17.1f}  "
+              f"{d.tokens_translated:>10}  {d.reason}"
+              + ("" if td.model == d.model else f" (twin answered with {td.model})"))
+        print(f"      user: {text}")
+        print(f"      {d.model}: {answer.strip()[:160]!r}")
 
     with urllib.request.urlopen(metrics_url, timeout=5) as response:
         lines = [l for l in response.read().decode().splitlines()
-                 if l.startswith(("kvlingo_up", "kvlingo_sessions_active", "kvlingo_build_info"))]
+                 if l.startswith(("kvlingo_up", "kvlingo_sessions_active", "kvlingo_switches_total",
+                                  "kvlingo_time_to_first_token_seconds_count",
+                                  "kvlingo_cache_bytes"))
+                 and not l.endswith(" 0")]
     print("metrics (excerpt):")
     for line in lines:
         print(f"  {line}")

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The README's main command: installs and builds (scripts/setup.sh), starts
-# kvl-server on configs/server.json, and drives it through the real gRPC API
-# with a Python client, then stops it with SIGTERM.
+# kvl-server on configs/server.json (the house models and translators), and
+# runs a scripted multi-turn chat through the real gRPC API in which the
+# cascade policy escalates mid-conversation; per turn it prints the model, the
+# cache path and the TTFT next to what re-prefill costs for the same switch
+# (a twin session with strategy reprefill). Then stops the server with SIGTERM.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -9,6 +12,16 @@ BUILD_DIR=${KVL_BUILD_DIR:-build}
 CONFIG=${KVL_CONFIG:-configs/server.json}
 LISTEN=${KVL_LISTEN:-127.0.0.1:50051}
 METRICS=${KVL_METRICS:-127.0.0.1:9464}
+
+# The embedded default serves the house models; they are trained by
+# scripts/train_house_models.sh (and the translators by `kvl fit`).
+for m in kvl-small kvl-small-b kvl-large; do
+  if [ ! -f "models/$m/config.json" ] && [ "$CONFIG" = configs/server.json ]; then
+    echo "models/$m is missing: train the house models first (scripts/train_house_models.sh)," >&2
+    echo "fit the translators listed in configs/server.json, or set KVL_CONFIG." >&2
+    exit 1
+  fi
+done
 
 # Python message classes for the demo client (Debian's protobuf runtime).
 mkdir -p "$BUILD_DIR/python"

@@ -16,13 +16,7 @@ mkdir -p "$WORK" models docs/results
 TIMES="$WORK/times.tsv"
 touch "$TIMES"
 
-timed() {  # timed NAME CMD...: runs CMD, appends "NAME<TAB>seconds" to $TIMES
-  local name=$1; shift
-  local t0; t0=$(date +%s.%N)
-  "$@"
-  local t1; t1=$(date +%s.%N)
-  printf '%s\t%.1f\n' "$name" "$(echo "$t1 - $t0" | bc)" >> "$TIMES"
-}
+source scripts/timed.sh
 
 if [ ! -f "$WORK/data/manifest.json" ]; then
   timed make-data "$KVL" make-data --out "$WORK/data" --seed 1 --train-conversations 40000 \

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <initializer_list>
 #include <limits>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -338,7 +339,9 @@ absl::Status ReadModelList(const Json& object, absl::string_view key, const std:
 absl::Status ParseRule(const Json& e, const std::string& at, const std::vector<ModelEntry>& models,
                        RoutingRule* rule) {
   if (absl::Status s = ExpectObject(e, at); !s.ok()) return s;
-  if (absl::Status s = CheckKeys(e, at, {"model", "contains", "min_bytes", "max_bytes"}); !s.ok()) {
+  if (absl::Status s = CheckKeys(
+          e, at, {"model", "contains", "min_bytes", "max_bytes", "min_turn", "max_turn", "pattern"});
+      !s.ok()) {
     return s;
   }
   absl::Status s = ReadRequiredString(e, "model", at, &rule->model);
@@ -347,9 +350,25 @@ absl::Status ParseRule(const Json& e, const std::string& at, const std::vector<M
     s = ReadInt(e, "min_bytes", at, 0, std::numeric_limits<int64_t>::max(), &rule->min_bytes);
   if (s.ok())
     s = ReadInt(e, "max_bytes", at, 0, std::numeric_limits<int64_t>::max(), &rule->max_bytes);
+  if (s.ok())
+    s = ReadInt(e, "min_turn", at, 0, std::numeric_limits<int64_t>::max(), &rule->min_turn);
+  if (s.ok())
+    s = ReadInt(e, "max_turn", at, 0, std::numeric_limits<int64_t>::max(), &rule->max_turn);
+  if (s.ok()) s = ReadString(e, "pattern", at, &rule->pattern);
   if (!s.ok()) return s;
   if (rule->max_bytes != 0 && rule->max_bytes < rule->min_bytes) {
     return Invalid(Child(at, "max_bytes"), "is below min_bytes");
+  }
+  if (rule->max_turn != 0 && rule->max_turn < rule->min_turn) {
+    return Invalid(Child(at, "max_turn"), "is below min_turn");
+  }
+  if (!rule->pattern.empty()) {
+    try {
+      std::regex compiled(rule->pattern, std::regex::ECMAScript);
+    } catch (const std::regex_error& err) {
+      return Invalid(Child(at, "pattern"),
+                     absl::StrCat("not a valid ECMAScript regular expression: ", err.what()));
+    }
   }
   if (const Json* contains = Find(e, "contains"); contains != nullptr) {
     const std::string where = Child(at, "contains");

@@ -98,6 +98,13 @@ struct RoutingRule {
   // means no upper bound.
   int64_t min_bytes = 0;
   int64_t max_bytes = 0;
+  // The turn number (1-based) is within [min_turn, max_turn]; max_turn 0 means
+  // no upper bound.
+  int64_t min_turn = 0;
+  int64_t max_turn = 0;
+  // An ECMAScript regular expression searched for in the turn; empty: no
+  // condition.
+  std::string pattern;
 };
 
 struct RoutingSection {
@@ -110,8 +117,10 @@ struct RoutingSection {
   // (cheapest first, escalate on low confidence) policies.
   std::vector<std::string> models;
   std::vector<RoutingRule> rules;
-  // "cascade": a turn whose mean token log-probability is below this escalates
-  // to the next model in `models`.
+  // "cascade": when the mean log-probability the current model assigns to the
+  // tokens of the new user turn (teacher-forced while it prefills the turn) is
+  // below this, the turn escalates to the next model in `models`; the session
+  // then stays escalated.
   double cascade_min_mean_logprob = -1.0;
 };
 

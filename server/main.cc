@@ -191,10 +191,17 @@ int main(int argc, char** argv) {
                kvl::server::Version(), config->models.size(), config->translators.size(),
                std::string(kvl::server::RoutingPolicyName(config->routing.policy)));
 
-  absl::StatusOr<std::unique_ptr<kvl::server::Server>> server = kvl::server::Server::Start(*config);
+  // A model or translator that cannot be loaded is a bad config (exit 2); an
+  // address that cannot be bound is a failed start (exit 1).
+  absl::StatusOr<std::unique_ptr<kvl::server::Server>> server = kvl::server::Server::Load(*config);
   if (!server.ok()) {
     spdlog::error("{}", std::string(server.status().message()));
-    std::cerr << "kvl-server: " << server.status().message() << "\n";
+    std::cerr << "kvl-server: config: " << server.status().message() << "\n";
+    return kExitBadConfig;
+  }
+  if (absl::Status s = (*server)->Serve(); !s.ok()) {
+    spdlog::error("{}", std::string(s.message()));
+    std::cerr << "kvl-server: " << s.message() << "\n";
     return kExitStartFailed;
   }
   const std::string listen = (*server)->listen_address().ToString();

@@ -9,14 +9,18 @@
 
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
 #include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
+#include "cache_store/cache_store.h"
+#include "router/router.h"
 
 namespace kvl::server {
 
@@ -38,10 +42,16 @@ absl::string_view RpcMethodName(RpcMethod method);
 inline constexpr int kNumGrpcCodes = 17;
 absl::string_view GrpcCodeName(int code);
 
-class ServerMetrics {
+// vLLM's time-to-first-token bucket boundaries, in seconds.
+extern const std::vector<double> kTtftBuckets;
+
+// Also the router's metric sink: every (model, path), (source, target) and
+// (from, to, strategy) series exists from the start.
+class ServerMetrics final : public router::TurnObserver {
  public:
-  // `version` becomes the label of kvlingo_build_info.
-  explicit ServerMetrics(const std::string& version);
+  // `version` becomes the label of kvlingo_build_info; `models` are the loaded
+  // models' names, in the router's order.
+  explicit ServerMetrics(const std::string& version, std::vector<std::string> models = {});
 
   ServerMetrics(const ServerMetrics&) = delete;
   ServerMetrics& operator=(const ServerMetrics&) = delete;
@@ -54,6 +64,18 @@ class ServerMetrics {
   // kvlingo_up: 1 while serving, 0 while draining.
   void SetUp(bool up);
 
+  // kvlingo_cache_bytes{model}, kvlingo_sessions_evicted,
+  // kvlingo_cache_evicted_lines_total from the store's accounting.
+  void SetCacheStats(const CacheStoreStats& stats);
+
+  // router::TurnObserver.
+  void OnSwitch(int from, int to, router::Strategy strategy) override;
+  void OnTranslation(int source, int target, double seconds, int64_t tokens) override;
+  void OnPrefillTokens(int model, int64_t n) override;
+  void OnGeneratedTokens(int model, int64_t n) override;
+  void OnTimeToFirstToken(int model, router::CachePath path, double seconds) override;
+  void OnInterTokenLatency(int model, double seconds) override;
+
   // The registry in the Prometheus text exposition format (version 0.0.4).
   std::string RenderText() const;
 
@@ -64,6 +86,19 @@ class ServerMetrics {
   std::array<std::array<prometheus::Counter*, kNumGrpcCodes>, kNumRpcMethods> rpc_requests_{};
   prometheus::Gauge* sessions_active_ = nullptr;
   prometheus::Gauge* up_ = nullptr;
+
+  // Per model (index as in the router), and per ordered model pair.
+  int n_models_ = 0;
+  std::vector<std::array<prometheus::Histogram*, router::kNumCachePaths>> ttft_;
+  std::vector<prometheus::Histogram*> inter_token_;
+  std::vector<prometheus::Counter*> prefill_tokens_, generated_tokens_;
+  std::vector<prometheus::Gauge*> cache_bytes_;
+  std::vector<prometheus::Histogram*> translation_seconds_;  // [source * n + target]
+  std::vector<prometheus::Counter*> translated_tokens_;      // [source * n + target]
+  std::vector<std::array<prometheus::Counter*, router::kNumStrategies>> switches_;  // [from*n+to]
+  prometheus::Gauge* sessions_evicted_ = nullptr;
+  prometheus::Gauge* cache_budget_ = nullptr;
+  prometheus::Counter* evicted_lines_ = nullptr;
 };
 
 }  // namespace kvl::server

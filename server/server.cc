@@ -32,22 +32,60 @@ constexpr int64_t kRequestOverheadBytes = 1 << 20;
 
 const char* Version() { return KVL_VERSION; }
 
-Server::Server(const ServerConfig& config) : config_(config), metrics_(Version()) {}
+static std::vector<std::string> ModelNames(const ServerConfig& config) {
+  std::vector<std::string> names;
+  for (const ModelEntry& m : config.models) names.push_back(m.name);
+  return names;
+}
+
+Server::Server(const ServerConfig& config)
+    : config_(config), metrics_(Version(), ModelNames(config)) {}
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config) {
+  absl::StatusOr<std::unique_ptr<Server>> server = Load(config);
+  if (!server.ok()) return server.status();
+  if (absl::Status s = (*server)->Serve(); !s.ok()) return s;
+  return server;
+}
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Load(const ServerConfig& config) {
   std::unique_ptr<Server> self(new Server(config));
+  absl::StatusOr<std::unique_ptr<ModelRuntime>> runtime = LoadModelRuntime(config, &self->metrics_);
+  if (!runtime.ok()) return runtime.status();
+  self->runtime_ = *std::move(runtime);
+  return self;
+}
+
+absl::Status Server::Serve() {
+  Server* self = this;
+  const ServerConfig& config = config_;
+  if (runtime_ != nullptr) {
+    // Turns block their thread on a model's engine; a few per model keep every
+    // engine busy while others wait for theirs.
+    turn_pool_ = std::make_unique<TurnPool>(
+        std::max<int>(4, 4 * static_cast<int>(config.models.size())));
+    metrics_.SetCacheStats(runtime_->store->Stats());
+  }
   ServiceDeps deps;
   deps.sessions = &self->sessions_;
   deps.metrics = &self->metrics_;
   deps.chat_gate = &self->chat_gate_;
   deps.limits.max_turn_bytes = config.server.max_turn_bytes;
   deps.limits.max_new_tokens_limit = config.server.max_new_tokens_limit;
+  if (runtime_ != nullptr) {
+    deps.router = runtime_->router.get();
+    deps.store = runtime_->store.get();
+    deps.pool = turn_pool_.get();
+  }
   self->session_service_ = std::make_unique<SessionServiceImpl>(deps);
   self->chat_service_ = std::make_unique<ChatServiceImpl>(deps);
   self->model_service_ = std::make_unique<ModelServiceImpl>(deps);
 
   absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http = MetricsHttpServer::Start(
-      config.server.metrics_address, [metrics = &self->metrics_] { return metrics->RenderText(); });
+      config.server.metrics_address, [self] {
+        if (self->runtime_ != nullptr) self->metrics_.SetCacheStats(self->runtime_->store->Stats());
+        return self->metrics_.RenderText();
+      });
   if (!http.ok()) return http.status();
   self->metrics_http_ = *std::move(http);
 
@@ -78,9 +116,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config
   self->metrics_.SetUp(true);
 
   if (config.sessions.idle_timeout_seconds > 0) {
-    self->sweeper_ = std::thread([s = self.get()] { s->SweepIdleSessions(); });
+    self->sweeper_ = std::thread([self] { self->SweepIdleSessions(); });
   }
-  return self;
+  return absl::OkStatus();
 }
 
 Server::~Server() { Shutdown(); }
@@ -93,6 +131,9 @@ void Server::SweepIdleSessions() {
   while (!sweeper_mu_.AwaitWithTimeout(absl::Condition(&stopping_), period)) {
     sweeper_mu_.Unlock();
     std::vector<std::string> removed = sessions_.RemoveIdle(idle);
+    if (runtime_ != nullptr) {
+      for (const std::string& id : removed) (void)runtime_->store->Remove(id);
+    }
     if (!removed.empty()) {
       metrics_.SetSessionsActive(static_cast<int64_t>(sessions_.size()));
       spdlog::info("expired {} idle session(s)", removed.size());
@@ -119,6 +160,7 @@ int64_t Server::Shutdown() {
     grpc_server_->Shutdown(std::chrono::system_clock::now());
     grpc_server_->Wait();
   }
+  turn_pool_.reset();  // runs what is queued (cancelled turns end at once)
   {
     absl::MutexLock lock(&sweeper_mu_);
     stopping_ = true;

@@ -19,7 +19,9 @@
 #include "server/drain_gate.h"
 #include "server/metrics.h"
 #include "server/metrics_http.h"
+#include "server/model_runtime.h"
 #include "server/services.h"
+#include "server/turn_pool.h"
 #include "server/session_table.h"
 
 namespace kvl::server {
@@ -29,9 +31,15 @@ const char* Version();
 
 class Server {
  public:
+  // Loads every configured model and translator (errors as
+  // LoadModelRuntime's: a bad file is NotFound/InvalidArgument/
+  // FailedPrecondition naming the config entry). Binds nothing yet.
+  static absl::StatusOr<std::unique_ptr<Server>> Load(const ServerConfig& config);
   // Binds both addresses and starts serving; health is SERVING for "" and every
   // kvlingo.v1 service once this returns. Unavailable if an address cannot be
-  // bound.
+  // bound. Call once.
+  absl::Status Serve();
+  // Load, then Serve.
   static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerConfig& config);
   ~Server();  // Shutdown()s if still running
 
@@ -53,6 +61,8 @@ class Server {
   ServerMetrics metrics_;
   SessionTable sessions_;
   DrainGate chat_gate_;
+  std::unique_ptr<ModelRuntime> runtime_;  // null without models
+  std::unique_ptr<TurnPool> turn_pool_;
   std::unique_ptr<SessionServiceImpl> session_service_;
   std::unique_ptr<ChatServiceImpl> chat_service_;
   std::unique_ptr<ModelServiceImpl> model_service_;

@@ -1,8 +1,16 @@
 #include "server/services.h"
 
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <optional>
+#include <random>
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/model_runtime.h"
 #include "server/status.h"
 #include "spdlog/spdlog.h"
 
@@ -21,7 +29,7 @@ grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context, Serv
   return reactor;
 }
 
-void ToProto(const SessionInfo& info, kvlingo::v1::Session* out) {
+void ToProto(const ServiceDeps& deps, const SessionInfo& info, kvlingo::v1::Session* out) {
   out->set_session_id(info.session_id);
   out->set_system_prompt(info.system_prompt);
   out->set_turns(info.turns);
@@ -29,22 +37,134 @@ void ToProto(const SessionInfo& info, kvlingo::v1::Session* out) {
   out->set_last_model(info.last_model);
   out->set_created_unix_seconds(info.created_unix_seconds);
   out->set_last_active_unix_seconds(info.last_active_unix_seconds);
+  if (deps.store == nullptr) return;
+  absl::StatusOr<SessionView> view = deps.store->View(info.session_id);
+  if (!view.ok()) return;
+  out->set_turns(static_cast<uint32_t>(view->state.turns));
+  out->set_history_tokens(static_cast<uint32_t>(view->state.history.size()));
+  if (view->state.last_model >= 0) {
+    out->set_last_model(deps.router->model_names()[view->state.last_model]);
+  }
+  for (const CacheLineInfo& line : view->lines) {
+    kvlingo::v1::CacheLine* l = out->add_cache_lines();
+    l->set_model(deps.router->model_names()[line.model]);
+    l->set_tokens(static_cast<uint32_t>(line.tokens));
+    l->set_bytes(static_cast<uint64_t>(line.bytes));
+    l->set_evicted(line.evicted);
+  }
+}
+
+kvlingo::v1::SwitchStrategy ToProto(router::Strategy s) {
+  switch (s) {
+    case router::Strategy::kTranslate:
+      return kvlingo::v1::SWITCH_STRATEGY_TRANSLATE;
+    case router::Strategy::kReprefill:
+      return kvlingo::v1::SWITCH_STRATEGY_REPREFILL;
+    case router::Strategy::kReprefillMissing:
+      return kvlingo::v1::SWITCH_STRATEGY_REPREFILL_MISSING;
+  }
+  return kvlingo::v1::SWITCH_STRATEGY_UNSPECIFIED;
+}
+
+kvlingo::v1::CachePath ToProto(router::CachePath p) {
+  switch (p) {
+    case router::CachePath::kNative:
+      return kvlingo::v1::CACHE_PATH_NATIVE;
+    case router::CachePath::kTranslated:
+      return kvlingo::v1::CACHE_PATH_TRANSLATED;
+    case router::CachePath::kReprefill:
+      return kvlingo::v1::CACHE_PATH_REPREFILL;
+  }
+  return kvlingo::v1::CACHE_PATH_UNSPECIFIED;
+}
+
+kvlingo::v1::FinishReason ToProto(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStopToken:
+      return kvlingo::v1::FINISH_REASON_STOP;
+    case FinishReason::kStopString:
+      return kvlingo::v1::FINISH_REASON_STOP_STRING;
+    case FinishReason::kLength:
+      return kvlingo::v1::FINISH_REASON_LENGTH;
+    case FinishReason::kCancelled:
+      break;
+  }
+  return kvlingo::v1::FINISH_REASON_UNSPECIFIED;
 }
 
 // One Chat stream. It owns its slot in the drain gate from construction to
-// OnDone, so that shutdown waits for it. Deletes itself in OnDone, as the
-// callback API requires.
+// OnDone, so that shutdown waits for it.
+//
+// Writes: the turn thread queues responses (Enqueue) and finally a status
+// (Complete); the reactor writes them one at a time (the callback API allows
+// one write in flight) and finishes once the queue is drained. Decisions are
+// taken under mu_, gRPC calls made outside it. Deletes itself in OnDone, which
+// gRPC calls only after Finish, i.e. after the turn thread's last touch.
 class ChatReactor final : public grpc::ServerWriteReactor<ChatResponse> {
  public:
   // `admitted`: the caller took a slot in deps.chat_gate for this stream.
   ChatReactor(const ServiceDeps& deps, bool admitted) : deps_(deps), admitted_(admitted) {}
 
-  // Ends the stream with `status`; call exactly once.
+  // Ends the stream with `status` when nothing is queued; call once, instead
+  // of Complete, before any Enqueue.
   void FinishWith(const absl::Status& status) {
     grpc::Status result = ToGrpcStatus(status);
     deps_.metrics->CountRpc(RpcMethod::kChat, result.error_code());
     Finish(std::move(result));
   }
+
+  bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
+
+  void Enqueue(ChatResponse response) {
+    bool start = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (broken_) return;
+      queue_.push_back(std::move(response));
+      start = !writing_;
+      if (start) writing_ = true;
+    }
+    if (start) WriteNext();
+  }
+
+  // The turn's final status; the stream finishes after the queued writes.
+  void Complete(const absl::Status& status) {
+    bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      final_ = status;
+      completed_ = true;
+      finish = !writing_;
+    }
+    if (finish) FinishWith(status);
+  }
+
+  void OnWriteDone(bool ok) override {
+    bool finish = false, next = false;
+    absl::Status status;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!ok) {
+        broken_ = true;
+        cancelled_ = true;
+        queue_.clear();
+      }
+      if (!queue_.empty()) {
+        next = true;
+      } else {
+        writing_ = false;
+        finish = completed_;
+        status = final_;
+      }
+    }
+    if (next) {
+      WriteNext();
+    } else if (finish) {
+      FinishWith(status);
+    }
+  }
+
+  void OnCancel() override { cancelled_ = true; }
 
   void OnDone() override {
     if (admitted_) deps_.chat_gate->Exit();
@@ -52,9 +172,31 @@ class ChatReactor final : public grpc::ServerWriteReactor<ChatResponse> {
   }
 
  private:
+  void WriteNext() {
+    {
+      absl::MutexLock lock(&mu_);
+      current_ = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    StartWrite(&current_);
+  }
+
   ServiceDeps deps_;
   bool admitted_;
+  std::atomic<bool> cancelled_{false};
+  absl::Mutex mu_;
+  std::deque<ChatResponse> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool completed_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status final_ ABSL_GUARDED_BY(mu_);
+  ChatResponse current_;  // the write in flight
 };
+
+uint64_t RandomSeed() {
+  static std::atomic<uint64_t> counter{std::random_device{}()};
+  return counter.fetch_add(0x9E3779B97F4A7C15ULL);
+}
 
 }  // namespace
 
@@ -63,8 +205,16 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(
     kvlingo::v1::Session* response) {
   absl::StatusOr<SessionInfo> created =
       deps_.sessions->Create(request->session_id(), request->system_prompt());
+  if (created.ok() && deps_.store != nullptr) {
+    absl::Status s = deps_.store->Create(created->session_id,
+                                         deps_.router->RenderPreamble(created->system_prompt));
+    if (!s.ok()) {
+      (void)deps_.sessions->Delete(created->session_id);
+      created = s;
+    }
+  }
   if (created.ok()) {
-    ToProto(*created, response);
+    ToProto(deps_, *created, response);
     deps_.metrics->SetSessionsActive(static_cast<int64_t>(deps_.sessions->size()));
     SPDLOG_DEBUG("session {} created", created->session_id);
   }
@@ -75,7 +225,7 @@ grpc::ServerUnaryReactor* SessionServiceImpl::GetSession(
     grpc::CallbackServerContext* context, const kvlingo::v1::GetSessionRequest* request,
     kvlingo::v1::Session* response) {
   absl::StatusOr<SessionInfo> info = deps_.sessions->Get(request->session_id());
-  if (info.ok()) ToProto(*info, response);
+  if (info.ok()) ToProto(deps_, *info, response);
   return FinishUnary(context, deps_.metrics, RpcMethod::kGetSession, info.status());
 }
 
@@ -85,7 +235,7 @@ grpc::ServerUnaryReactor* SessionServiceImpl::ListSessions(
   absl::StatusOr<SessionPage> page =
       deps_.sessions->List(request->page_size(), request->page_token());
   if (page.ok()) {
-    for (const SessionInfo& info : page->sessions) ToProto(info, response->add_sessions());
+    for (const SessionInfo& info : page->sessions) ToProto(deps_, info, response->add_sessions());
     response->set_next_page_token(page->next_page_token);
   }
   return FinishUnary(context, deps_.metrics, RpcMethod::kListSessions, page.status());
@@ -96,6 +246,7 @@ grpc::ServerUnaryReactor* SessionServiceImpl::DeleteSession(
     kvlingo::v1::DeleteSessionResponse* /*response*/) {
   absl::Status status = deps_.sessions->Delete(request->session_id());
   if (status.ok()) {
+    if (deps_.store != nullptr) (void)deps_.store->Remove(request->session_id());
     deps_.metrics->SetSessionsActive(static_cast<int64_t>(deps_.sessions->size()));
     SPDLOG_DEBUG("session {} deleted", request->session_id());
   }
@@ -103,7 +254,8 @@ grpc::ServerUnaryReactor* SessionServiceImpl::DeleteSession(
 }
 
 grpc::ServerWriteReactor<ChatResponse>* ChatServiceImpl::Chat(
-    grpc::CallbackServerContext* /*context*/, const kvlingo::v1::ChatRequest* request) {
+    grpc::CallbackServerContext* context, const kvlingo::v1::ChatRequest* request) {
+  const auto received = std::chrono::steady_clock::now();
   const bool admitted = deps_.chat_gate->TryEnter();
   auto* reactor = new ChatReactor(deps_, admitted);
   if (!admitted) {
@@ -120,29 +272,157 @@ grpc::ServerWriteReactor<ChatResponse>* ChatServiceImpl::Chat(
     reactor->FinishWith(s);
     return reactor;
   }
-  reactor->FinishWith(absl::UnimplementedError(
-      "no models are loaded: the server does not load models until the router is built, so "
-      "it only manages sessions"));
+  if (deps_.router == nullptr) {
+    reactor->FinishWith(absl::UnimplementedError(
+        "no models are loaded: the server was started without models (config 'models' is "
+        "empty), so it only manages sessions"));
+    return reactor;
+  }
+  router::Router& router = *deps_.router;
+  router::TurnOptions options;
+  options.received = received;
+  options.user_message = turn->user_message;
+  if (turn->policy) options.policy = ToRouterPolicy(*turn->policy);
+  if (turn->strategy) options.strategy = ToRouterStrategy(*turn->strategy);
+  if (!turn->model.empty()) {
+    options.explicit_model = router.ModelIndex(turn->model);
+    if (options.explicit_model < 0) {
+      reactor->FinishWith(absl::NotFoundError(
+          absl::StrCat("routing.model: no model named '", turn->model,
+                       "' is loaded (loaded: ", absl::StrJoin(router.model_names(), ", "), ")")));
+      return reactor;
+    }
+  }
+  const router::Policy policy = options.policy.value_or(router.routing().policy);
+  if ((policy == router::Policy::kCascade || policy == router::Policy::kAlternate) &&
+      router.routing().order.size() < 2) {
+    reactor->FinishWith(absl::InvalidArgumentError(absl::StrCat(
+        "routing.policy: '", router::PolicyName(policy),
+        "' needs at least two models in the server's routing.models")));
+    return reactor;
+  }
+  if (policy == router::Policy::kRules && router.routing().rules.empty()) {
+    reactor->FinishWith(absl::InvalidArgumentError(
+        "routing.policy: 'rules' needs routing.rules in the server's config"));
+    return reactor;
+  }
+  options.max_tokens = turn->sampling.max_tokens;
+  options.sampling.temperature = turn->sampling.temperature;
+  options.sampling.top_k = turn->sampling.top_k;
+  options.sampling.top_p = turn->sampling.top_p;
+  options.seed = turn->sampling.seed.value_or(RandomSeed());
+  options.stop = turn->sampling.stop;
+  const std::chrono::system_clock::time_point deadline = context->deadline();
+  options.cancelled = [reactor, deadline] {
+    return reactor->cancelled() || std::chrono::system_clock::now() > deadline;
+  };
+
+  deps_.pool->Submit([deps = deps_, reactor, options = std::move(options),
+                      session_id = turn->session_id] {
+    router::TurnCallbacks callbacks;
+    callbacks.on_routing = [&](const router::RoutingEvent& ev) {
+      ChatResponse r;
+      kvlingo::v1::RoutingDecision* d = r.mutable_routing();
+      const auto& names = deps.router->model_names();
+      d->set_model(names[ev.model]);
+      if (ev.previous_model >= 0) d->set_previous_model(names[ev.previous_model]);
+      d->set_policy(router::PolicyName(ev.policy));
+      d->set_reason(ev.reason);
+      d->set_switched(ev.switched);
+      d->set_strategy(ev.switched ? ToProto(ev.strategy)
+                                  : kvlingo::v1::SWITCH_STRATEGY_UNSPECIFIED);
+      d->set_path(ToProto(ev.path));
+      d->set_spans_translated(static_cast<uint32_t>(ev.spans_translated));
+      d->set_tokens_translated(static_cast<uint32_t>(ev.tokens_translated));
+      d->set_tokens_reprefilled(static_cast<uint32_t>(ev.tokens_reprefilled));
+      d->set_translation_seconds(ev.translation_seconds);
+      reactor->Enqueue(std::move(r));
+    };
+    callbacks.on_token = [&](int64_t id, std::string_view text) {
+      ChatResponse r;
+      kvlingo::v1::TokenDelta* delta = r.mutable_delta();
+      delta->set_text(std::string(text));
+      if (id >= 0) delta->add_token_ids(static_cast<uint32_t>(id));
+      reactor->Enqueue(std::move(r));
+    };
+    absl::StatusOr<router::TurnResult> result =
+        deps.router->RunTurn(session_id, options, callbacks);
+    (void)deps.sessions->Touch(session_id);
+    deps.metrics->SetCacheStats(deps.store->Stats());
+    if (!result.ok()) {
+      if (result.status().code() != absl::StatusCode::kCancelled) {
+        spdlog::warn("session {}: turn failed: {}", session_id, result.status().ToString());
+      }
+      reactor->Complete(result.status());
+      return;
+    }
+    ChatResponse r;
+    kvlingo::v1::TurnSummary* s = r.mutable_summary();
+    s->set_finish_reason(ToProto(result->finish_reason));
+    s->set_time_to_first_token_seconds(result->time_to_first_token_seconds);
+    s->set_prefill_tokens(static_cast<uint32_t>(result->prefill_tokens));
+    s->set_generated_tokens(static_cast<uint32_t>(result->generated_tokens));
+    s->set_history_tokens(static_cast<uint32_t>(result->history_tokens));
+    kvlingo::v1::TimingBreakdown* t = s->mutable_timing();
+    t->set_queue_seconds(result->queue_seconds);
+    t->set_switch_seconds(result->switch_seconds);
+    t->set_prefill_seconds(result->prefill_seconds);
+    t->set_decode_seconds(result->decode_seconds);
+    t->set_total_seconds(result->total_seconds);
+    reactor->Enqueue(std::move(r));
+    reactor->Complete(absl::OkStatus());
+  });
   return reactor;
 }
 
 grpc::ServerUnaryReactor* ModelServiceImpl::ListModels(
     grpc::CallbackServerContext* context, const kvlingo::v1::ListModelsRequest* /*request*/,
-    kvlingo::v1::ListModelsResponse* /*response*/) {
-  return FinishUnary(
-      context, deps_.metrics, RpcMethod::kListModels,
-      absl::UnimplementedError(
-          "no models are loaded: the server does not load models until the router is built"));
+    kvlingo::v1::ListModelsResponse* response) {
+  if (deps_.router != nullptr) {
+    for (int i = 0; i < deps_.router->n_models(); ++i) {
+      const router::LoadedModel& m = deps_.router->model(i);
+      const ModelConfig& c = m.engine->config();
+      kvlingo::v1::ModelInfo* info = response->add_models();
+      info->set_name(m.name);
+      info->set_architecture(c.architecture_name);
+      info->set_path(m.path);
+      info->set_n_layer(static_cast<uint32_t>(c.n_layer));
+      info->set_hidden_size(static_cast<uint32_t>(c.hidden_size));
+      info->set_n_head(static_cast<uint32_t>(c.n_head));
+      info->set_n_kv_head(static_cast<uint32_t>(c.n_head_kv));
+      info->set_head_dim(static_cast<uint32_t>(c.head_dim));
+      info->set_vocab_size(static_cast<uint32_t>(c.vocab_size));
+      info->set_n_params(static_cast<uint64_t>(c.ParameterCount()));
+      info->set_dtype(DTypeName(m.engine->options().dtype));
+      info->set_cache_bytes_per_token(static_cast<uint64_t>(deps_.router->BytesPerToken(i)));
+    }
+  }
+  return FinishUnary(context, deps_.metrics, RpcMethod::kListModels, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* ModelServiceImpl::ListTranslators(
     grpc::CallbackServerContext* context, const kvlingo::v1::ListTranslatorsRequest* /*request*/,
-    kvlingo::v1::ListTranslatorsResponse* /*response*/) {
-  return FinishUnary(
-      context, deps_.metrics, RpcMethod::kListTranslators,
-      absl::UnimplementedError(
-          "no translators are loaded: the server does not load translators until the router is "
-          "built"));
+    kvlingo::v1::ListTranslatorsResponse* response) {
+  if (deps_.router != nullptr) {
+    for (const router::LoadedTranslator& t : deps_.router->translators()) {
+      kvlingo::v1::TranslatorInfo* info = response->add_translators();
+      const TranslatorSpec& spec = t.translator->spec();
+      info->set_name(t.name);
+      info->set_source(deps_.router->model_names()[t.source]);
+      info->set_target(deps_.router->model_names()[t.target]);
+      info->set_assignment(spec.assignment_kind);
+      info->set_band(static_cast<uint32_t>(spec.band));
+      int64_t n_params = 0;
+      for (const TranslatorMaps* maps : {&t.translator->key_maps(), &t.translator->value_maps()}) {
+        for (const at::Tensor& w : maps->weight) n_params += w.numel();
+        for (const at::Tensor& b : maps->bias) n_params += b.numel();
+      }
+      info->set_n_params(static_cast<uint64_t>(n_params));
+      info->set_training(spec.training.method);
+      info->set_path(t.path);
+    }
+  }
+  return FinishUnary(context, deps_.metrics, RpcMethod::kListTranslators, absl::OkStatus());
 }
 
 }  // namespace kvl::server

@@ -9,10 +9,13 @@
 #include "kvlingo/v1/chat.grpc.pb.h"
 #include "kvlingo/v1/model.grpc.pb.h"
 #include "kvlingo/v1/session.grpc.pb.h"
+#include "cache_store/cache_store.h"
+#include "router/router.h"
 #include "server/chat_request.h"
 #include "server/drain_gate.h"
 #include "server/metrics.h"
 #include "server/session_table.h"
+#include "server/turn_pool.h"
 
 namespace kvl::server {
 
@@ -22,6 +25,13 @@ struct ServiceDeps {
   ServerMetrics* metrics = nullptr;
   DrainGate* chat_gate = nullptr;
   TurnLimits limits;
+  // All null when the server was started without models: Chat then answers
+  // UNIMPLEMENTED and sessions hold no history.
+  router::Router* router = nullptr;
+  CacheStore* store = nullptr;
+  TurnPool* pool = nullptr;
+  // Model dtypes as configured, by model index (for ListModels).
+  std::vector<std::string> model_dtypes;
 };
 
 class SessionServiceImpl final : public kvlingo::v1::SessionService::CallbackService {
@@ -45,8 +55,9 @@ class SessionServiceImpl final : public kvlingo::v1::SessionService::CallbackSer
   ServiceDeps deps_;
 };
 
-// Until the router exists, Chat validates the request fully (so that clients
-// can already rely on the error codes) and then answers UNIMPLEMENTED.
+// Chat validates the request on the gRPC thread (INVALID_ARGUMENT, NOT_FOUND,
+// UNAVAILABLE come back before any model work), then runs the turn on the
+// turn pool and streams its events.
 class ChatServiceImpl final : public kvlingo::v1::ChatService::CallbackService {
  public:
   explicit ChatServiceImpl(const ServiceDeps& deps) : deps_(deps) {}

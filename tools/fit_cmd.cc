@@ -22,6 +22,7 @@
 #include "tools/chat_data.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
+#include "tools/translator_attention.h"
 #include "translator/fit.h"
 #include "translator/translator.h"
 
@@ -31,7 +32,8 @@ namespace {
 constexpr char kUsage[] =
     "usage: kvl fit --source DIR --target DIR --data FILE.jsonl|FILE.txt --out FILE\n"
     "               [--assignment same_index|relative_depth|top_r2] [--band N] [--ridge L]\n"
-    "               [--weighting uniform] [--no-bias] [--max-sequences N] [--seq-len T]\n"
+    "               [--weighting uniform|attention] [--attention-queries C] [--no-bias]\n"
+    "               [--max-sequences N] [--seq-len T]\n"
     "               [--threads N] [--quiet]\n"
     "Prefills every sequence of the corpus with both models (which must share a\n"
     "tokenizer), accumulates float64 second moments of their pre-norm keys and\n"
@@ -42,12 +44,16 @@ constexpr char kUsage[] =
     "single-layer R² tables) to the same path with extension .r2.json.\n"
     "Defaults: assignment same_index when depths match, else relative_depth; band 1;\n"
     "ridge 1e-4; max-sequences 512 (0: all); seq-len 256; threads 0 (all cores).\n"
-    "Attention-weighted fitting is not available yet (needs attention probabilities\n"
-    "from the model runtime).\n";
+    "--weighting attention: each sequence's last C tokens (--attention-queries,\n"
+    "default 64; half the sequence when it is shorter than 2C) act as continuation\n"
+    "queries; only the tokens before them are fitted, each weighted by the attention\n"
+    "the target's continuation queries give it (summed over queries, averaged over\n"
+    "layers and heads, normalised to mean 1 per sequence; KV-Lingo appendix O).\n";
 
 const std::set<std::string> kValueFlags = {"source",  "target",        "data",    "out",
                                            "assignment", "band",       "ridge",   "weighting",
-                                           "max-sequences", "seq-len", "threads"};
+                                           "max-sequences", "seq-len", "threads",
+                                           "attention-queries"};
 
 int UsageError(const std::string& message) {
   std::fprintf(stderr, "kvl fit: %s (see kvl fit --help)\n", message.c_str());
@@ -125,6 +131,35 @@ absl::StatusOr<LoadedModel> Load(const std::string& dir, int n_threads, int64_t 
   return m;
 }
 
+// The prefix of ids (all but its last C tokens; half when shorter than 2C),
+// each token weighted by the attention the target's continuation queries give
+// it, normalised to mean 1.
+absl::Status AccumulateAttentionWeighted(Engine& source, Engine& target,
+                                         const ModelConfig& target_config,
+                                         const ModelWeights& target_weights,
+                                         const std::vector<int64_t>& ids, int64_t n_queries,
+                                         MomentAccumulator& moments) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  const int64_t n_prefix = n > 2 * n_queries ? n - n_queries : std::max<int64_t>(n / 2, 1);
+  const AttentionMass mass = PrefixAttentionMass(target_config, target_weights, ids, n_prefix);
+  std::unique_ptr<KvCache> source_cache = source.NewCache();
+  std::unique_ptr<KvCache> target_cache = target.NewCache();
+  const std::vector<int64_t> prefix(ids.begin(), ids.begin() + n_prefix);
+  if (absl::StatusOr<at::Tensor> r = source.Prefill(*source_cache, prefix); !r.ok()) {
+    return r.status();
+  }
+  if (absl::StatusOr<at::Tensor> r = target.Prefill(*target_cache, prefix); !r.ok()) {
+    return r.status();
+  }
+  absl::StatusOr<KvTaps> s = source_cache->Taps(0, n_prefix);
+  if (!s.ok()) return s.status();
+  absl::StatusOr<KvTaps> t = target_cache->Taps(0, n_prefix);
+  if (!t.ok()) return t.status();
+  const double mean = mass.received.mean().item<double>();
+  if (!(mean > 0)) return absl::InternalError("attention mass is zero");
+  return moments.Add(*s, *t, mass.received / mean);
+}
+
 nlohmann::json TableJson(const at::Tensor& t) {
   nlohmann::json rows = nlohmann::json::array();
   for (int64_t i = 0; i < t.size(0); ++i) {
@@ -170,9 +205,10 @@ int RunFit(const Args& args) {
   for (const char* required : {"source", "target", "data", "out"}) {
     if (!flags.count(required)) return UsageError(std::string("--") + required + " is required");
   }
-  int64_t band = 1, max_sequences = 512, seq_len = 256, n_threads = 0;
+  int64_t band = 1, max_sequences = 512, seq_len = 256, n_threads = 0, attention_queries = 64;
   for (auto [name, out] : {std::pair{"band", &band}, {"max-sequences", &max_sequences},
-                           {"seq-len", &seq_len}, {"threads", &n_threads}}) {
+                           {"seq-len", &seq_len}, {"threads", &n_threads},
+                           {"attention-queries", &attention_queries}}) {
     if (!flags.count(name)) continue;
     if (!absl::SimpleAtoi(flags[name], out) || *out < 0) {
       return UsageError(std::string("--") + name + " must be a non-negative integer");
@@ -183,9 +219,11 @@ int RunFit(const Args& args) {
   if (flags.count("ridge") && (!absl::SimpleAtod(flags["ridge"], &ridge) || ridge < 0)) {
     return UsageError("--ridge must be a non-negative number");
   }
-  if (flags.count("weighting") && flags["weighting"] != "uniform") {
-    return UsageError("--weighting: only 'uniform' is available");
+  const std::string weighting = flags.count("weighting") ? flags["weighting"] : "uniform";
+  if (weighting != "uniform" && weighting != "attention") {
+    return UsageError("--weighting must be uniform or attention");
   }
+  if (attention_queries < 1) return UsageError("--attention-queries must be >= 1");
 
   absl::StatusOr<LoadedModel> source = Load(flags["source"], n_threads, seq_len);
   if (!source.ok()) return Fail(std::string(source.status().message()));
@@ -214,7 +252,7 @@ int RunFit(const Args& args) {
   spec.band = band;
   spec.bias = bias;
   spec.training.method = "closed_form";
-  spec.training.weighting = "uniform";
+  spec.training.weighting = weighting;
   spec.training.corpus = flags["data"];
 
   absl::StatusOr<std::unique_ptr<MomentAccumulator>> moments =
@@ -226,9 +264,14 @@ int RunFit(const Args& args) {
     po.total = static_cast<int64_t>(sequences->size());
     po.unit = "seq";
     std::unique_ptr<ProgressBar> bar = quiet ? nullptr : std::make_unique<ProgressBar>(po);
+    const ModelWeights target_weights32 = target->checkpoint.weights.To(at::kFloat, "cpu");
     for (size_t i = 0; i < sequences->size(); ++i) {
+      const std::vector<int64_t>& ids = (*sequences)[i];
       absl::Status s =
-          AccumulateSequence(*source->engine, *target->engine, (*sequences)[i], **moments);
+          weighting == "uniform"
+              ? AccumulateSequence(*source->engine, *target->engine, ids, **moments)
+              : AccumulateAttentionWeighted(*source->engine, *target->engine, tc,
+                                            target_weights32, ids, attention_queries, **moments);
       if (!s.ok()) return Fail(absl::StrCat("sequence ", i, ": ", s.message()));
       if (bar) {
         bar->Update(static_cast<int64_t>(i) + 1,
@@ -280,6 +323,7 @@ int RunFit(const Args& args) {
       {"band", band},
       {"ridge", ridge},
       {"bias", bias},
+      {"weighting", weighting},
       {"n_sequences", (*moments)->n_spans()},
       {"n_tokens", (*moments)->n_tokens()},
       {"r2_keys", fit->r2_keys},

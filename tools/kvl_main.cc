@@ -24,6 +24,8 @@ constexpr Command kCommands[] = {
     {"train-lm", "train a Qwen3-architecture model from scratch", kvl::tools::RunTrainLm},
     {"eval", "suite accuracy and held-out log-perplexity of a model", kvl::tools::RunEval},
     {"fit", "closed-form fit of a KV-cache translator between two models", kvl::tools::RunFit},
+    {"distill", "self-distil a KV-cache translator (stage 2) from a closed-form one", kvl::tools::RunDistill},
+    {"eval-translator", "log-perplexity, accuracy and multi-turn runs through translators", kvl::tools::RunEvalTranslator},
 };
 
 void PrintUsage(FILE* out) {

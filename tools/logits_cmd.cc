@@ -1,6 +1,9 @@
 // kvl logits: runs a model directory on a list of token ids and prints the
 // float32 logits of every position as JSON, {"logits": [[...], ...]} — the
-// format golden tests compare against other implementations.
+// format golden tests compare against other implementations. With
+// --prefix-from/--translator/--prefix-len the first N tokens are prefilled by
+// another model and reach --model through a translator (translator/README.md);
+// the rows are then those of the tokens --model processed itself.
 #include <ATen/ATen.h>
 
 #include <cstdio>
@@ -14,13 +17,20 @@
 #include "model/engine.h"
 #include "nlohmann/json.hpp"
 #include "tools/commands.h"
+#include "tools/translator_tools.h"
+#include "translator/translator.h"
 
 namespace kvl::tools {
 namespace {
 
 constexpr char kUsage[] =
     "usage: kvl logits --model DIR --ids 1,2,3 [--dtype float32|bfloat16] [--threads N]\n"
-    "Prints {\"logits\": [[...], ...]}: one row of float32 logits per position.\n";
+    "       [--prefix-from SOURCE_DIR --translator FILE --prefix-len N]\n"
+    "Prints {\"logits\": [[...], ...]}: one row of float32 logits per position.\n"
+    "With --prefix-from, SOURCE prefills the first N ids, its cache is translated\n"
+    "into --model's cache by FILE (checked against both models), and --model\n"
+    "processes the rest: the rows are positions N..end (1 <= N < number of ids),\n"
+    "and the JSON adds \"first_position\": N.\n";
 
 int Fail(const std::string& message, int code = 1) {
   std::fprintf(stderr, "kvl logits: %s\n", message.c_str());
@@ -47,7 +57,8 @@ int RunLogits(const Args& args) {
     } else {
       return Fail("flag --" + key + " needs a value", 2);
     }
-    if (key != "model" && key != "ids" && key != "dtype" && key != "threads") {
+    if (key != "model" && key != "ids" && key != "dtype" && key != "threads" &&
+        key != "prefix-from" && key != "translator" && key != "prefix-len") {
       return Fail("unknown flag --" + key, 2);
     }
     flags[key] = value;
@@ -73,16 +84,49 @@ int RunLogits(const Args& args) {
     return Fail("--threads must be a positive integer", 2);
   }
 
-  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::CreateFromDir(flags["model"], options);
-  if (!engine.ok()) return Fail(std::string(engine.status().message()));
-  std::unique_ptr<KvCache> cache = (*engine)->NewCache();
-  absl::StatusOr<at::Tensor> logits = (*engine)->Prefill(*cache, ids, /*all_logits=*/true);
+  const int n_translation_flags = static_cast<int>(flags.count("prefix-from")) +
+                                  static_cast<int>(flags.count("translator")) +
+                                  static_cast<int>(flags.count("prefix-len"));
+  if (n_translation_flags != 0 && n_translation_flags != 3) {
+    return Fail("--prefix-from, --translator and --prefix-len go together", 2);
+  }
+  int64_t prefix_len = 0;
+  if (n_translation_flags == 3 &&
+      (!absl::SimpleAtoi(flags["prefix-len"], &prefix_len) || prefix_len < 1 ||
+       prefix_len >= static_cast<int64_t>(ids.size()))) {
+    return Fail("--prefix-len must be an integer in [1, number of ids)", 2);
+  }
+
+  absl::StatusOr<at::Tensor> logits;
+  if (prefix_len == 0) {
+    absl::StatusOr<std::unique_ptr<Engine>> engine =
+        Engine::CreateFromDir(flags["model"], options);
+    if (!engine.ok()) return Fail(std::string(engine.status().message()));
+    std::unique_ptr<KvCache> cache = (*engine)->NewCache();
+    logits = (*engine)->Prefill(*cache, ids, /*all_logits=*/true);
+  } else {
+    // Translators work in float32 (LoadTranslatorModel forces it).
+    absl::StatusOr<TranslatorModel> source = LoadTranslatorModel(flags["prefix-from"], options);
+    if (!source.ok()) return Fail(std::string(source.status().message()));
+    absl::StatusOr<TranslatorModel> target = LoadTranslatorModel(flags["model"], options);
+    if (!target.ok()) return Fail(std::string(target.status().message()));
+    absl::StatusOr<std::unique_ptr<Translator>> translator =
+        Translator::Load(flags["translator"], ExpectationFor(*source, *target));
+    if (!translator.ok()) return Fail(std::string(translator.status().message()));
+    const std::vector<int64_t> prefix(ids.begin(), ids.begin() + prefix_len);
+    const std::vector<int64_t> rest(ids.begin() + prefix_len, ids.end());
+    absl::StatusOr<std::unique_ptr<KvCache>> cache =
+        TranslatedCache(*source->engine, *target->engine, **translator, prefix);
+    if (!cache.ok()) return Fail(std::string(cache.status().message()));
+    logits = target->engine->Prefill(**cache, rest, /*all_logits=*/true);
+  }
   if (!logits.ok()) return Fail(std::string(logits.status().message()));
 
   const at::Tensor rows = logits->contiguous();
   const float* data = rows.data_ptr<float>();
   const int64_t n_vocab = rows.size(1);
   nlohmann::json out = {{"logits", nlohmann::json::array()}};
+  if (prefix_len > 0) out["first_position"] = prefix_len;
   for (int64_t t = 0; t < rows.size(0); ++t) {
     out["logits"].push_back(std::vector<float>(data + t * n_vocab, data + (t + 1) * n_vocab));
   }

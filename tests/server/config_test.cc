@@ -4,6 +4,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <sstream>
+
 #include <string>
 
 #include "tests/testing/temp_dir.h"
@@ -248,10 +251,39 @@ TEST(ConfigTest, LoadConfigFileResolvesPathsAgainstTheFilesDirectory) {
   EXPECT_THAT(missing.message(), HasSubstr("config: cannot read '" + dir.Path("nope.json") + "'"));
 }
 
+// The shipped config names the house models, which are trained separately;
+// its schema is checked against a tree where those paths exist.
 TEST(ConfigTest, TheShippedExampleConfigIsValid) {
-  absl::StatusOr<ServerConfig> c =
-      LoadConfigFile(std::string(KVL_SOURCE_DIR) + "/configs/server.json");
+  std::ifstream in(std::string(KVL_SOURCE_DIR) + "/configs/server.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  testing::TempDir dir("shipped");
+  for (const char* m : {"kvl-small", "kvl-small-b", "kvl-large"}) {
+    dir.WriteFile(std::string("models/") + m + "/config.json", "{}");
+  }
+  for (const char* t : {"kvl-small__kvl-large", "kvl-large__kvl-small", "kvl-small__kvl-small-b",
+                        "kvl-small-b__kvl-small"}) {
+    dir.WriteFile(std::string("models/translators/") + t + ".safetensors", "");
+  }
+  absl::StatusOr<ServerConfig> c = ParseConfig(text.str(), dir.MakeDir("configs"));
   ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->models.size(), 3u);
+  EXPECT_EQ(c->routing.policy, RoutingPolicy::kCascade);
+  EXPECT_EQ(c->routing.rules[1].pattern, "^(Thanks|Thank you)");
+  EXPECT_EQ(c->routing.rules[1].min_turn, 5);
+}
+
+TEST(ConfigTest, RuleTurnBoundsAndPatternsAreValidated) {
+  testing::TempDir dir("rules");
+  const std::string base = R"({"models": [{"name": "m", "path": ")" + MakeModelDir(dir, "m") +
+                           R"("}], "routing": {"default_model": "m", "rules": [)";
+  EXPECT_TRUE(ParseConfig(base + R"({"model": "m", "min_turn": 2, "max_turn": 4, "pattern": "a+b"}]}})", ".").ok());
+  absl::Status bad_turns = ParseConfig(base + R"({"model": "m", "min_turn": 5, "max_turn": 4}]}})", ".").status();
+  EXPECT_EQ(bad_turns.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad_turns.message(), HasSubstr("routing.rules[0].max_turn"));
+  absl::Status bad_regex = ParseConfig(base + R"({"model": "m", "pattern": "(unclosed"}]}})", ".").status();
+  EXPECT_EQ(bad_regex.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad_regex.message(), HasSubstr("routing.rules[0].pattern"));
 }
 
 }  // namespace

@@ -1,0 +1,42 @@
+// Timing helpers shared by the bench/ drivers. Header-only: each driver is one
+// translation unit.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+
+namespace kvl::bench {
+
+// Wall seconds of one call of f.
+inline double Seconds(const std::function<void()>& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The fastest of n calls: on a shared machine the minimum is the least noisy.
+inline double Best(int n, const std::function<void()>& f) {
+  double best = 1e300;
+  for (int i = 0; i < n; ++i) best = std::min(best, Seconds(f));
+  return best;
+}
+
+// The machine's fp32 square-GEMM rate in GFLOP/s right now (2048^3, best of
+// 3 after one warm-up). Drivers re-measure it next to each measurement whose
+// ratio to it they report, because the machine is shared.
+class GemmRate {
+ public:
+  GemmRate() : a_(at::randn({2048, 2048})), b_(at::randn({2048, 2048})) {}
+  double Measure() const {
+    at::mm(a_, b_);
+    return 2.0 * 2048 * 2048 * 2048 / Best(3, [&] { at::mm(a_, b_); }) / 1e9;
+  }
+
+ private:
+  at::Tensor a_, b_;
+};
+
+}  // namespace kvl::bench

@@ -1,0 +1,230 @@
+// translator_bench: time to first token after a model switch, translated
+// versus re-prefilled, for small->large and large->small at several context
+// lengths, and the translation's FLOP rate next to the machine's square-GEMM
+// rate measured in the same run. A plain driver (like model_bench): one run
+// prints one table and writes it to --out.
+//
+// Models: random init with the shapes of models/configs/kvl-small.json and
+// kvl-large.json (max_position_embeddings raised to 16384 for the 8k rung);
+// translator: random maps, relative-depth assignment, band 1, with bias.
+// Timing depends on shapes only, not on trained weights.
+//
+// For a context of T tokens:
+//   (a) translate: taps of the source's [0, T-1) -> Translate -> Accept into a
+//       fresh target line -> target decodes token T-1 (next-token logits);
+//   (b) re-prefill: the target prefills [0, T) into a fresh line;
+//   (c) span: the target line already holds [0, T) natively; the source wrote
+//       [T, T+256): translate [T, T+255) and decode token T+255;
+//   (d) span prefill: the target prefills [T, T+256) onto its line of T.
+// Each is the best of a few runs (the 2-core machine is shared).
+//
+//   translator_bench [--threads 2] [--configs models/configs] [--out FILE]
+//                    [--contexts 64,256,1024,4096,8192] [--repeat K]
+// --repeat multiplies the number of runs each time is the best of (a busy
+// machine needs more to find a quiet moment).
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "model/checkpoint.h"
+#include "model/config.h"
+#include "bench/bench_timing.h"
+#include "model/engine.h"
+#include "translator/translator.h"
+
+namespace {
+
+constexpr int64_t kSpan = 256;
+
+using kvl::bench::Best;
+using kvl::bench::Seconds;
+
+void Check(const absl::Status& s) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "translator_bench: %s\n", std::string(s.message()).c_str());
+    std::exit(1);
+  }
+}
+template <typename T>
+T Check(absl::StatusOr<T> v) {
+  Check(v.status());
+  return *std::move(v);
+}
+
+std::unique_ptr<kvl::Translator> RandomTranslator(const kvl::ModelConfig& s,
+                                                  const kvl::ModelConfig& t) {
+  kvl::TranslatorSpec spec;
+  spec.source = kvl::EndpointOf(s, "bench-source", "bench");
+  spec.target = kvl::EndpointOf(t, "bench-target", "bench");
+  spec.assignment_kind = "relative_depth";
+  spec.assignment = Check(kvl::RelativeDepthAssignment(s.n_layer, t.n_layer, 1));
+  spec.training.method = "random";
+  const int64_t in = s.n_head_kv * s.head_dim, out = t.n_head_kv * t.head_dim;
+  kvl::TranslatorMaps keys, values;
+  for (kvl::TranslatorMaps* m : {&keys, &values}) {
+    for (int64_t il = 0; il < t.n_layer; ++il) {
+      m->weight.push_back(at::randn({out, in}) / std::sqrt(static_cast<double>(in)));
+      m->bias.push_back(at::zeros({out}));
+    }
+  }
+  return Check(kvl::Translator::Create(spec, keys, values));
+}
+
+// FLOPs of translating T tokens: keys and values, 2 * in * out per map and token.
+double TranslateFlops(const kvl::Translator& tr, double t) {
+  double per_token = 0;
+  for (const kvl::TranslatorMaps* m : {&tr.key_maps(), &tr.value_maps()}) {
+    for (const at::Tensor& w : m->weight) per_token += 2.0 * w.size(0) * w.size(1);
+  }
+  return per_token * t;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int n_threads = 2, repeat = 1;
+  std::string out_path, configs = "models/configs";
+  std::vector<int64_t> contexts = {64, 256, 1024, 4096, 8192};
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+      n_threads = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc) {
+      out_path = argv[++i];
+    } else if (std::strcmp(argv[i], "--repeat") == 0 && i + 1 < argc) {
+      repeat = std::max(1, std::atoi(argv[++i]));
+    } else if (std::strcmp(argv[i], "--configs") == 0 && i + 1 < argc) {
+      configs = argv[++i];
+    } else if (std::strcmp(argv[i], "--contexts") == 0 && i + 1 < argc) {
+      contexts.clear();
+      std::stringstream ss(argv[++i]);
+      for (std::string x; std::getline(ss, x, ',');) contexts.push_back(std::atoll(x.c_str()));
+    } else {
+      std::fprintf(stderr,
+                   "usage: translator_bench [--threads N] [--configs DIR] [--out FILE] "
+                   "[--contexts 64,256,...] [--repeat K]\n");
+      return 2;
+    }
+  }
+  std::ostringstream report;
+  auto emit = [&](const std::string& line) {
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+    report << line << "\n";
+  };
+  char buf[512];
+
+  kvl::Checkpoint small, large;
+  small.config = Check(kvl::ModelConfig::FromFile(configs + "/kvl-small.json"));
+  large.config = Check(kvl::ModelConfig::FromFile(configs + "/kvl-large.json"));
+  for (kvl::Checkpoint* c : {&small, &large}) {
+    c->config.max_position_embeddings = 16384;
+    c->weights = kvl::InitWeights(c->config, 1);
+  }
+  kvl::RuntimeOptions options;
+  options.n_threads = n_threads;
+  std::unique_ptr<kvl::Engine> small_engine = Check(kvl::Engine::Create(small, options));
+  std::unique_ptr<kvl::Engine> large_engine = Check(kvl::Engine::Create(large, options));
+  c10::InferenceMode inference;
+  std::snprintf(buf, sizeof buf,
+                "translator_bench: kvl-small (L=%lld H=%lld D=%lld) and kvl-large (L=%lld H=%lld "
+                "D=%lld) shapes, random init, fp32, %d intra-op threads, prefill chunk %lld",
+                (long long)small.config.n_layer, (long long)small.config.n_head_kv,
+                (long long)small.config.head_dim, (long long)large.config.n_layer,
+                (long long)large.config.n_head_kv, (long long)large.config.head_dim, n_threads,
+                (long long)options.prefill_chunk);
+  emit(buf);
+
+  const kvl::bench::GemmRate gemm;
+  auto gemm_rate = [&] { return gemm.Measure(); };
+
+  const int64_t max_t = *std::max_element(contexts.begin(), contexts.end());
+  std::vector<int64_t> ids(static_cast<size_t>(max_t + kSpan));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = static_cast<int64_t>((i * 7919 + 13) % small.config.vocab_size);
+  }
+  auto slice = [&](int64_t a, int64_t b) {
+    return std::vector<int64_t>(ids.begin() + a, ids.begin() + b);
+  };
+
+  struct Direction {
+    const char* name;
+    kvl::Engine* source;
+    kvl::Engine* target;
+  };
+  for (const Direction& dir : {Direction{"small->large", small_engine.get(), large_engine.get()},
+                               Direction{"large->small", large_engine.get(), small_engine.get()}}) {
+    const std::unique_ptr<kvl::Translator> tr =
+        RandomTranslator(dir.source->config(), dir.target->config());
+    emit("");
+    std::snprintf(buf, sizeof buf, "%s: TTFT after a switch (ms, best of runs)", dir.name);
+    emit(buf);
+    emit("| context T | (a) translate T + decode | (b) re-prefill T | (b)/(a) | (c) translate 256 "
+         "new + decode | (d) prefill 256 new | (d)/(c) | translate-only ms | translate GFLOP/s | "
+         "GEMM GFLOP/s | % of GEMM |");
+    emit("|---|---|---|---|---|---|---|---|---|---|---|");
+    for (int64_t t : contexts) {
+      const int runs = (t >= 4096 ? 2 : 3) * repeat;
+      std::unique_ptr<kvl::KvCache> source_cache = dir.source->NewCache();
+      Check(dir.source->Prefill(*source_cache, slice(0, t + kSpan)).status());
+
+      const double a = Best(runs, [&] {
+        kvl::KvTaps taps = Check(source_cache->Taps(0, t - 1));
+        kvl::KvTaps out = Check(tr->Translate(taps));
+        std::unique_ptr<kvl::KvCache> cache = dir.target->NewCache();
+        Check(cache->Accept(out.keys, out.values));
+        Check(dir.target->Decode(*cache, ids[t - 1]).status());
+      });
+      const double b = Best(runs, [&] {
+        std::unique_ptr<kvl::KvCache> cache = dir.target->NewCache();
+        Check(dir.target->Prefill(*cache, slice(0, t)).status());
+      });
+      std::unique_ptr<kvl::KvCache> line = dir.target->NewCache();
+      Check(dir.target->Prefill(*line, slice(0, t)).status());
+      Check(line->Reserve(t + kSpan));
+      const double c = Best(3 * repeat, [&] {
+        kvl::KvTaps taps = Check(source_cache->Taps(t, t + kSpan - 1));
+        kvl::KvTaps out = Check(tr->Translate(taps));
+        Check(line->Accept(out.keys, out.values));
+        Check(dir.target->Decode(*line, ids[t + kSpan - 1]).status());
+        Check(line->Rollback(t));
+      });
+      const double d = Best(3 * repeat, [&] {
+        Check(dir.target->Prefill(*line, slice(t, t + kSpan)).status());
+        Check(line->Rollback(t));
+      });
+      const kvl::KvTaps taps = Check(source_cache->Taps(0, t));
+      const double tr_s = Best(runs + 2, [&] { (void)Check(tr->Translate(taps)); });
+      const double gemm = gemm_rate();
+      const double tr_gflops = TranslateFlops(*tr, static_cast<double>(t)) / tr_s / 1e9;
+      std::snprintf(buf, sizeof buf,
+                    "| %lld | %.2f | %.2f | %.1fx | %.2f | %.2f | %.1fx | %.2f | %.1f | %.1f | %.1f%% |",
+                    (long long)t, 1e3 * a, 1e3 * b, b / a, 1e3 * c, 1e3 * d, d / c, 1e3 * tr_s,
+                    tr_gflops, gemm, 100.0 * tr_gflops / gemm);
+      emit(buf);
+    }
+  }
+  emit("");
+  emit("(a) = Taps (inverting k-norm and RoPE) + Translate + Accept (target k-norm and RoPE) + one "
+       "decode step; translate FLOPs = 2 * T * sum over key and value maps of in*out; GEMM = "
+       "square 2048 fp32 torch::mm, measured right after each row.");
+  if (!out_path.empty()) {
+    std::ofstream f(out_path);
+    f << report.str();
+    if (!f) {
+      std::fprintf(stderr, "translator_bench: cannot write %s\n", out_path.c_str());
+      return 1;
+    }
+  }
+  return 0;
+}

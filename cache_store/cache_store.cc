@@ -1,0 +1,260 @@
+#include "cache_store/cache_store.h"
+
+#include <utility>
+
+#include <c10/util/Exception.h>
+#include "absl/strings/str_cat.h"
+
+namespace kvl {
+
+void AppendLedgerSpan(std::vector<LedgerSpan>* ledger, int64_t begin, int64_t end, int model) {
+  if (end <= begin) return;
+  TORCH_CHECK(ledger->empty() ? begin == 0 : ledger->back().end == begin, "ledger span [", begin,
+              ", ", end, ") does not continue the ledger");
+  if (!ledger->empty() && ledger->back().model == model) {
+    ledger->back().end = end;
+  } else {
+    ledger->push_back({begin, end, model});
+  }
+}
+
+// Lines and state of one session. `lines`, `state` are touched by the lease
+// holder while `busy`; the accounting fields only under the store's mutex.
+struct TurnLease::Entry {
+  explicit Entry(int n_models)
+      : lines(n_models), evicted(n_models, false), line_bytes(n_models, 0),
+        line_tokens(n_models, 0), last_use(n_models, 0), served(n_models, false) {}
+
+  ConversationState state;
+  std::vector<std::unique_ptr<KvCache>> lines;
+  std::vector<bool> evicted;
+  // Accounting as of the last release (what View reports while busy).
+  std::vector<int64_t> line_bytes, line_tokens;
+  std::vector<uint64_t> last_use;
+  std::vector<bool> served;  // has ever had a line
+  bool busy = false;
+  bool removed = false;
+};
+
+TurnLease::TurnLease(CacheStore* store, std::string id, std::shared_ptr<Entry> entry)
+    : store_(store), id_(std::move(id)), entry_(std::move(entry)) {
+  const int n = store_->n_models();
+  begin_lengths_.assign(n, -1);
+  replaced_.resize(n);
+  was_replaced_.assign(n, false);
+  for (int m = 0; m < n; ++m) {
+    if (entry_->lines[m] != nullptr) begin_lengths_[m] = entry_->lines[m]->Length();
+  }
+}
+
+TurnLease::~TurnLease() {
+  if (!committed_) {
+    for (int m = 0; m < store_->n_models(); ++m) {
+      if (was_replaced_[m]) entry_->lines[m] = std::move(replaced_[m]);
+      if (entry_->lines[m] == nullptr) continue;
+      if (begin_lengths_[m] < 0) {
+        entry_->lines[m].reset();  // created by this turn
+      } else if (entry_->lines[m]->Length() > begin_lengths_[m]) {
+        TORCH_CHECK(entry_->lines[m]->Rollback(begin_lengths_[m]).ok());
+      }
+    }
+  }
+  store_->Release(this);
+}
+
+const ConversationState& TurnLease::state() const { return entry_->state; }
+
+KvCache* TurnLease::line(int model) {
+  TORCH_CHECK(model >= 0 && model < store_->n_models());
+  return entry_->lines[model].get();
+}
+
+bool TurnLease::evicted(int model) const {
+  TORCH_CHECK(model >= 0 && model < store_->n_models());
+  return entry_->evicted[model] && entry_->lines[model] == nullptr;
+}
+
+void TurnLease::ReplaceLine(int model, std::unique_ptr<KvCache> line) {
+  TORCH_CHECK(model >= 0 && model < store_->n_models());
+  if (!was_replaced_[model]) {
+    replaced_[model] = std::move(entry_->lines[model]);
+    was_replaced_[model] = true;
+  }
+  entry_->lines[model] = std::move(line);
+}
+
+absl::Status TurnLease::Reserve(int64_t bytes) {
+  if (bytes <= 0) return absl::OkStatus();
+  absl::MutexLock lock(&store_->mu_);
+  const int64_t budget = store_->budget_bytes();
+  while (store_->total_bytes_ + store_->reserved_bytes_ + bytes > budget) {
+    if (!store_->EvictOne(entry_.get())) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "KV cache memory budget exhausted: this turn needs ", bytes, " more bytes; ",
+          store_->total_bytes_ + store_->reserved_bytes_, " of ", budget,
+          " bytes are held by sessions in use (sessions.memory_budget_bytes) and nothing idle "
+          "is left to evict"));
+    }
+  }
+  store_->reserved_bytes_ += bytes;
+  reserved_ += bytes;
+  return absl::OkStatus();
+}
+
+void TurnLease::Commit(ConversationState next) {
+  TORCH_CHECK(!committed_);
+  entry_->state = std::move(next);
+  for (auto& line : replaced_) line.reset();  // superseded lines are freed
+  committed_ = true;
+}
+
+CacheStore::CacheStore(const CacheStoreOptions& options)
+    : options_(options), bytes_per_model_(options.n_models, 0) {
+  TORCH_CHECK(options.n_models >= 0);
+}
+
+CacheStore::~CacheStore() = default;
+
+absl::Status CacheStore::Create(const std::string& session_id, std::vector<int64_t> preamble) {
+  auto entry = std::make_shared<Entry>(options_.n_models);
+  entry->state.preamble = std::move(preamble);
+  absl::MutexLock lock(&mu_);
+  if (!sessions_.emplace(session_id, std::move(entry)).second) {
+    return absl::AlreadyExistsError(absl::StrCat("session '", session_id, "' already exists"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CacheStore::Remove(const std::string& session_id) {
+  std::shared_ptr<Entry> entry;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end()) {
+      return absl::NotFoundError(absl::StrCat("session '", session_id, "' not found"));
+    }
+    entry = it->second;
+    sessions_.erase(it);
+    for (int m = 0; m < options_.n_models; ++m) SetLineBytes(*entry, m, 0);
+    entry->removed = true;
+    if (entry->busy) return absl::OkStatus();  // the lease frees the lines
+  }
+  // Not busy and no longer reachable: the lines go with the last reference.
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SessionView> CacheStore::View(const std::string& session_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat("session '", session_id, "' not found"));
+  }
+  const Entry& e = *it->second;
+  SessionView view;
+  view.in_turn = e.busy;
+  view.state = e.state;
+  for (int m = 0; m < options_.n_models; ++m) {
+    if (!e.served[m]) continue;
+    view.lines.push_back(
+        {m, e.line_tokens[m], e.line_bytes[m], static_cast<bool>(e.evicted[m])});
+  }
+  return view;
+}
+
+absl::StatusOr<std::unique_ptr<TurnLease>> CacheStore::Begin(const std::string& session_id) {
+  std::shared_ptr<Entry> entry;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end()) {
+      return absl::NotFoundError(absl::StrCat("session '", session_id, "' not found"));
+    }
+    if (it->second->busy) {
+      return absl::AbortedError(absl::StrCat(
+          "session '", session_id, "' is already running a turn; retry when it has finished"));
+    }
+    entry = it->second;
+    entry->busy = true;
+  }
+  return std::unique_ptr<TurnLease>(new TurnLease(this, session_id, std::move(entry)));
+}
+
+void CacheStore::SetLineBytes(Entry& e, int model, int64_t bytes) {
+  const int64_t delta = bytes - e.line_bytes[model];
+  e.line_bytes[model] = bytes;
+  bytes_per_model_[model] += delta;
+  total_bytes_ += delta;
+}
+
+void CacheStore::Release(TurnLease* lease) {
+  Entry& e = *lease->entry_;
+  // Measured by the lease holder's thread, which still owns the lines.
+  std::vector<int64_t> bytes(options_.n_models, 0), tokens(options_.n_models, 0);
+  for (int m = 0; m < options_.n_models; ++m) {
+    if (e.lines[m] == nullptr) continue;
+    bytes[m] = e.lines[m]->Bytes();
+    tokens[m] = e.lines[m]->Length();
+  }
+  absl::MutexLock lock(&mu_);
+  reserved_bytes_ -= lease->reserved_;
+  const uint64_t now = ++tick_;
+  for (int m = 0; m < options_.n_models; ++m) {
+    if (!e.removed) SetLineBytes(e, m, bytes[m]);
+    e.line_tokens[m] = tokens[m];
+    if (e.lines[m] != nullptr) {
+      e.served[m] = true;
+      e.evicted[m] = false;
+      e.last_use[m] = now;
+    }
+  }
+  e.busy = false;
+  if (e.removed) {
+    for (auto& line : e.lines) line.reset();
+  }
+  while (total_bytes_ > options_.memory_budget_bytes && EvictOne(nullptr)) {
+  }
+}
+
+bool CacheStore::EvictOne(const Entry* except) {
+  Entry* victim = nullptr;
+  int victim_model = -1;
+  uint64_t oldest = UINT64_MAX;
+  for (auto& [id, entry] : sessions_) {
+    if (entry.get() == except || entry->busy) continue;
+    for (int m = 0; m < options_.n_models; ++m) {
+      if (entry->lines[m] != nullptr && entry->last_use[m] < oldest) {
+        oldest = entry->last_use[m];
+        victim = entry.get();
+        victim_model = m;
+      }
+    }
+  }
+  if (victim == nullptr) return false;
+  victim->lines[victim_model].reset();
+  victim->evicted[victim_model] = true;
+  victim->line_tokens[victim_model] = 0;
+  SetLineBytes(*victim, victim_model, 0);
+  ++evictions_;
+  return true;
+}
+
+CacheStoreStats CacheStore::Stats() const {
+  absl::MutexLock lock(&mu_);
+  CacheStoreStats s;
+  s.budget_bytes = options_.memory_budget_bytes;
+  s.total_bytes = total_bytes_;
+  s.bytes_per_model = bytes_per_model_;
+  s.sessions = static_cast<int64_t>(sessions_.size());
+  for (const auto& [id, e] : sessions_) {
+    for (int m = 0; m < options_.n_models; ++m) {
+      if (e->evicted[m]) {
+        ++s.sessions_with_evicted_lines;
+        break;
+      }
+    }
+  }
+  s.lines_evicted_total = evictions_;
+  return s;
+}
+
+}  // namespace kvl

@@ -1,0 +1,182 @@
+// Per-session conversation state and KV cache lines, with a memory budget.
+//
+// A session is one token stream (the rendered conversation), a span ledger
+// saying which model wrote each span natively, and at most one cache line per
+// model, each holding a prefix of the stream. Lines are evicted least recently
+// used first when the byte budget is exceeded; the history and ledger never are,
+// so an evicted line is rebuilt by prefill.
+//
+// Models are identified by their index in the server's model list
+// (0 <= model < n_models); names live in router/ and server/.
+//
+// Legend: T=tokens.
+//
+// Thread-safety: CacheStore is thread-safe. A TurnLease gives one thread
+// exclusive use of one session (its lines and state) until it is destroyed;
+// the store never touches the lines of a leased session (no eviction, no
+// reading), so the holder drives them without locks.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "model/kv_cache.h"
+
+namespace kvl {
+
+// Tokens [begin, end) of the history, written natively by `model` (-1: not yet
+// written by any model).
+struct LedgerSpan {
+  int64_t begin = 0, end = 0;
+  int model = -1;
+  bool operator==(const LedgerSpan& o) const {
+    return begin == o.begin && end == o.end && model == o.model;
+  }
+};
+
+// Appends [begin, end) written by `model` to a ledger that ends at `begin`,
+// merging with the last span when it has the same writer. Empty ranges are
+// ignored.
+void AppendLedgerSpan(std::vector<LedgerSpan>* ledger, int64_t begin, int64_t end, int model);
+
+// The committed state of one conversation: what a turn reads and replaces.
+struct ConversationState {
+  std::vector<int64_t> history;    // [T] token ids of the whole conversation so far
+  std::vector<LedgerSpan> ledger;  // covers [0, history.size()) in order
+  // Tokens rendered before the first user turn (the system prompt); the first
+  // turn prefills them with its own tokens, so they are not yet in `history`.
+  std::vector<int64_t> preamble;
+  int64_t turns = 0;
+  int last_model = -1;  // the model that answered the last turn; -1 before any
+  // The last model's line held [0, tail_begin) right after its turn; the tokens
+  // [tail_begin, history.size()) (its last sampled token and the turn's closing
+  // template) it wrote but has not run yet.
+  int64_t tail_begin = 0;
+  int cascade_level = 0;  // index into the cascade's model list; never decreases
+};
+
+struct CacheLineInfo {
+  int model = -1;
+  int64_t tokens = 0;  // the prefix of the history the line holds
+  int64_t bytes = 0;   // KvCache::Bytes(), as counted against the budget
+  bool evicted = false;
+};
+
+struct SessionView {
+  ConversationState state;
+  std::vector<CacheLineInfo> lines;  // models that served the session, by index
+  bool in_turn = false;
+};
+
+struct CacheStoreStats {
+  int64_t budget_bytes = 0;
+  int64_t total_bytes = 0;
+  std::vector<int64_t> bytes_per_model;
+  int64_t sessions = 0;
+  int64_t sessions_with_evicted_lines = 0;
+  int64_t lines_evicted_total = 0;  // since the store was created
+};
+
+struct CacheStoreOptions {
+  int n_models = 0;
+  int64_t memory_budget_bytes = int64_t{4} << 30;
+};
+
+class CacheStore;
+
+// Exclusive use of one session for one turn. The lines may be grown, rolled
+// back or replaced; Commit makes the new state final. Destroying an uncommitted
+// lease restores the session exactly: lines rolled back to their lengths at
+// Begin, replaced lines put back, lines created by the turn dropped.
+class TurnLease {
+ public:
+  TurnLease(const TurnLease&) = delete;
+  TurnLease& operator=(const TurnLease&) = delete;
+  ~TurnLease();
+
+  const std::string& session_id() const { return id_; }
+  const ConversationState& state() const;
+  // The line of `model`, or null when the session has none (never served, or
+  // evicted). Marks the line used (for LRU).
+  KvCache* line(int model);
+  bool evicted(int model) const;
+  // Installs `line` as the model's line for this turn (a fresh line to
+  // re-prefill into, or the first line of a model). The previous line, if any,
+  // is freed at Commit or put back on abandonment.
+  void ReplaceLine(int model, std::unique_ptr<KvCache> line);
+  // Admits `bytes` more cache memory for this turn, evicting idle lines of
+  // other sessions, least recently used first. ResourceExhausted when even
+  // evicting every idle line would not make room.
+  absl::Status Reserve(int64_t bytes);
+  // Makes `next` the session's state and keeps the lines as they are.
+  void Commit(ConversationState next);
+
+ private:
+  friend class CacheStore;
+  struct Entry;
+  TurnLease(CacheStore* store, std::string id, std::shared_ptr<Entry> entry);
+
+  CacheStore* store_;
+  std::string id_;
+  std::shared_ptr<Entry> entry_;
+  std::vector<int64_t> begin_lengths_;               // per model; -1: no line at Begin
+  std::vector<std::unique_ptr<KvCache>> replaced_;  // per model: the line before ReplaceLine
+  std::vector<bool> was_replaced_;
+  int64_t reserved_ = 0;
+  bool committed_ = false;
+};
+
+class CacheStore {
+ public:
+  explicit CacheStore(const CacheStoreOptions& options);
+  ~CacheStore();
+  CacheStore(const CacheStore&) = delete;
+  CacheStore& operator=(const CacheStore&) = delete;
+
+  int n_models() const { return options_.n_models; }
+  int64_t budget_bytes() const { return options_.memory_budget_bytes; }
+
+  // AlreadyExists when the id is taken.
+  absl::Status Create(const std::string& session_id, std::vector<int64_t> preamble);
+  // Frees the session's lines. NotFound for an unknown id. A turn in progress
+  // finishes on its own copy and its result is dropped.
+  absl::Status Remove(const std::string& session_id);
+  // NotFound for an unknown id. A session in a turn reports its state and
+  // lines as they were committed last.
+  absl::StatusOr<SessionView> View(const std::string& session_id) const;
+  // NotFound for an unknown id; Aborted when another turn holds the session.
+  absl::StatusOr<std::unique_ptr<TurnLease>> Begin(const std::string& session_id);
+
+  CacheStoreStats Stats() const;
+
+ private:
+  friend class TurnLease;
+  using Entry = TurnLease::Entry;
+
+  // Called by a lease as it ends: re-measures the session's lines, releases
+  // the reservation and evicts idle lines while over budget.
+  void Release(TurnLease* lease);
+  // Evicts the least recently used line of an idle session other than
+  // `except`; false when there is none.
+  bool EvictOne(const Entry* except) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetLineBytes(Entry& e, int model, int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  CacheStoreOptions options_;
+  mutable absl::Mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<Entry>> sessions_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> bytes_per_model_ ABSL_GUARDED_BY(mu_);
+  int64_t total_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t tick_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace kvl

@@ -1,0 +1,125 @@
+#include "router/policy.h"
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace kvl::router {
+
+const char* PolicyName(Policy policy) {
+  switch (policy) {
+    case Policy::kFixed:
+      return "fixed";
+    case Policy::kExplicit:
+      return "explicit";
+    case Policy::kRules:
+      return "rules";
+    case Policy::kCascade:
+      return "cascade";
+    case Policy::kAlternate:
+      return "alternate";
+  }
+  return "?";
+}
+
+const char* StrategyName(Strategy strategy) {
+  switch (strategy) {
+    case Strategy::kTranslate:
+      return "translate";
+    case Strategy::kReprefill:
+      return "reprefill";
+    case Strategy::kReprefillMissing:
+      return "reprefill-missing";
+  }
+  return "?";
+}
+
+const char* CachePathName(CachePath path) {
+  switch (path) {
+    case CachePath::kNative:
+      return "native";
+    case CachePath::kTranslated:
+      return "translated";
+    case CachePath::kReprefill:
+      return "reprefill";
+  }
+  return "?";
+}
+
+absl::Status CompileRule(Rule* rule) {
+  if (rule->pattern.empty()) return absl::OkStatus();
+  try {
+    rule->compiled = std::regex(rule->pattern, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pattern '", rule->pattern, "' is not a valid regular expression: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Why the rule matched, or "" when it does not.
+std::string Matches(const Rule& r, absl::string_view turn, int64_t turn_number) {
+  const int64_t n = static_cast<int64_t>(turn.size());
+  if (n < r.min_bytes || (r.max_bytes > 0 && n > r.max_bytes)) return "";
+  if (turn_number < r.min_turn || (r.max_turn > 0 && turn_number > r.max_turn)) return "";
+  std::string why = absl::StrCat(n, " bytes, turn ", turn_number);
+  if (!r.contains.empty()) {
+    auto hit = std::find_if(r.contains.begin(), r.contains.end(),
+                            [&](const std::string& s) { return absl::StrContains(turn, s); });
+    if (hit == r.contains.end()) return "";
+    absl::StrAppend(&why, ", contains '", *hit, "'");
+  }
+  if (!r.pattern.empty()) {
+    if (!std::regex_search(turn.begin(), turn.end(), r.compiled)) return "";
+    absl::StrAppend(&why, ", matches /", r.pattern, "/");
+  }
+  return why;
+}
+
+}  // namespace
+
+RouteChoice ChooseModel(const RoutingConfig& config, Policy policy, absl::string_view user_turn,
+                        int64_t turn_number, int explicit_model, int cascade_level,
+                        const std::vector<std::string>& model_names) {
+  const std::string& fallback = model_names[config.default_model];
+  switch (policy) {
+    case Policy::kFixed:
+      return {config.default_model, absl::StrCat("fixed policy: always ", fallback)};
+    case Policy::kExplicit:
+      return {explicit_model, absl::StrCat("the client asked for ", model_names[explicit_model])};
+    case Policy::kRules:
+      for (size_t i = 0; i < config.rules.size(); ++i) {
+        const std::string why = Matches(config.rules[i], user_turn, turn_number);
+        if (!why.empty()) {
+          return {config.rules[i].model, absl::StrCat("rule ", i, " matched (", why, ")")};
+        }
+      }
+      return {config.default_model,
+              absl::StrCat("no rule matched (", user_turn.size(), " bytes, turn ", turn_number,
+                           "); default model ", fallback)};
+    case Policy::kAlternate: {
+      if (config.order.empty()) {
+        return {config.default_model, "alternate: no model list; default model"};
+      }
+      const int64_t k = (turn_number - 1) % static_cast<int64_t>(config.order.size());
+      return {config.order[k], absl::StrCat("alternate: turn ", turn_number, " goes to model ",
+                                            k + 1, " of ", config.order.size())};
+    }
+    case Policy::kCascade: {
+      if (config.order.empty()) {
+        return {config.default_model, "cascade: no model list; default model"};
+      }
+      const int level = std::min<int>(cascade_level, static_cast<int>(config.order.size()) - 1);
+      return {config.order[level],
+              level == 0 ? std::string("cascade: starts with the cheapest model")
+                         : absl::StrCat("cascade: the session escalated to level ", level + 1,
+                                        " earlier and stays there")};
+    }
+  }
+  return {config.default_model, "default model"};
+}
+
+}  // namespace kvl::router

@@ -1,0 +1,67 @@
+// Routing policies: which model answers a turn. Pure functions over the
+// session's state and the turn; the cascade's confidence test runs in the
+// orchestrator (router.h), which needs a model for it.
+//
+// Thread-safe: free functions; RoutingConfig is immutable once built.
+#pragma once
+
+#include <cstdint>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace kvl::router {
+
+enum class Policy { kFixed, kExplicit, kRules, kCascade, kAlternate };
+// How a model that lacks part of the history gets it (see planner.h).
+enum class Strategy { kTranslate, kReprefill, kReprefillMissing };
+// Which path produced the answering model's cache of the history.
+enum class CachePath { kNative, kTranslated, kReprefill };
+inline constexpr int kNumCachePaths = 3;
+inline constexpr int kNumStrategies = 3;
+
+const char* PolicyName(Policy policy);
+const char* StrategyName(Strategy strategy);  // "translate", "reprefill", "reprefill-missing"
+const char* CachePathName(CachePath path);    // "native", "translated", "reprefill"
+
+// One rule of the "rules" policy; every condition set must hold.
+struct Rule {
+  int model = 0;
+  std::vector<std::string> contains;  // any of them is a substring of the turn
+  int64_t min_bytes = 0, max_bytes = 0;  // max_bytes 0: unbounded
+  int64_t min_turn = 0, max_turn = 0;    // 1-based turn number; max_turn 0: unbounded
+  std::string pattern;                   // ECMAScript regex searched in the turn; empty: none
+  std::regex compiled;                   // of pattern
+};
+
+// Builds a Rule's regex; InvalidArgument naming the pattern when it is bad.
+absl::Status CompileRule(Rule* rule);
+
+struct RoutingConfig {
+  Policy policy = Policy::kFixed;
+  int default_model = 0;
+  Strategy strategy = Strategy::kTranslate;
+  std::vector<int> order;  // "alternate" round robin and "cascade" (cheapest first)
+  std::vector<Rule> rules;
+  // "cascade": the current model hands the turn to the next one in `order` when
+  // the mean log-probability it assigns to the turn's tokens is below this.
+  double cascade_min_mean_logprob = -1.0;
+};
+
+struct RouteChoice {
+  int model = 0;
+  std::string reason;
+};
+
+// The model of a turn under every policy but cascade (whose first model is
+// order[cascade_level]; the orchestrator escalates from there).
+// `turn_number` is 1-based; `explicit_model` is the request's model (>= 0) or
+// -1. `model_names` are used in the reasons.
+RouteChoice ChooseModel(const RoutingConfig& config, Policy policy, absl::string_view user_turn,
+                        int64_t turn_number, int explicit_model, int cascade_level,
+                        const std::vector<std::string>& model_names);
+
+}  // namespace kvl::router

@@ -1,0 +1,415 @@
+#include "router/router.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "model/chat_template.h"
+
+namespace kvl::router {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+std::vector<int64_t> Encode(const Tokenizer& tokenizer, const std::string& text) {
+  std::vector<int64_t> ids;
+  for (int32_t id : tokenizer.Encode(text, /*parse_special=*/true)) ids.push_back(id);
+  return ids;
+}
+
+}  // namespace
+
+struct Router::Work {
+  TurnLease* lease = nullptr;
+  const TurnOptions* options = nullptr;
+  std::vector<int64_t> history;     // committed history + this turn's tokens so far
+  std::vector<LedgerSpan> ledger;   // covers history
+  TurnResult result;
+  bool started = false;  // an engine mutex was taken (queue time measured)
+
+  bool Cancelled() const { return options->cancelled && options->cancelled(); }
+};
+
+absl::StatusOr<std::unique_ptr<Router>> Router::Create(std::vector<LoadedModel> models,
+                                                       std::vector<LoadedTranslator> translators,
+                                                       std::unique_ptr<Tokenizer> tokenizer,
+                                                       RoutingConfig routing, CacheStore* store,
+                                                       TurnObserver* observer) {
+  if (models.empty()) return absl::InvalidArgumentError("the router needs at least one model");
+  if (tokenizer == nullptr) return absl::InvalidArgumentError("the router needs a tokenizer");
+  if (store == nullptr || store->n_models() != static_cast<int>(models.size())) {
+    return absl::InvalidArgumentError("the cache store must be sized for the models");
+  }
+  std::unique_ptr<Router> r(new Router());
+  const int n = static_cast<int>(models.size());
+  for (LoadedModel& m : models) {
+    if (m.engine == nullptr) return absl::InvalidArgumentError(m.name + ": no engine");
+    if (m.engine->config().vocab_size < tokenizer->vocab_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          m.name, ": vocab_size ", m.engine->config().vocab_size, " is smaller than the shared ",
+          "tokenizer's ", tokenizer->vocab_size(), " ids"));
+    }
+    auto slot = std::make_unique<Slot>();
+    slot->bytes_per_token = m.engine->NewCache()->BytesPerToken();
+    r->names_.push_back(m.name);
+    slot->loaded = std::move(m);
+    r->models_.push_back(std::move(slot));
+  }
+  r->by_pair_.assign(n, std::vector<const Translator*>(n, nullptr));
+  for (LoadedTranslator& t : translators) {
+    if (t.source < 0 || t.source >= n || t.target < 0 || t.target >= n || t.source == t.target ||
+        t.translator == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("translator ", t.name, ": bad models"));
+    }
+    r->by_pair_[t.source][t.target] = t.translator.get();
+  }
+  r->translators_ = std::move(translators);
+  if (std::optional<int32_t> im_end = tokenizer->AddedTokenId("<|im_end|>")) {
+    r->stop_ids_.push_back(*im_end);
+  }
+  for (const auto& slot : r->models_) {
+    for (int64_t id : slot->loaded.engine->generation_defaults().eos_token_ids) {
+      r->stop_ids_.push_back(id);
+    }
+    for (int64_t id : slot->loaded.engine->config().eos_token_ids) r->stop_ids_.push_back(id);
+  }
+  std::sort(r->stop_ids_.begin(), r->stop_ids_.end());
+  r->stop_ids_.erase(std::unique(r->stop_ids_.begin(), r->stop_ids_.end()), r->stop_ids_.end());
+  r->tokenizer_ = std::move(tokenizer);
+  r->routing_ = std::move(routing);
+  r->store_ = store;
+  r->observer_ = observer != nullptr ? observer : &r->null_observer_;
+  return r;
+}
+
+Router::~Router() = default;
+
+int Router::ModelIndex(std::string_view name) const {
+  for (size_t i = 0; i < names_.size(); ++i) {
+    if (names_[i] == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+const Translator* Router::FindTranslator(int source, int target) const {
+  return by_pair_[source][target];
+}
+
+std::vector<int64_t> Router::RenderPreamble(const std::string& system_prompt) const {
+  if (system_prompt.empty()) return {};
+  absl::StatusOr<std::string> text = RenderChat({ChatMessage{"system", system_prompt}},
+                                                ChatTemplateOptions{false, true});
+  return text.ok() ? Encode(*tokenizer_, *text) : std::vector<int64_t>{};
+}
+
+absl::Status Router::Handover(Work& work, int model, Strategy strategy, int64_t upto,
+                              int64_t extra_tokens, HandoverPlan* plan_out) {
+  TurnLease& lease = *work.lease;
+  Engine& engine = *models_[model]->loaded.engine;
+  const ConversationState& committed = lease.state();
+
+  PlannerInput in;
+  in.target = model;
+  in.strategy = strategy;
+  in.n_history = upto;
+  in.ledger = &work.ledger;
+  in.line_spans.resize(models_.size());
+  for (int m = 0; m < n_models(); ++m) {
+    if (const KvCache* line = lease.line(m)) in.line_spans[m] = line->Spans();
+  }
+  // Within a turn, the answering model of the last turn keeps its unrun tail.
+  in.last_model = committed.last_model;
+  in.tail_begin = committed.tail_begin;
+  in.tail_end = static_cast<int64_t>(committed.history.size());
+  in.has_translator = [this](int s, int t) { return by_pair_[s][t] != nullptr; };
+  in.model_names = names_;
+  HandoverPlan plan = PlanHandover(in);
+
+  KvCache* line = lease.line(model);
+  const int64_t held_bytes = (line != nullptr && !plan.fresh_line) ? line->Bytes() : 0;
+  const int64_t need = (upto + extra_tokens) * models_[model]->bytes_per_token - held_bytes;
+  if (absl::Status s = lease.Reserve(need); !s.ok()) return s;
+  if (line == nullptr || plan.fresh_line) {
+    lease.ReplaceLine(model, engine.NewCache());
+    line = lease.line(model);
+  }
+  TORCH_CHECK(line->Length() == plan.keep, "line of ", names_[model], " holds ", line->Length(),
+              " tokens, plan keeps ", plan.keep);
+
+  RoutingEvent& ev = work.result.routing;
+  for (const PlanStep& step : plan.steps) {
+    if (work.Cancelled()) return absl::CancelledError("the client cancelled the turn");
+    const Clock::time_point t0 = Clock::now();
+    if (step.kind == PlanStep::kTranslate) {
+      absl::StatusOr<KvTaps> taps = lease.line(step.source)->Taps(step.begin, step.end);
+      if (!taps.ok()) return taps.status();
+      absl::StatusOr<KvTaps> moved = by_pair_[step.source][model]->Translate(*taps);
+      if (!moved.ok()) return moved.status();
+      if (absl::Status s = line->Accept(moved->keys, moved->values); !s.ok()) return s;
+      const double dt = Seconds(t0, Clock::now());
+      ev.translation_seconds += dt;
+      work.result.switch_seconds += dt;
+      observer_->OnTranslation(step.source, model, dt, step.end - step.begin);
+      continue;
+    }
+    const std::vector<int64_t> ids(work.history.begin() + step.begin,
+                                   work.history.begin() + step.end);
+    absl::StatusOr<at::Tensor> logits = engine.Prefill(*line, ids);
+    if (!logits.ok()) return logits.status();
+    observer_->OnPrefillTokens(model, step.end - step.begin);
+    work.result.prefill_tokens += step.end - step.begin;
+    (step.kind == PlanStep::kNativePrefill ? work.result.prefill_seconds
+                                           : work.result.switch_seconds) +=
+        Seconds(t0, Clock::now());
+  }
+  ev.spans_translated += plan.spans_translated;
+  ev.tokens_translated += plan.tokens_translated;
+  ev.tokens_reprefilled += plan.tokens_reprefilled;
+  TORCH_CHECK(line->Length() == upto);
+  *plan_out = std::move(plan);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TurnResult> Router::RunTurn(const std::string& session_id,
+                                           const TurnOptions& options,
+                                           const TurnCallbacks& callbacks) {
+  absl::StatusOr<std::unique_ptr<TurnLease>> lease = store_->Begin(session_id);
+  if (!lease.ok()) return lease.status();
+  const ConversationState& committed = (*lease)->state();
+
+  Work work;
+  work.lease = lease->get();
+  work.options = &options;
+  work.history = committed.history;
+  work.ledger = committed.ledger;
+  RoutingEvent& ev = work.result.routing;
+
+  const Policy policy = options.policy.value_or(routing_.policy);
+  const Strategy strategy = options.strategy.value_or(routing_.strategy);
+  if (policy == Policy::kExplicit &&
+      (options.explicit_model < 0 || options.explicit_model >= n_models())) {
+    return absl::InvalidArgumentError("routing.model: required by the 'explicit' policy");
+  }
+  const int64_t turn_number = committed.turns + 1;
+  RouteChoice choice = ChooseModel(routing_, policy, options.user_message, turn_number,
+                                   options.explicit_model, committed.cascade_level, names_);
+  ev.policy = policy;
+  ev.previous_model = committed.last_model;
+  ev.strategy = strategy;
+  std::string reason = choice.reason;
+
+  // This turn's new tokens; the first turn carries the system preamble.
+  std::vector<int64_t> fresh = work.history.empty() ? committed.preamble : std::vector<int64_t>{};
+  {
+    const std::vector<int64_t> turn = Encode(*tokenizer_, RenderUserTurn(options.user_message));
+    fresh.insert(fresh.end(), turn.begin(), turn.end());
+  }
+  size_t consumed = 0;  // tokens of `fresh` already in work.history
+
+  auto lock_model = [&](int m) {
+    models_[m]->mu.Lock();
+    if (!work.started) {
+      work.started = true;
+      work.result.queue_seconds = Seconds(options.received, Clock::now());
+    }
+  };
+
+  int model = choice.model;
+  int cascade_level = committed.cascade_level;
+  HandoverPlan plan;
+  if (policy == Policy::kCascade && !routing_.order.empty()) {
+    const int last_level = static_cast<int>(routing_.order.size()) - 1;
+    cascade_level = std::min(cascade_level, last_level);
+    while (cascade_level < last_level && fresh.size() >= 2) {
+      const int m = routing_.order[cascade_level];
+      lock_model(m);
+      absl::Status s = [&]() -> absl::Status {
+        // Every level scores the turn natively, so it takes over the history
+        // before the turn only; the turn's tokens stay attributed to the first
+        // model that ran them.
+        const int64_t upto = static_cast<int64_t>(committed.history.size());
+        if (absl::Status h = Handover(work, m, strategy, upto, fresh.size(), &plan); !h.ok()) {
+          return h;
+        }
+        // Score all of the turn but its last token (which the answering model
+        // runs itself, to sample from).
+        const std::vector<int64_t> ids(fresh.begin(), fresh.end() - 1);
+        const Clock::time_point t0 = Clock::now();
+        absl::StatusOr<at::Tensor> logits =
+            models_[m]->loaded.engine->Prefill(*work.lease->line(m), ids, /*all_logits=*/true);
+        if (!logits.ok()) return logits.status();
+        work.result.prefill_seconds += Seconds(t0, Clock::now());
+        work.result.prefill_tokens += static_cast<int64_t>(ids.size());
+        observer_->OnPrefillTokens(m, static_cast<int64_t>(ids.size()));
+        // Row i predicts fresh[i + 1]: the turn's tokens after its first.
+        double mean = 0;
+        {
+          c10::InferenceMode guard;
+          const at::Tensor next = at::from_blob(const_cast<int64_t*>(fresh.data()) + 1,
+                                                {static_cast<int64_t>(fresh.size()) - 1}, at::kLong);
+          const at::Tensor lp = at::log_softmax(logits->to(at::kFloat), -1)
+                                    .gather(1, next.unsqueeze(1))
+                                    .squeeze(1);
+          mean = lp.mean().item<double>();
+        }
+        if (consumed == 0) {
+          const int64_t begin = static_cast<int64_t>(work.history.size());
+          work.history.insert(work.history.end(), ids.begin(), ids.end());
+          AppendLedgerSpan(&work.ledger, begin, static_cast<int64_t>(work.history.size()), m);
+          consumed = ids.size();
+          reason.clear();
+        } else {
+          reason += "; ";
+        }
+        if (mean >= routing_.cascade_min_mean_logprob) {
+          absl::StrAppendFormat(
+              &reason,
+              "cascade: %s is confident (mean log-probability %.3f >= %.3f over %d turn tokens)",
+              names_[m], mean, routing_.cascade_min_mean_logprob, ids.size());
+          model = m;
+        } else {
+          absl::StrAppendFormat(
+              &reason,
+              "cascade: %s is unsure (mean log-probability %.3f < %.3f over %d turn tokens); "
+              "escalated to %s",
+              names_[m], mean, routing_.cascade_min_mean_logprob, ids.size(),
+              names_[routing_.order[cascade_level + 1]]);
+          model = -1;
+        }
+        return absl::OkStatus();
+      }();
+      models_[m]->mu.Unlock();
+      if (!s.ok()) return s;
+      if (model >= 0) break;
+      ++cascade_level;
+      model = routing_.order[cascade_level];
+    }
+    if (model < 0) model = routing_.order[cascade_level];
+  }
+
+  ev.model = model;
+  ev.switched = committed.last_model >= 0 && committed.last_model != model;
+  ev.reason = reason;
+  Engine& engine = *models_[model]->loaded.engine;
+  const std::vector<int64_t> prompt(fresh.begin() + consumed, fresh.end());
+  const int64_t upto = static_cast<int64_t>(work.history.size());
+  const int64_t room =
+      engine.config().max_position_embeddings - upto - static_cast<int64_t>(prompt.size());
+  if (room < 0) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "the conversation (", upto + static_cast<int64_t>(prompt.size()),
+        " tokens with this turn) exceeds ", names_[model], "'s context of ",
+        engine.config().max_position_embeddings, " tokens; start a new session"));
+  }
+  const int64_t max_tokens = std::min(options.max_tokens, room);
+
+  lock_model(model);
+  absl::Status status = [&]() -> absl::Status {
+    if (absl::Status h = Handover(work, model, strategy, upto,
+                                  static_cast<int64_t>(prompt.size()) + max_tokens, &plan);
+        !h.ok()) {
+      return h;
+    }
+    if (work.Cancelled()) return absl::CancelledError("the client cancelled the turn");
+    ev.path = plan.path;
+    if (!plan.notes.empty()) absl::StrAppend(&ev.reason, "; ", absl::StrJoin(plan.notes, "; "));
+    if (ev.switched) {
+      absl::StrAppend(&ev.reason, "; hand-over ", names_[committed.last_model], " -> ",
+                      names_[model], " by ", StrategyName(strategy), " (",
+                      CachePathName(plan.path), ")");
+    }
+    if (callbacks.on_routing) callbacks.on_routing(ev);
+
+    StreamDecoder stream(*tokenizer_);
+    GenerateOptions g;
+    g.max_tokens = max_tokens;
+    g.sampling = options.sampling;
+    g.seed = options.seed;
+    g.stop_token_ids = stop_ids_;
+    g.stop_strings = options.stop;
+    g.token_text = [&](int64_t id) { return stream.Push(static_cast<int32_t>(id)); };
+    const Clock::time_point t_prefill = Clock::now();
+    Clock::time_point t_last = t_prefill, t_first = t_prefill;
+    int64_t n_emitted = 0;
+    g.on_token = [&](int64_t id, std::string_view text) {
+      const Clock::time_point now = Clock::now();
+      if (id >= 0) {
+        if (n_emitted == 0) {
+          work.result.time_to_first_token_seconds = Seconds(options.received, now);
+          work.result.prefill_seconds += Seconds(t_prefill, now);
+          t_first = now;
+          observer_->OnTimeToFirstToken(model, plan.path, work.result.time_to_first_token_seconds);
+        } else {
+          observer_->OnInterTokenLatency(model, Seconds(t_last, now));
+        }
+        ++n_emitted;
+        t_last = now;
+      }
+      if (callbacks.on_token) callbacks.on_token(id, text);
+      return !work.Cancelled();
+    };
+    absl::StatusOr<GenerateResult> gen = engine.Generate(*work.lease->line(model), prompt, g);
+    if (!gen.ok()) return gen.status();
+    const Clock::time_point t_end = Clock::now();
+    if (gen->finish_reason == FinishReason::kCancelled || work.Cancelled()) {
+      return absl::CancelledError("the client cancelled the turn");
+    }
+    if (n_emitted == 0) {
+      work.result.time_to_first_token_seconds = Seconds(options.received, t_end);
+      work.result.prefill_seconds += Seconds(t_prefill, t_end);
+      observer_->OnTimeToFirstToken(model, plan.path, work.result.time_to_first_token_seconds);
+    } else {
+      work.result.decode_seconds = Seconds(t_first, t_end);
+    }
+    work.result.prefill_tokens += static_cast<int64_t>(prompt.size());
+    observer_->OnPrefillTokens(model, static_cast<int64_t>(prompt.size()));
+    observer_->OnGeneratedTokens(model, static_cast<int64_t>(gen->tokens.size()));
+    if (ev.switched) observer_->OnSwitch(committed.last_model, model, strategy);
+
+    // Commit: prompt + generated tokens (+ stop token) + the closing template.
+    const int64_t begin = static_cast<int64_t>(work.history.size());
+    work.history.insert(work.history.end(), prompt.begin(), prompt.end());
+    work.history.insert(work.history.end(), gen->tokens.begin(), gen->tokens.end());
+    std::string generated_text = gen->text;
+    if (gen->finish_reason == FinishReason::kStopToken) {
+      work.history.push_back(gen->stop_token_id);
+      const std::optional<std::string> token = tokenizer_->IdToToken(
+          static_cast<int32_t>(gen->stop_token_id));
+      if (token) generated_text += *token;
+    }
+    const std::vector<int64_t> close =
+        Encode(*tokenizer_, CloseAssistantTurn(generated_text));
+    work.history.insert(work.history.end(), close.begin(), close.end());
+    AppendLedgerSpan(&work.ledger, begin, static_cast<int64_t>(work.history.size()), model);
+
+    ConversationState next;
+    next.history = std::move(work.history);
+    next.ledger = std::move(work.ledger);
+    next.preamble = committed.preamble;
+    next.turns = committed.turns + 1;
+    next.last_model = model;
+    next.tail_begin = work.lease->line(model)->Length();
+    next.cascade_level = policy == Policy::kCascade ? cascade_level : committed.cascade_level;
+    work.result.history_tokens = static_cast<int64_t>(next.history.size());
+    work.result.finish_reason = gen->finish_reason;
+    work.result.generated_tokens = static_cast<int64_t>(gen->tokens.size());
+    work.result.tokens = std::move(gen->tokens);
+    work.result.text = std::move(gen->text);
+    work.lease->Commit(std::move(next));
+    return absl::OkStatus();
+  }();
+  models_[model]->mu.Unlock();
+  if (!status.ok()) return status;
+  work.result.total_seconds = Seconds(options.received, Clock::now());
+  return std::move(work.result);
+}
+
+}  // namespace kvl::router

@@ -1,0 +1,133 @@
+#!/usr/bin/python3
+"""docs/results/translators.md from the kvl eval-translator JSON reports.
+
+Reads docs/results/translators/<source>__<target>.json (written by
+scripts/train_translators.sh) and writes docs/results/translators.md: per
+direction the continuation log-perplexity of the target natively, with no
+prefix, and from the closed-form and distilled translated caches (gap and share
+of the prefix benefit recovered, over the whole continuation and its first
+tokens), the issue's targets checked one by one, task accuracy per condition,
+and the multi-turn comparison of span-wise translation, whole-prefix
+re-translation and re-prefill.
+
+usage: scripts/translator_report.py
+"""
+import glob
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ORDER = ["kvl-small__kvl-large", "kvl-large__kvl-small", "kvl-small__kvl-small-b",
+         "kvl-small-b__kvl-small"]
+
+
+def direction(path):
+    return os.path.basename(path)[:-len(".json")]
+
+
+def pretty(name):
+    return name.replace("__", " → ")
+
+
+def main():
+    reports = {direction(p): json.load(open(p))
+               for p in glob.glob(os.path.join(ROOT, "docs/results/translators/*.json"))}
+    if not reports:
+        print("no reports in docs/results/translators/", file=sys.stderr)
+        return 1
+    names = [n for n in ORDER if n in reports] + sorted(n for n in reports if n not in ORDER)
+    first_k = next(iter(reports.values()))["first_k"]
+    md = [
+        "# Translators between the house models: results",
+        "",
+        "Produced by `scripts/train_translators.sh` (kvl fit, kvl distill, kvl eval-translator",
+        "per direction) and `scripts/translator_report.py`; raw reports in",
+        "[translators/](translators/). Test split conversations the translators never saw;",
+        "log-perplexity in nats/token over the continuation after the prefix.",
+        "",
+        f"| direction | windows | native | no prefix | closed-form gap (all / first {first_k}) | "
+        f"distilled gap (all / first {first_k}) | recovered, closed-form (all / first {first_k}) | "
+        f"recovered, distilled (all / first {first_k}) | distillation factor (all) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    checks = []
+    for n in names:
+        r = reports[n]
+        by_method = {t["method"]: t for t in r["translators"]}
+        cf, di = by_method.get("closed_form"), by_method.get("distilled")
+        if cf is None or di is None:
+            continue
+        native = r["log_ppl"]["target_native"]["log_ppl"]
+        nopre = r["log_ppl"]["no_prefix"]["log_ppl"]
+        factor = cf["gap"] / di["gap"] if di["gap"] > 0 else float("inf")
+        md.append(
+            f"| {pretty(n)} | {r['windows']} | {native:.4f} | {nopre:.4f} | "
+            f"{cf['gap']:.4f} / {cf['gap_first']:.4f} | {di['gap']:.4f} / {di['gap_first']:.4f} | "
+            f"{100 * cf['recovered']:.1f}% / {100 * cf['recovered_first']:.1f}% | "
+            f"{100 * di['recovered']:.1f}% / {100 * di['recovered_first']:.1f}% | {factor:.2f}× |")
+        checks.append((n, "distilled recovers ≥ 85% of the prefix benefit over the first "
+                       f"{first_k} tokens", di["recovered_first"] >= 0.85,
+                       f"{100 * di['recovered_first']:.1f}%"))
+        checks.append((n, "distilled whole-continuation gap ≤ 0.02 nats/token", di["gap"] <= 0.02,
+                       f"{di['gap']:.4f}"))
+        checks.append((n, "distillation lowers the closed-form gap", di["gap"] < cf["gap"],
+                       f"{factor:.2f}× (paper: 5–9× for its from-scratch pair)"))
+    md += ["", "## Targets of the issue", "", "| direction | target | met | value |",
+           "|---|---|---|---|"]
+    for n, what, ok, value in checks:
+        md.append(f"| {pretty(n)} | {what} | {'yes' if ok else '**no**'} | {value} |")
+
+    md += ["", "## Task accuracy (greedy, exact match; translated: the source prefills the prompt)",
+           ""]
+    for n in names:
+        acc = reports[n].get("accuracy")
+        if not acc:
+            continue
+        tasks = sorted(next(iter(acc.values())).keys())
+        md += [f"{pretty(n)}:", "", "| condition | " + " | ".join(tasks) + " |",
+               "|---|" + "---|" * len(tasks)]
+        for cond, cells in acc.items():
+            label = cond
+            if cond.startswith("translated:"):
+                label = "translated " + os.path.basename(cond[len("translated:"):])
+            md.append(f"| {label} | " + " | ".join(f"{cells[t]['accuracy']:.3f}" for t in tasks) + " |")
+        md.append("")
+
+    md += ["## Multi-turn: alternating switches", "",
+           "Mean NLL (nats/token) of each turn's tokens when the models alternate turn by turn,",
+           "by how the incoming model gets the history: (a) translating only the spans it lacks",
+           "from their native writer, (b) re-translating the whole prefix, (c) re-prefill.", "",
+           "| direction | runs × turns | (a) span-wise | (b) whole prefix | (c) re-prefill |",
+           "|---|---|---|---|---|"]
+    for n in names:
+        mt = reports[n].get("multi_turn")
+        if not mt or not mt["turns"]:
+            continue
+        rows = [t for t in mt["turns"] if t["turn"] > 0] or mt["turns"]
+        mean = lambda key: sum(t[key] for t in rows) / len(rows)
+        md.append(f"| {pretty(n)} | {mt['runs']} × {len(mt['turns'])} | {mean('span_wise'):.4f} | "
+                  f"{mean('whole_prefix'):.4f} | {mean('reprefill'):.4f} |")
+    md += ["", "## Reading these numbers", "",
+           "- The house models barely use their context (docs/training.md: they do not copy",
+           "  from it), so the prefix benefit (no prefix − native) is only about 0.12–0.15",
+           "  nats/token here; the shares recovered are shares of that small benefit, and a",
+           "  model pair that retrieves from context would test the translators much harder.",
+           "- Task accuracy is at chance for every model, so the accuracy tables cannot show a",
+           "  translated cache helping; they can show it hurting: kvl-small → kvl-large",
+           "  translated prompts lose the lists items the target gets natively. Suite prompts",
+           "  start at position 0 with `<|im_start|>`, unlike the perplexity windows, which",
+           "  start mid-stream; how well the first (attention-sink) positions translate is the",
+           "  first thing to examine.",
+           "- 300 distillation steps per direction; validation KL was still falling at the last",
+           "  step (models/translators/*.distill.png), so the distillation factors are lower",
+           "  bounds.", ""]
+    out = os.path.join(ROOT, "docs/results/translators.md")
+    with open(out, "w") as f:
+        f.write("\n".join(md))
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

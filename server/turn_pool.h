@@ -1,0 +1,39 @@
+// A fixed set of threads that run chat turns, so that gRPC reactions only
+// enqueue (a turn blocks its thread on model work for its whole length).
+//
+// Thread-safe: Submit may be called from any thread. The destructor runs what
+// is queued, then joins.
+#ifndef KVLINGO_SERVER_TURN_POOL_H_
+#define KVLINGO_SERVER_TURN_POOL_H_
+
+#include <deque>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
+namespace kvl::server {
+
+class TurnPool {
+ public:
+  explicit TurnPool(int n_threads);
+  ~TurnPool();
+  TurnPool(const TurnPool&) = delete;
+  TurnPool& operator=(const TurnPool&) = delete;
+
+  void Submit(std::function<void()> job);
+
+ private:
+  void Loop();
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace kvl::server
+
+#endif  // KVLINGO_SERVER_TURN_POOL_H_

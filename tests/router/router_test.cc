@@ -1,0 +1,385 @@
+// router/: the switch planner on hand-made ledgers, and the orchestrator on
+// three small random models with fitted translators, checked against engines
+// driven by hand from the same state.
+#include "router/router.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/chat_template.h"
+#include "router/planner.h"
+#include "tests/router/model_fixture.h"
+#include "tests/testing/temp_dir.h"
+
+namespace kvl::router {
+namespace {
+
+using ::testing::HasSubstr;
+
+// ---- planner ---------------------------------------------------------------
+
+std::vector<KvSpan> Native(int64_t n) { return n == 0 ? std::vector<KvSpan>{} : std::vector<KvSpan>{{0, n, true}}; }
+
+PlannerInput Input(int target, Strategy strategy, const std::vector<LedgerSpan>& ledger,
+                   std::vector<std::vector<KvSpan>> lines, int last, int64_t tail_begin) {
+  PlannerInput in;
+  in.target = target;
+  in.strategy = strategy;
+  in.ledger = &ledger;
+  in.n_history = ledger.back().end;
+  in.line_spans = std::move(lines);
+  in.last_model = last;
+  in.tail_begin = tail_begin;
+  in.tail_end = ledger.back().end;
+  in.has_translator = [](int s, int t) { return !(s == 2 && t == 0); };  // no C->A
+  in.model_names = {"A", "B", "C"};
+  return in;
+}
+
+TEST(PlannerTest, NativeContinuationIsNotAHandover) {
+  const std::vector<LedgerSpan> ledger = {{0, 20, 0}};
+  HandoverPlan p = PlanHandover(Input(0, Strategy::kTranslate, ledger, {Native(18), {}, {}}, 0, 18));
+  EXPECT_EQ(p.path, CachePath::kNative);
+  ASSERT_EQ(p.steps.size(), 1u);
+  EXPECT_EQ(p.steps[0].kind, PlanStep::kNativePrefill);
+  EXPECT_EQ(p.steps[0].begin, 18);
+  EXPECT_EQ(p.tokens_reprefilled, 0);
+}
+
+TEST(PlannerTest, TranslatesEachMissingSpanFromItsWriterAndPrefillsTheRest) {
+  // A wrote [0,10), B [10,20), C [20,30); C answered last and holds [0,28).
+  const std::vector<LedgerSpan> ledger = {{0, 10, 0}, {10, 20, 1}, {20, 30, 2}};
+  // A holds [0,9) natively; B holds [0,10) foreign + [10,19) native.
+  std::vector<std::vector<KvSpan>> lines = {
+      Native(9), {{0, 10, false}, {10, 19, true}}, {{0, 20, false}, {20, 28, true}}};
+  HandoverPlan p = PlanHandover(Input(0, Strategy::kTranslate, ledger, lines, 2, 28));
+  // A keeps [0,9), prefills its own [9,10), translates [10,19) from B,
+  // prefills B's unrun [19,20), and C->A has no translator: prefills [20,30).
+  ASSERT_EQ(p.steps.size(), 3u);
+  EXPECT_EQ(p.keep, 9);
+  EXPECT_EQ(p.steps[0].kind, PlanStep::kPrefill);
+  EXPECT_EQ(p.steps[0].end, 10);
+  EXPECT_EQ(p.steps[1].kind, PlanStep::kTranslate);
+  EXPECT_EQ(p.steps[1].source, 1);
+  EXPECT_EQ(p.steps[1].begin, 10);
+  EXPECT_EQ(p.steps[1].end, 19);
+  EXPECT_EQ(p.steps[2].kind, PlanStep::kPrefill);
+  EXPECT_EQ(p.steps[2].begin, 19);
+  EXPECT_EQ(p.steps[2].end, 30);
+  EXPECT_EQ(p.tokens_translated, 9);
+  EXPECT_EQ(p.spans_translated, 1);
+  EXPECT_EQ(p.tokens_reprefilled, 12);
+  EXPECT_EQ(p.path, CachePath::kTranslated);
+  EXPECT_THAT(p.notes, ::testing::Contains(HasSubstr("no translator C->A")));
+}
+
+TEST(PlannerTest, AnEvictedWriterFallsBackToPrefillAndSaysSo) {
+  const std::vector<LedgerSpan> ledger = {{0, 10, 0}, {10, 20, 1}};
+  HandoverPlan p =
+      PlanHandover(Input(2, Strategy::kTranslate, ledger, {{}, Native(19), {}}, 1, 19));
+  ASSERT_GE(p.steps.size(), 2u);
+  EXPECT_EQ(p.steps[0].kind, PlanStep::kPrefill);  // A's span: A's line is gone
+  EXPECT_THAT(p.notes, ::testing::Contains(HasSubstr("no longer holds [0, 10)")));
+  EXPECT_EQ(p.tokens_translated, 9);
+}
+
+TEST(PlannerTest, StrategiesReprefillAndReprefillMissing) {
+  const std::vector<LedgerSpan> ledger = {{0, 10, 0}, {10, 20, 1}};
+  std::vector<std::vector<KvSpan>> lines = {Native(9), Native(19), {}};
+  HandoverPlan full = PlanHandover(Input(0, Strategy::kReprefill, ledger, lines, 1, 19));
+  EXPECT_TRUE(full.fresh_line);
+  EXPECT_EQ(full.keep, 0);
+  EXPECT_EQ(full.tokens_reprefilled, 20);
+  EXPECT_EQ(full.path, CachePath::kReprefill);
+  HandoverPlan missing = PlanHandover(Input(0, Strategy::kReprefillMissing, ledger, lines, 1, 19));
+  EXPECT_FALSE(missing.fresh_line);
+  EXPECT_EQ(missing.keep, 9);
+  EXPECT_EQ(missing.tokens_reprefilled, 11);
+  EXPECT_EQ(missing.tokens_translated, 0);
+}
+
+// ---- orchestrator ----------------------------------------------------------
+
+class RouterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir("router");
+    ASSERT_TRUE(testing::WriteFixtureModels(dir_->path()).ok());
+    ASSERT_TRUE(testing::WriteFixtureTranslators(
+                    dir_->path(), {{"small", "large"}, {"large", "small"}, {"small", "small-b"},
+                                   {"small-b", "large"}, {"large", "small-b"}})
+                    .ok());
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  void MakeRouter(RoutingConfig routing, int64_t budget = int64_t{1} << 30) {
+    std::vector<LoadedModel> models;
+    std::vector<std::string> identity;
+    RuntimeOptions options;
+    options.n_threads = 2;
+    for (const auto& m : testing::FixtureModels()) {
+      auto c = LoadCheckpoint(dir_->path() + "/" + m.name);
+      ASSERT_TRUE(c.ok()) << c.status();
+      identity.push_back(ModelIdentity(c->config, c->weights));
+      auto e = Engine::Create(*c, options);
+      ASSERT_TRUE(e.ok());
+      models.push_back({m.name, dir_->path() + "/" + m.name, *std::move(e)});
+      engines_.push_back(Engine::Create(*c, options).value().release());
+    }
+    auto tokenizer = Tokenizer::FromFile(testing::TokenizerJsonPath());
+    ASSERT_TRUE(tokenizer.ok());
+    const std::string hash = (*tokenizer)->content_hash();
+    std::vector<LoadedTranslator> translators;
+    for (int s = 0; s < 3; ++s) {
+      for (int t = 0; t < 3; ++t) {
+        const std::string path =
+            testing::TranslatorPath(dir_->path(), models[s].name, models[t].name);
+        if (s == t || !std::filesystem::exists(path)) continue;
+        auto tr = Translator::Load(path, {identity[s], identity[t], hash, hash});
+        ASSERT_TRUE(tr.ok()) << tr.status();
+        translators.push_back({models[s].name + "->" + models[t].name, path, s, t, *std::move(tr)});
+      }
+    }
+    store_ = std::make_unique<CacheStore>(CacheStoreOptions{3, budget});
+    auto r = Router::Create(std::move(models), std::move(translators), *std::move(tokenizer),
+                            std::move(routing), store_.get(), nullptr);
+    ASSERT_TRUE(r.ok()) << r.status();
+    router_ = *std::move(r);
+  }
+  void TearDown() override {
+    router_.reset();
+    for (Engine* e : engines_) delete e;
+  }
+
+  absl::StatusOr<TurnResult> Turn(const std::string& session, const std::string& text, int model,
+                                  Strategy strategy = Strategy::kTranslate,
+                                  std::optional<Policy> policy = Policy::kExplicit,
+                                  std::function<bool()> cancelled = nullptr) {
+    TurnOptions o;
+    o.user_message = text;
+    o.policy = policy;
+    o.explicit_model = model;
+    o.strategy = strategy;
+    o.max_tokens = 6;
+    o.cancelled = std::move(cancelled);
+    return router_->RunTurn(session, o, {});
+  }
+
+  std::vector<int64_t> TurnTokens(const std::string& text) {
+    std::vector<int64_t> ids;
+    for (int32_t id : router_->tokenizer().Encode(RenderUserTurn(text))) ids.push_back(id);
+    return ids;
+  }
+
+  // Greedy generation of `engine` on `line` from `prompt`, as the router runs it.
+  std::vector<int64_t> Generate(Engine& engine, KvCache& line, const std::vector<int64_t>& prompt) {
+    GenerateOptions g;
+    g.max_tokens = 6;
+    auto im_end = router_->tokenizer().AddedTokenId("<|im_end|>");
+    g.stop_token_ids = {*im_end, *router_->tokenizer().AddedTokenId("<|endoftext|>")};
+    auto r = engine.Generate(line, prompt, g);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->tokens : std::vector<int64_t>{};
+  }
+
+  static testing::TempDir* dir_;
+  std::unique_ptr<CacheStore> store_;
+  std::unique_ptr<Router> router_;
+  std::vector<Engine*> engines_;  // independent copies for the hand-driven oracles
+};
+testing::TempDir* RouterTest::dir_ = nullptr;
+
+RoutingConfig Explicit() {
+  RoutingConfig r;
+  r.policy = Policy::kExplicit;
+  r.order = {0, 2};
+  return r;
+}
+
+TEST_F(RouterTest, TranslateSwitchEqualsAnEngineDrivenByHandFromTheTranslatedState) {
+  MakeRouter(Explicit());
+  ASSERT_TRUE(store_->Create("s", router_->RenderPreamble("Be brief.")).ok());
+  auto t1 = Turn("s", "Hello there, how are you?", 0);
+  ASSERT_TRUE(t1.ok()) << t1.status();
+  EXPECT_EQ(t1->routing.path, CachePath::kNative);
+  const ConversationState after1 = store_->View("s")->state;
+  EXPECT_EQ(after1.ledger.size(), 1u);
+
+  auto t2 = Turn("s", "Tell me about caches.", 2);
+  ASSERT_TRUE(t2.ok()) << t2.status();
+  EXPECT_TRUE(t2->routing.switched);
+  EXPECT_EQ(t2->routing.path, CachePath::kTranslated);
+  EXPECT_EQ(t2->routing.spans_translated, 1);
+  EXPECT_EQ(t2->routing.tokens_translated, after1.tail_begin);
+  EXPECT_GT(t2->routing.translation_seconds, 0);
+
+  // By hand: small prefills what it held natively, the translator moves it to
+  // large, large runs small's unrun tail plus the new turn and decodes.
+  Engine& small = *engines_[0];
+  Engine& large = *engines_[2];
+  auto small_line = small.NewCache();
+  const std::vector<int64_t> held(after1.history.begin(), after1.history.begin() + after1.tail_begin);
+  ASSERT_TRUE(small.Prefill(*small_line, held).ok());
+  auto taps = small_line->Taps(0, after1.tail_begin);
+  ASSERT_TRUE(taps.ok());
+  auto moved = router_->FindTranslator(0, 2)->Translate(*taps);
+  ASSERT_TRUE(moved.ok());
+  auto large_line = large.NewCache();
+  ASSERT_TRUE(large_line->Accept(moved->keys, moved->values).ok());
+  std::vector<int64_t> prompt(after1.history.begin() + after1.tail_begin, after1.history.end());
+  for (int64_t id : TurnTokens("Tell me about caches.")) prompt.push_back(id);
+  EXPECT_EQ(t2->tokens, Generate(large, *large_line, prompt));
+  EXPECT_FALSE(t2->tokens.empty());
+}
+
+TEST_F(RouterTest, ReprefillOutputEqualsTheTargetsNativeOutput) {
+  MakeRouter(Explicit());
+  ASSERT_TRUE(store_->Create("s", {}).ok());
+  ASSERT_TRUE(Turn("s", "First question?", 0).ok());
+  ASSERT_TRUE(Turn("s", "A second one.", 2).ok());  // large now holds a line
+  const ConversationState before = store_->View("s")->state;
+  ASSERT_TRUE(Turn("s", "Back to small.", 0).ok());
+  const ConversationState mid = store_->View("s")->state;
+  auto t = Turn("s", "And large again, from scratch.", 2, Strategy::kReprefill);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->routing.path, CachePath::kReprefill);
+  EXPECT_EQ(t->routing.tokens_reprefilled, static_cast<int64_t>(mid.history.size()));
+  EXPECT_EQ(t->routing.tokens_translated, 0);
+
+  Engine& large = *engines_[2];
+  auto line = large.NewCache();
+  std::vector<int64_t> prompt = mid.history;
+  for (int64_t id : TurnTokens("And large again, from scratch.")) prompt.push_back(id);
+  EXPECT_EQ(t->tokens, Generate(large, *line, prompt));
+  (void)before;
+}
+
+TEST_F(RouterTest, ThreeModelsRoundTripTranslatesOnlyTheMissingSpans) {
+  MakeRouter(Explicit());
+  ASSERT_TRUE(store_->Create("s", {}).ok());
+  const int order[] = {0, 1, 2, 0};  // A -> B -> C -> A
+  std::vector<TurnResult> results;
+  for (int i = 0; i < 4; ++i) {
+    auto t = Turn("s", "Turn number " + std::to_string(i) + ", please answer.", order[i]);
+    ASSERT_TRUE(t.ok()) << i << ": " << t.status();
+    results.push_back(*t);
+  }
+  EXPECT_FALSE(results[0].routing.switched);
+  for (int i = 1; i < 4; ++i) {
+    EXPECT_TRUE(results[i].routing.switched) << i;
+    EXPECT_EQ(results[i].routing.path, CachePath::kTranslated) << i;
+  }
+  // Back at A: it lacks B's and C's turns. C's is translated from C (which
+  // wrote it natively; C's copies of A's and B's spans are translations and
+  // are never translated again); small-b -> small has no translator in the
+  // fixture, so B's span is prefilled, and the reason says so.
+  EXPECT_EQ(results[3].routing.spans_translated, 1);
+  auto view = store_->View("s");
+  ASSERT_TRUE(view.ok());
+  std::vector<int> writers;
+  for (const LedgerSpan& s : view->state.ledger) writers.push_back(s.model);
+  EXPECT_THAT(writers, ::testing::ElementsAre(0, 1, 2, 0));
+  EXPECT_EQ(view->state.turns, 4);
+  for (const CacheLineInfo& line : view->lines) {
+    EXPECT_LE(line.tokens, static_cast<int64_t>(view->state.history.size()));
+  }
+  EXPECT_THAT(results[3].routing.reason, HasSubstr("no translator small-b->small"));
+}
+
+TEST_F(RouterTest, CancellationLeavesTheSessionExactlyAsItWas) {
+  MakeRouter(Explicit());
+  ASSERT_TRUE(store_->Create("s", {}).ok());
+  ASSERT_TRUE(Turn("s", "Hello.", 0).ok());
+  const SessionView before = *store_->View("s");
+  int polls = 0;
+  auto t = Turn("s", "Now switch and stop.", 2, Strategy::kTranslate, Policy::kExplicit,
+                [&] { return ++polls > 3; });
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kCancelled);
+  const SessionView after = *store_->View("s");
+  EXPECT_EQ(after.state.history, before.state.history);
+  EXPECT_EQ(after.state.ledger, before.state.ledger);
+  EXPECT_EQ(after.state.turns, before.state.turns);
+  ASSERT_EQ(after.lines.size(), before.lines.size());
+  for (size_t i = 0; i < after.lines.size(); ++i) {
+    EXPECT_EQ(after.lines[i].model, before.lines[i].model);
+    EXPECT_EQ(after.lines[i].tokens, before.lines[i].tokens);
+  }
+  // And the session still works, as if the cancelled turn never happened.
+  auto again = Turn("s", "Now switch and stop.", 2);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->routing.path, CachePath::kTranslated);
+}
+
+TEST_F(RouterTest, CascadeEscalatesBelowTheThresholdAndStaysEscalated) {
+  RoutingConfig r;
+  r.policy = Policy::kCascade;
+  r.order = {0, 2};
+  r.cascade_min_mean_logprob = 0.0;  // every turn is "unsure": escalate
+  MakeRouter(r);
+  ASSERT_TRUE(store_->Create("s", {}).ok());
+  auto t1 = Turn("s", "Something hard.", -1, Strategy::kTranslate, std::nullopt);
+  ASSERT_TRUE(t1.ok()) << t1.status();
+  EXPECT_EQ(t1->routing.model, 2);
+  EXPECT_THAT(t1->routing.reason, HasSubstr("escalated to large"));
+  // The turn's tokens that small scored were translated to large.
+  EXPECT_EQ(t1->routing.path, CachePath::kTranslated);
+  auto view = store_->View("s");
+  EXPECT_EQ(view->state.cascade_level, 1);
+  EXPECT_EQ(view->state.ledger.front().model, 0);
+  auto t2 = Turn("s", "Follow-up.", -1, Strategy::kTranslate, std::nullopt);
+  ASSERT_TRUE(t2.ok());
+  EXPECT_EQ(t2->routing.model, 2);
+  EXPECT_EQ(t2->routing.path, CachePath::kNative);
+  EXPECT_THAT(t2->routing.reason, HasSubstr("stays there"));
+}
+
+TEST_F(RouterTest, CascadeKeepsTheCheapModelWhenConfident) {
+  RoutingConfig r;
+  r.policy = Policy::kCascade;
+  r.order = {0, 2};
+  r.cascade_min_mean_logprob = -1e9;
+  MakeRouter(r);
+  ASSERT_TRUE(store_->Create("s", {}).ok());
+  auto t1 = Turn("s", "Easy.", -1, Strategy::kTranslate, std::nullopt);
+  ASSERT_TRUE(t1.ok()) << t1.status();
+  EXPECT_EQ(t1->routing.model, 0);
+  EXPECT_THAT(t1->routing.reason, HasSubstr("confident"));
+  // The answer equals small answering the turn natively.
+  auto line = engines_[0]->NewCache();
+  EXPECT_EQ(t1->tokens, Generate(*engines_[0], *line, TurnTokens("Easy.")));
+}
+
+TEST_F(RouterTest, EvictedLinesAreRebuiltByPrefillAndAnOverBudgetTurnChangesNothing) {
+  // A line takes at least 64 tokens of capacity: room for one idle line of
+  // small plus one turn's reservation.
+  const int64_t bpt = 4 * 2 * 32 * 2 * 4 + 4 * 2 * 4;  // K+V float32 + 1/rms per (layer, head)
+  MakeRouter(Explicit(), 100 * bpt);
+  ASSERT_TRUE(store_->Create("x", {}).ok());
+  ASSERT_TRUE(store_->Create("y", {}).ok());
+  ASSERT_TRUE(Turn("x", "Hi from x.", 0).ok());
+  ASSERT_TRUE(Turn("y", "Hi from y.", 0).ok());
+  EXPECT_TRUE(store_->View("x")->lines[0].evicted);
+  EXPECT_GE(store_->Stats().lines_evicted_total, 1);
+  const ConversationState x1 = store_->View("x")->state;
+  auto x2 = Turn("x", "Still there?", 0);
+  ASSERT_TRUE(x2.ok()) << x2.status();
+  EXPECT_EQ(x2->routing.path, CachePath::kReprefill);
+  auto line = engines_[0]->NewCache();
+  std::vector<int64_t> prompt = x1.history;
+  for (int64_t id : TurnTokens("Still there?")) prompt.push_back(id);
+  EXPECT_EQ(x2->tokens, Generate(*engines_[0], *line, prompt));
+
+  // large needs more than the whole budget: refused, nothing changes.
+  const SessionView before = *store_->View("x");
+  auto big = Turn("x", "Switch to large.", 2);
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(store_->View("x")->state.history, before.state.history);
+  EXPECT_EQ(store_->View("x")->lines.size(), before.lines.size());
+}
+
+}  // namespace
+}  // namespace kvl::router

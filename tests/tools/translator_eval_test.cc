@@ -1,0 +1,193 @@
+// The translator commands as users run them: `kvl logits` through a
+// translator, and `kvl eval-translator`'s report (tools/translator_eval.h),
+// checked against the eager reference forward computed here (the oracle) and
+// against what an identity translation must give.
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_join.h"
+#include "model/checkpoint.h"
+#include "model/reference.h"
+#include "model/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/subprocess.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/tools/translator_fixture.h"
+#include "tools/translator_eval.h"
+#include "tools/translator_tools.h"
+
+namespace kvl {
+namespace {
+
+using testing::RunProcess;
+using testing::RunResult;
+using testing::TempDir;
+
+constexpr auto kTimeout = std::chrono::seconds(120);
+
+class TranslatorToolsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    a_ = testing::WriteRandomModel(dir_, "a", 2, 2, 5);
+    b_ = testing::WriteRandomModel(dir_, "b", 3, 1, 6);
+    identity_ = dir_.Path("a_to_a.safetensors");
+    ASSERT_TRUE(testing::MakeTranslator(a_, a_, true)->Save(identity_).ok());
+    a_to_b_ = dir_.Path("a_to_b.safetensors");
+    ASSERT_TRUE(testing::MakeTranslator(a_, b_, false, 1)->Save(a_to_b_).ok());
+    b_to_a_ = dir_.Path("b_to_a.safetensors");
+    ASSERT_TRUE(testing::MakeTranslator(b_, a_, false, 2)->Save(b_to_a_).ok());
+    data_ = dir_.WriteFile("test.txt", testing::TinyChatCorpus(77000, 40));
+  }
+
+  nlohmann::json Logits(const std::vector<std::string>& extra) {
+    std::vector<std::string> argv = {KVL_CLI_BIN, "logits", "--model", a_, "--ids",
+                                     absl::StrJoin(ids_, ","), "--threads", "1"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    absl::StatusOr<RunResult> run = RunProcess(argv, kTimeout);
+    EXPECT_TRUE(run.ok()) << run.status();
+    EXPECT_EQ(run->exit_code, 0) << run->err;
+    return nlohmann::json::parse(run->out);
+  }
+
+  // Mean NLL over the continuation of the windows eval-translator uses, by the
+  // reference forward: native (whole window) or without the prefix.
+  double ReferenceContinuationNll(const std::string& dir, bool with_prefix, int64_t p, int64_t c,
+                                  int64_t n_windows) {
+    c10::InferenceMode guard;
+    auto ckpt = LoadCheckpoint(dir);
+    auto tok = Tokenizer::FromFile(dir + "/tokenizer.json");
+    std::ifstream in(data_);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::vector<int32_t> stream = (*tok)->Encode(text, true);
+    double sum = 0;
+    for (int64_t w = 0; w < n_windows; ++w) {
+      const int64_t start = w * (p + c + 1);
+      std::vector<int64_t> ids(stream.begin() + start, stream.begin() + start + p + c + 1);
+      const int64_t first = with_prefix ? 0 : p;
+      at::Tensor input = at::tensor(std::vector<int64_t>(ids.begin() + first, ids.end() - 1))
+                             .unsqueeze(0);
+      at::Tensor logits = ReferenceForward(ckpt->config, ckpt->weights, input).logits[0];
+      logits = logits.narrow(0, logits.size(0) - c, c);
+      const at::Tensor labels = at::tensor(std::vector<int64_t>(ids.end() - c, ids.end()));
+      sum += at::cross_entropy_loss(logits, labels).item<double>();
+    }
+    return sum / static_cast<double>(n_windows);
+  }
+
+  TempDir dir_{"translator-tools"};
+  std::string a_, b_, identity_, a_to_b_, b_to_a_, data_;
+  const std::vector<int64_t> ids_ = {5, 300, 17, 4000, 42, 9, 1234, 77, 2048, 3, 611, 90};
+};
+
+TEST_F(TranslatorToolsTest, LogitsThroughAnIdentityTranslatorMatchNativeLogits) {
+  const nlohmann::json native = Logits({});
+  const nlohmann::json translated =
+      Logits({"--prefix-from", a_, "--translator", identity_, "--prefix-len", "5"});
+  ASSERT_EQ(translated["first_position"].get<int64_t>(), 5);
+  ASSERT_EQ(translated["logits"].size(), ids_.size() - 5);
+  // Same model, same arithmetic except the k-norm/RoPE inversion of the taps
+  // and their re-application: float32 round-off only.
+  for (size_t t = 5; t < ids_.size(); ++t) {
+    const at::Tensor want = at::tensor(native["logits"][t].get<std::vector<float>>());
+    const at::Tensor got = at::tensor(translated["logits"][t - 5].get<std::vector<float>>());
+    EXPECT_LT((got - want).abs().max().item<float>(), 1e-4) << "position " << t;
+  }
+  // A real translation changes them.
+  const nlohmann::json other = Logits({"--prefix-from", b_, "--translator", b_to_a_,
+                                       "--prefix-len", "5"});
+  const at::Tensor want = at::tensor(native["logits"][5].get<std::vector<float>>());
+  const at::Tensor got = at::tensor(other["logits"][0].get<std::vector<float>>());
+  EXPECT_GT((got - want).abs().max().item<float>(), 1e-2);
+}
+
+TEST_F(TranslatorToolsTest, LogitsRefuseATranslatorForOtherModelsAndBadPrefixLengths) {
+  absl::StatusOr<RunResult> run = RunProcess(
+      {KVL_CLI_BIN, "logits", "--model", a_, "--ids", "1,2,3,4", "--prefix-from", a_,
+       "--translator", a_to_b_, "--prefix-len", "2"},
+      kTimeout);
+  ASSERT_TRUE(run.ok());
+  EXPECT_EQ(run->exit_code, 1);
+  EXPECT_NE(run->err.find("target model"), std::string::npos) << run->err;
+  run = RunProcess({KVL_CLI_BIN, "logits", "--model", a_, "--ids", "1,2,3,4", "--prefix-from", a_,
+                    "--translator", identity_, "--prefix-len", "4"},
+                   kTimeout);
+  ASSERT_TRUE(run.ok());
+  EXPECT_EQ(run->exit_code, 2) << run->err;
+}
+
+TEST_F(TranslatorToolsTest, EvalOfAnIdentityTranslatorMatchesNativeAndTheReference) {
+  tools::TranslatorEvalOptions o;
+  o.source_dir = o.target_dir = a_;
+  o.translators = {identity_};
+  o.data_path = data_;
+  o.prefix = 24;
+  o.continuation = 16;
+  o.first_k = 4;
+  o.max_windows = 3;
+  o.multi_turn_forward = o.multi_turn_reverse = identity_;
+  o.n_switches = 3;
+  o.turn_len = 10;
+  o.multi_turn_runs = 2;
+  o.n_threads = 1;
+  o.progress = false;
+  absl::StatusOr<tools::TranslatorEvalReport> r = tools::RunTranslatorEval(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->n_windows, 3);
+  ASSERT_EQ(r->conditions.size(), 4u);
+  EXPECT_NEAR(r->conditions[0].log_ppl, ReferenceContinuationNll(a_, true, 24, 16, 3), 1e-4);
+  EXPECT_NEAR(r->conditions[1].log_ppl, ReferenceContinuationNll(a_, false, 24, 16, 3), 1e-4);
+  EXPECT_NEAR(r->conditions[2].log_ppl, r->conditions[0].log_ppl, 1e-6);  // source == target
+  ASSERT_EQ(r->translated.size(), 1u);
+  EXPECT_NEAR(r->translated[0].gap, 0.0, 1e-5);
+  EXPECT_NEAR(r->translated[0].gap_first, 0.0, 1e-5);
+  EXPECT_NEAR(r->translated[0].recovered, 1.0, 1e-3);
+  ASSERT_EQ(r->multi_turn.size(), 3u);
+  for (const tools::MultiTurnRow& row : r->multi_turn) {
+    EXPECT_NEAR(row.span_wise, row.reprefill, 1e-4) << "turn " << row.turn;
+    EXPECT_NEAR(row.whole_prefix, row.reprefill, 1e-4) << "turn " << row.turn;
+  }
+  EXPECT_EQ(r->multi_turn[0].model, "target");
+  EXPECT_EQ(r->multi_turn[1].model, "source");
+}
+
+TEST_F(TranslatorToolsTest, MultiTurnStrategiesAgreeAtTheFirstSwitchOnly) {
+  tools::TranslatorEvalOptions o;
+  o.source_dir = a_;
+  o.target_dir = b_;
+  o.translators = {a_to_b_};
+  o.data_path = data_;
+  o.prefix = 16;
+  o.continuation = 8;
+  o.max_windows = 1;
+  o.multi_turn_forward = a_to_b_;
+  o.multi_turn_reverse = b_to_a_;
+  o.n_switches = 4;
+  o.turn_len = 8;
+  o.multi_turn_runs = 2;
+  o.n_threads = 1;
+  o.progress = false;
+  absl::StatusOr<tools::TranslatorEvalReport> r = tools::RunTranslatorEval(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->multi_turn.size(), 4u);
+  // At the first switch only the source's native span exists: (a) == (b).
+  EXPECT_NEAR(r->multi_turn[0].span_wise, r->multi_turn[0].whole_prefix, 1e-6);
+  // From the third turn on, (b) re-translates translations and (a) does not.
+  EXPECT_GT(std::abs(r->multi_turn[2].span_wise - r->multi_turn[2].whole_prefix), 1e-4);
+  // A translator that is not the identity changes the continuation's NLL.
+  EXPECT_GT(std::abs(r->translated[0].gap), 1e-4);
+
+  // And a translator for the other direction is refused with the model named.
+  o.translators = {b_to_a_};
+  absl::StatusOr<tools::TranslatorEvalReport> bad = tools::RunTranslatorEval(o);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace kvl

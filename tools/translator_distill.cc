@@ -1,0 +1,340 @@
+#include "tools/translator_distill.h"
+
+#include <malloc.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "model/reference.h"
+#include "nlohmann/json.hpp"
+#include "tools/plot.h"
+#include "tools/progress.h"
+#include "tools/train_lm.h"
+#include "tools/translator_tools.h"
+
+namespace kvl::tools {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+std::string Sibling(const std::string& path, const std::string& suffix) {
+  return fs::path(path).replace_extension(suffix).string();
+}
+
+// Mean KL over windows [N, P + C], `batch` at a time, without autograd.
+double MeanKl(const TranslatorModel& source, const TranslatorModel& target,
+              const TranslatorSpec& spec, const TranslatorMaps& keys, const TranslatorMaps& values,
+              const std::vector<at::Tensor>& windows, int64_t batch, int64_t n_prefix) {
+  c10::AutoGradMode no_grad(false);
+  double sum = 0;
+  int64_t n = 0;
+  for (size_t i = 0; i < windows.size(); i += static_cast<size_t>(batch)) {
+    const size_t j = std::min(windows.size(), i + static_cast<size_t>(batch));
+    const at::Tensor ids = at::stack(std::vector<at::Tensor>(windows.begin() + i, windows.begin() + j));
+    const double kl = DistillKl(source.config(), source.weights32, target.config(), target.weights32,
+                                spec, keys, values, ids, n_prefix)
+                          .item<double>();
+    sum += kl * static_cast<double>(j - i);
+    n += static_cast<int64_t>(j - i);
+  }
+  return sum / static_cast<double>(n);
+}
+
+absl::Status PlotCurve(const std::string& png, const std::vector<DistillRecord>& log,
+                       double initial_valid) {
+  PlotSeries train{"train KL (per step)", {}, false};
+  PlotSeries smooth{"train KL (trailing mean of 20)", {}, false};
+  PlotSeries valid{"validation KL", {}, true};
+  valid.points.emplace_back(0, initial_valid);
+  double window_sum = 0;
+  for (size_t i = 0; i < log.size(); ++i) {
+    train.points.emplace_back(log[i].step, log[i].kl);
+    window_sum += log[i].kl;
+    if (i >= 20) window_sum -= log[i - 20].kl;
+    smooth.points.emplace_back(log[i].step, window_sum / std::min<double>(i + 1, 20));
+    if (log[i].valid_kl >= 0) valid.points.emplace_back(log[i].step, log[i].valid_kl);
+  }
+  PlotSpec spec;
+  spec.title = absl::StrCat("kvl distill: ", fs::path(png).stem().string());
+  spec.x_label = "step";
+  spec.y_label = "KL(native || translated), nats/token";
+  spec.log_y = true;
+  spec.series = {train, smooth, valid};
+  return PlotLines(spec, png);
+}
+
+}  // namespace
+
+std::vector<at::Tensor> TranslateBatch(const std::vector<at::Tensor>& source,
+                                       const std::vector<std::vector<int64_t>>& lists,
+                                       const TranslatorMaps& maps,
+                                       const TranslatorEndpoint& target) {
+  std::vector<at::Tensor> out;
+  out.reserve(lists.size());
+  for (size_t il = 0; il < lists.size(); ++il) {
+    std::vector<at::Tensor> parts;
+    for (int64_t s : lists[il]) {
+      const at::Tensor& x = source[static_cast<size_t>(s)];  // [B, H_s, T, D_s]
+      parts.push_back(x.permute({0, 2, 1, 3}).reshape({x.size(0), x.size(2), -1}));
+    }
+    const at::Tensor x = parts.size() == 1 ? parts[0] : at::cat(parts, -1);  // [B, T, ν*H_s*D_s]
+    const at::Tensor y = maps.bias.empty() ? at::linear(x, maps.weight[il])
+                                           : at::linear(x, maps.weight[il], maps.bias[il]);
+    out.push_back(y.view({x.size(0), x.size(1), target.n_head_kv, target.head_dim})
+                      .transpose(1, 2));  // [B, H_t, T, D_t]
+  }
+  return out;
+}
+
+at::Tensor DistillKl(const ModelConfig& source_config, const ModelWeights& source_weights,
+                     const ModelConfig& target_config, const ModelWeights& target_weights,
+                     const TranslatorSpec& spec, const TranslatorMaps& keys,
+                     const TranslatorMaps& values, const at::Tensor& ids, int64_t n_prefix) {
+  const int64_t n_cont = ids.size(1) - n_prefix;
+  TORCH_CHECK(n_prefix >= 1 && n_cont >= 1, "DistillKl needs a prefix and a continuation");
+  at::Tensor teacher_logp;
+  ReferenceOutput source_out;
+  {
+    c10::AutoGradMode no_grad(false);
+    const at::Tensor teacher =
+        ReferenceForward(target_config, target_weights, ids).logits.narrow(1, n_prefix, n_cont);
+    teacher_logp = at::log_softmax(teacher, -1);  // [B, C, V]
+    ReferenceOptions so;
+    so.capture_kv = true;
+    so.last_logits_only = true;
+    source_out = ReferenceForward(source_config, source_weights, ids.narrow(1, 0, n_prefix), so);
+  }
+  ReferenceOptions to;
+  to.prefix_keys = TranslateBatch(source_out.keys_prenorm, spec.assignment.keys, keys, spec.target);
+  to.prefix_values =
+      TranslateBatch(source_out.values, spec.assignment.values, values, spec.target);
+  const at::Tensor student =
+      ReferenceForward(target_config, target_weights, ids.narrow(1, n_prefix, n_cont), to).logits;
+  const at::Tensor student_logp = at::log_softmax(student, -1);
+  return (teacher_logp.exp() * (teacher_logp - student_logp)).sum(-1).mean();
+}
+
+absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
+  const Clock::time_point t_start = Clock::now();
+  if (o.prefix < 1 || o.continuation < 1 || o.batch < 1 || o.steps < 1 || o.warmup < 0 ||
+      !(o.lr > 0) || o.min_lr < 0 || o.min_lr > o.lr || o.weight_decay < 0 || o.eval_every < 0 ||
+      o.valid_windows < 1) {
+    return absl::InvalidArgumentError(
+        "need prefix, continuation, batch, steps, valid-windows >= 1; lr > 0; 0 <= min-lr <= lr; "
+        "warmup, eval-every, weight-decay >= 0");
+  }
+  if (o.out_path.empty()) return absl::InvalidArgumentError("an output path is required");
+  RuntimeOptions runtime;
+  runtime.n_threads = o.n_threads;
+  absl::StatusOr<TranslatorModel> source = LoadTranslatorModel(o.source_dir, runtime);
+  if (!source.ok()) return source.status();
+  absl::StatusOr<TranslatorModel> target = LoadTranslatorModel(o.target_dir, runtime);
+  if (!target.ok()) return target.status();
+  if (absl::Status s = CheckSameTokenizer(*source, *target); !s.ok()) return s;
+  const int64_t window = o.prefix + o.continuation;
+  for (const TranslatorModel* m : {&*source, &*target}) {
+    if (window > m->config().max_position_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat("prefix + continuation = ", window,
+                                                     " exceeds max_position_embeddings of ",
+                                                     m->dir));
+    }
+  }
+  absl::StatusOr<std::unique_ptr<Translator>> init =
+      Translator::Load(o.init_path, ExpectationFor(*source, *target));
+  if (!init.ok()) return init.status();
+  SetIntraOpThreads(o.n_threads);
+  // As train_lm: keep the large per-step transients on the heap.
+  mallopt(M_MMAP_MAX, 0);
+
+  absl::StatusOr<std::vector<int32_t>> train = ReadTokenStream(o.train_path, *source->tokenizer);
+  if (!train.ok()) return train.status();
+  absl::StatusOr<std::vector<int32_t>> valid = ReadTokenStream(o.valid_path, *source->tokenizer);
+  if (!valid.ok()) return valid.status();
+  const int64_t n_train = static_cast<int64_t>(train->size());
+  if (n_train < window + 1) {
+    return absl::InvalidArgumentError(absl::StrCat(o.train_path, " has ", n_train,
+                                                   " tokens, fewer than one window of ", window,
+                                                   " plus one"));
+  }
+  std::vector<at::Tensor> valid_windows;
+  for (const std::vector<int64_t>& w : ConsecutiveWindows(*valid, window, o.valid_windows)) {
+    valid_windows.push_back(at::tensor(w, at::kLong));
+  }
+  if (valid_windows.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(o.valid_path, ": fewer tokens than one window of ", window));
+  }
+  const at::Tensor train_ids =
+      at::from_blob(train->data(), {n_train}, at::TensorOptions().dtype(at::kInt)).to(at::kLong);
+
+  // Trainable float32 copies of the init maps.
+  TranslatorSpec spec = (*init)->spec();
+  TranslatorMaps keys, values;
+  std::vector<at::Tensor> params, exp_avg, exp_avg_sq;
+  std::vector<bool> decay;
+  for (const auto& [from, to] : {std::pair{&(*init)->key_maps(), &keys},
+                                 std::pair{&(*init)->value_maps(), &values}}) {
+    for (const at::Tensor& w : from->weight) {
+      to->weight.push_back(w.to(at::kFloat).clone().set_requires_grad(true));
+      params.push_back(to->weight.back());
+      decay.push_back(true);
+    }
+    for (const at::Tensor& b : from->bias) {
+      to->bias.push_back(b.to(at::kFloat).clone().set_requires_grad(true));
+      params.push_back(to->bias.back());
+      decay.push_back(false);
+    }
+  }
+  for (const at::Tensor& p : params) {
+    exp_avg.push_back(at::zeros_like(p));
+    exp_avg_sq.push_back(at::zeros_like(p));
+  }
+  // Frozen models.
+  for (TranslatorModel* m : {&*source, &*target}) {
+    for (at::Tensor& t : m->weights32.All()) t.set_requires_grad(false);
+  }
+
+  DistillResult result;
+  result.n_train_tokens = n_train;
+  result.n_valid_windows = static_cast<int64_t>(valid_windows.size());
+  auto valid_kl = [&] {
+    return MeanKl(*source, *target, spec, keys, values, valid_windows, o.batch, o.prefix);
+  };
+  auto save = [&](int64_t step) -> absl::Status {
+    TranslatorSpec out = spec;
+    out.training.method = "distilled";
+    out.training.corpus = o.train_path;
+    out.training.steps = step;
+    out.training.n_sequences = step * o.batch;
+    out.training.n_tokens = step * o.batch * window;
+    TranslatorMaps k, v;
+    for (const auto& [from, to] : {std::pair{&keys, &k}, std::pair{&values, &v}}) {
+      for (const at::Tensor& w : from->weight) to->weight.push_back(w.detach().clone());
+      for (const at::Tensor& b : from->bias) to->bias.push_back(b.detach().clone());
+    }
+    absl::StatusOr<std::unique_ptr<Translator>> t =
+        Translator::Create(std::move(out), std::move(k), std::move(v));
+    if (!t.ok()) return t.status();
+    return (*t)->Save(o.out_path);
+  };
+
+  result.initial_valid_kl = result.best_valid_kl = valid_kl();
+  if (absl::Status s = save(0); !s.ok()) return s;
+  std::ofstream log_out(Sibling(o.out_path, ".distill.jsonl"), std::ios::trunc);
+  log_out << nlohmann::json{{"step", 0}, {"valid_kl", result.initial_valid_kl}}.dump() << "\n";
+
+  TrainOptions schedule;  // LearningRate's warm-up + cosine
+  schedule.n_steps = o.steps;
+  schedule.lr = o.lr;
+  schedule.warmup = o.warmup;
+  schedule.min_lr_ratio = o.min_lr / o.lr;
+
+  ProgressOptions popts;
+  popts.label = "distill";
+  popts.total = o.steps;
+  popts.unit = "step";
+  popts.out = o.progress ? stderr : nullptr;
+  ProgressBar bar(popts);
+  double step_seconds = 0, last_valid = result.initial_valid_kl;
+  for (int64_t step = 1; step <= o.steps; ++step) {
+    const Clock::time_point t0 = Clock::now();
+    std::vector<at::Tensor> rows;
+    for (int64_t off : BatchOffsets(o.seed, step, o.batch, window - 1, n_train)) {
+      rows.push_back(train_ids.narrow(0, off, window));
+    }
+    const at::Tensor loss = DistillKl(source->config(), source->weights32, target->config(),
+                                      target->weights32, spec, keys, values, at::stack(rows),
+                                      o.prefix);
+    loss.backward();
+    DistillRecord rec;
+    rec.step = step;
+    rec.kl = loss.item<double>();
+    rec.lr = LearningRate(schedule, step);
+    if (!std::isfinite(rec.kl)) {
+      return absl::InternalError(absl::StrCat("distillation diverged: KL ", rec.kl, " at step ", step));
+    }
+    {
+      c10::AutoGradMode no_grad(false);
+      double sq = 0;
+      for (const at::Tensor& p : params) sq += p.grad().pow(2).sum().item<double>();
+      rec.grad_norm = std::sqrt(sq);
+      const double scale = (o.clip > 0 && rec.grad_norm > o.clip) ? o.clip / (rec.grad_norm + 1e-6) : 1.0;
+      const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(step));
+      const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(step));
+      for (size_t i = 0; i < params.size(); ++i) {
+        at::Tensor p = params[i];
+        at::Tensor g = p.grad();
+        if (scale != 1.0) g.mul_(scale);
+        if (decay[i] && o.weight_decay > 0) p.mul_(1.0 - rec.lr * o.weight_decay);
+        exp_avg[i].mul_(o.beta1).add_(g, 1.0 - o.beta1);
+        exp_avg_sq[i].mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
+        const at::Tensor denom = (exp_avg_sq[i].sqrt() / std::sqrt(bc2)).add_(o.eps);
+        p.addcdiv_(exp_avg[i], denom, -rec.lr / bc1);
+        p.mutable_grad().reset();
+      }
+    }
+    rec.step_s = Seconds(t0, Clock::now());
+    step_seconds += rec.step_s;
+    if (step == o.steps || (o.eval_every > 0 && step % o.eval_every == 0)) {
+      rec.valid_kl = last_valid = valid_kl();
+      if (rec.valid_kl < result.best_valid_kl) {
+        result.best_valid_kl = rec.valid_kl;
+        result.best_step = step;
+        if (absl::Status s = save(step); !s.ok()) return s;
+      }
+    }
+    nlohmann::json line = {{"step", step}, {"kl", rec.kl}, {"lr", rec.lr},
+                           {"grad_norm", rec.grad_norm}, {"step_s", rec.step_s}};
+    if (rec.valid_kl >= 0) line["valid_kl"] = rec.valid_kl;
+    log_out << line.dump() << "\n";
+    log_out.flush();
+    result.log.push_back(rec);
+    bar.Update(step, absl::StrFormat("KL %.4f | lr %.2e | valid %.4f (best %.4f @%d)", rec.kl,
+                                     rec.lr, last_valid, result.best_valid_kl, result.best_step));
+  }
+  bar.Finish();
+  result.final_valid_kl = last_valid;
+  result.mean_step_s = step_seconds / static_cast<double>(o.steps);
+  result.wall_s = Seconds(t_start, Clock::now());
+
+  if (o.plot) {
+    if (absl::Status s = PlotCurve(Sibling(o.out_path, ".distill.png"), result.log,
+                                   result.initial_valid_kl);
+        !s.ok()) {
+      return s;
+    }
+  }
+  const nlohmann::json summary = {
+      {"translator", o.out_path},      {"init", o.init_path},
+      {"source", o.source_dir},        {"target", o.target_dir},
+      {"train", o.train_path},         {"valid", o.valid_path},
+      {"prefix", o.prefix},            {"continuation", o.continuation},
+      {"batch", o.batch},              {"steps", o.steps},
+      {"lr", o.lr},                    {"min_lr", o.min_lr},
+      {"warmup", o.warmup},            {"weight_decay", o.weight_decay},
+      {"clip", o.clip},                {"seed", o.seed},
+      {"valid_windows", result.n_valid_windows},
+      {"initial_valid_kl", result.initial_valid_kl},
+      {"best_valid_kl", result.best_valid_kl},
+      {"best_step", result.best_step}, {"final_valid_kl", result.final_valid_kl},
+      {"mean_step_s", result.mean_step_s}, {"wall_s", result.wall_s}};
+  std::ofstream(Sibling(o.out_path, ".distill.json"), std::ios::trunc) << summary.dump(2) << "\n";
+  return result;
+}
+
+}  // namespace kvl::tools
