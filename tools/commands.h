@@ -20,5 +20,6 @@ int RunEval(const Args& args);       // tools/eval_cmd.cc
 int RunFit(const Args& args);        // tools/fit_cmd.cc
 int RunDistill(const Args& args);    // tools/distill_cmd.cc
 int RunEvalTranslator(const Args& args);  // tools/eval_translator_cmd.cc
+int RunChat(const Args& args);       // tools/chat_cmd.cc
 
 }  // namespace kvl::tools
