@@ -21,6 +21,7 @@
 #include "nlohmann/json.hpp"
 #include "tools/chat_data.h"
 #include "tools/commands.h"
+#include "tools/translator_tools.h"
 #include "tools/progress.h"
 #include "tools/translator_attention.h"
 #include "translator/fit.h"
@@ -79,16 +80,9 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ReadSequences(const std::strin
     while (!full() && std::getline(in, line)) {
       ++line_no;
       if (line.empty()) continue;
-      std::vector<ChatMessage> messages;
-      try {
-        const nlohmann::json chat = nlohmann::json::parse(line);
-        for (const auto& m : chat.at("messages")) {
-          messages.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>()});
-        }
-      } catch (const nlohmann::json::exception& e) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ":", line_no, ": ", e.what()));
-      }
-      const std::vector<int32_t> ids = tokenizer.Encode(RenderChatMl(messages));
+      absl::StatusOr<std::vector<ChatMessage>> messages = ParseChatLine(line, path, line_no);
+      if (!messages.ok()) return messages.status();
+      const std::vector<int32_t> ids = tokenizer.Encode(RenderChatMl(*messages));
       if (ids.size() < 2) continue;
       const size_t n = std::min<size_t>(ids.size(), seq_len);
       out.emplace_back(ids.begin(), ids.begin() + n);

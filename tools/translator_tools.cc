@@ -103,6 +103,20 @@ absl::Status CheckSameTokenizer(const TranslatorModel& source, const TranslatorM
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<ChatMessage>> ParseChatLine(const std::string& line,
+                                                       const std::string& path, int64_t line_no) {
+  std::vector<ChatMessage> messages;
+  try {
+    const nlohmann::json chat = nlohmann::json::parse(line);
+    for (const auto& m : chat.at("messages")) {
+      messages.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>()});
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ":", line_no, ": ", e.what()));
+  }
+  return messages;
+}
+
 absl::StatusOr<std::vector<int32_t>> ReadTokenStream(const std::string& path,
                                                      const Tokenizer& tokenizer) {
   std::ifstream in(path, std::ios::binary);
@@ -112,16 +126,9 @@ absl::StatusOr<std::vector<int32_t>> ReadTokenStream(const std::string& path,
     std::string line;
     for (int64_t line_no = 1; std::getline(in, line); ++line_no) {
       if (line.empty()) continue;
-      std::vector<ChatMessage> messages;
-      try {
-        const nlohmann::json chat = nlohmann::json::parse(line);
-        for (const auto& m : chat.at("messages")) {
-          messages.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>()});
-        }
-      } catch (const nlohmann::json::exception& e) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ":", line_no, ": ", e.what()));
-      }
-      tokenizer.EncodeTo(RenderChatMl(messages) + "\n", /*parse_special=*/true, &ids);
+      absl::StatusOr<std::vector<ChatMessage>> messages = ParseChatLine(line, path, line_no);
+      if (!messages.ok()) return messages.status();
+      tokenizer.EncodeTo(RenderChatMl(*messages) + "\n", /*parse_special=*/true, &ids);
     }
   } else {
     std::stringstream ss;

@@ -25,6 +25,7 @@
 #include "model/engine.h"
 #include "model/kv_cache.h"
 #include "model/tokenizer.h"
+#include "tools/chat_data.h"
 #include "translator/translator.h"
 
 namespace kvl::tools {
@@ -75,6 +76,11 @@ absl::Status CheckSameTokenizer(const TranslatorModel& source, const TranslatorM
 // byte for byte what `kvl make-data` writes to the .txt split; anything else:
 // the file's text. Special tokens are parsed. NotFound for a missing file,
 // InvalidArgument for a malformed line.
+// One line of a chat .jsonl file ({"messages": [{"role", "content"}, ...]});
+// InvalidArgument naming path:line_no when it is malformed.
+absl::StatusOr<std::vector<ChatMessage>> ParseChatLine(const std::string& line,
+                                                       const std::string& path, int64_t line_no);
+
 absl::StatusOr<std::vector<int32_t>> ReadTokenStream(const std::string& path,
                                                      const Tokenizer& tokenizer);
 
