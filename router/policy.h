@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <regex>
 #include <string>
 #include <vector>
@@ -46,9 +47,13 @@ struct RoutingConfig {
   Strategy strategy = Strategy::kTranslate;
   std::vector<int> order;  // "alternate" round robin and "cascade" (cheapest first)
   std::vector<Rule> rules;
-  // "cascade": the current model hands the turn to the next one in `order` when
-  // the mean log-probability it assigns to the turn's tokens is below this.
-  double cascade_min_mean_logprob = -1.0;
+  // "cascade": the current model prefills the turn and hands it to the next one
+  // in `order` when the entropy of its distribution for the answer's first
+  // token exceeds cascade_max_entropy (nats), or when the mean log-probability
+  // it assigns to the turn's tokens is below cascade_min_mean_logprob. Either
+  // test is off at its default infinity.
+  double cascade_max_entropy = 3.0;
+  double cascade_min_mean_logprob = -std::numeric_limits<double>::infinity();
 };
 
 struct RouteChoice {

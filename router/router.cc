@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -260,6 +261,22 @@ absl::StatusOr<TurnResult> Router::RunTurn(const std::string& session_id,
                                     .squeeze(1);
           mean = lp.mean().item<double>();
         }
+        // The entropy of the answer's first token: the turn's last token run
+        // once to read it, then rolled back, so the answering model (this
+        // one, when it stays) runs that token itself as for any other policy.
+        double entropy = 0;
+        {
+          const Clock::time_point t1 = Clock::now();
+          KvCache& line = *work.lease->line(m);
+          absl::StatusOr<at::Tensor> last =
+              models_[m]->loaded.engine->Prefill(line, {fresh.back()});
+          if (!last.ok()) return last.status();
+          if (absl::Status r = line.Rollback(line.Length() - 1); !r.ok()) return r;
+          c10::InferenceMode guard;
+          const at::Tensor lp = at::log_softmax(last->to(at::kFloat).reshape({-1}), -1);
+          entropy = -(lp.exp() * lp).sum().item<double>();
+          work.result.prefill_seconds += Seconds(t1, Clock::now());
+        }
         if (consumed == 0) {
           const int64_t begin = static_cast<int64_t>(work.history.size());
           work.history.insert(work.history.end(), ids.begin(), ids.end());
@@ -269,19 +286,24 @@ absl::StatusOr<TurnResult> Router::RunTurn(const std::string& session_id,
         } else {
           reason += "; ";
         }
-        if (mean >= routing_.cascade_min_mean_logprob) {
-          absl::StrAppendFormat(
-              &reason,
-              "cascade: %s is confident (mean log-probability %.3f >= %.3f over %d turn tokens)",
-              names_[m], mean, routing_.cascade_min_mean_logprob, ids.size());
+        const bool unsure_entropy = entropy > routing_.cascade_max_entropy;
+        const bool unsure_mean = mean < routing_.cascade_min_mean_logprob;
+        // The measurements the decision used; a test that is off is omitted.
+        std::string measured = absl::StrFormat("next-token entropy %.3f nats", entropy);
+        if (std::isfinite(routing_.cascade_max_entropy)) {
+          absl::StrAppendFormat(&measured, " (max %.3f)", routing_.cascade_max_entropy);
+        }
+        if (std::isfinite(routing_.cascade_min_mean_logprob)) {
+          absl::StrAppendFormat(&measured,
+                                ", mean log-probability %.3f (min %.3f) over %d turn tokens", mean,
+                                routing_.cascade_min_mean_logprob, ids.size());
+        }
+        if (!unsure_entropy && !unsure_mean) {
+          absl::StrAppend(&reason, "cascade: ", names_[m], " is confident (", measured, ")");
           model = m;
         } else {
-          absl::StrAppendFormat(
-              &reason,
-              "cascade: %s is unsure (mean log-probability %.3f < %.3f over %d turn tokens); "
-              "escalated to %s",
-              names_[m], mean, routing_.cascade_min_mean_logprob, ids.size(),
-              names_[routing_.order[cascade_level + 1]]);
+          absl::StrAppend(&reason, "cascade: ", names_[m], " is unsure (", measured,
+                          "); escalated to ", names_[routing_.order[cascade_level + 1]]);
           model = -1;
         }
         return absl::OkStatus();

@@ -5,8 +5,10 @@
 //   2. The model gets the history it lacks (planner.h): spans translated from
 //      their native writers' lines or prefilled, per the strategy.
 //   3. "cascade" only, below the last level: the model prefills the new turn
-//      (all but its last token) and scores it: when the mean log-probability
-//      of the turn's tokens is below routing.cascade_min_mean_logprob, the
+//      and scores it: when the entropy of its next-token distribution (the
+//      answer's first token) exceeds routing.cascade_max_entropy, or the mean
+//      log-probability of the turn's tokens is below
+//      routing.cascade_min_mean_logprob, the
 //      turn escalates to the next model, which takes over the history and the
 //      turn's tokens (translated from the cheaper model where a translator
 //      exists) exactly as in step 2. The session stays escalated for later

@@ -390,7 +390,8 @@ absl::Status ParseRouting(const Json& j, const std::string& path,
   if (absl::Status s = ExpectObject(j, path); !s.ok()) return s;
   if (absl::Status s = CheckKeys(
           j, path,
-          {"policy", "default_model", "strategy", "models", "rules", "cascade_min_mean_logprob"});
+          {"policy", "default_model", "strategy", "models", "rules", "cascade_max_entropy",
+           "cascade_min_mean_logprob"});
       !s.ok()) {
     return s;
   }
@@ -400,6 +401,10 @@ absl::Status ParseRouting(const Json& j, const std::string& path,
   if (s.ok()) s = ReadChoice(j, "strategy", path, kStrategyNames, &strategy);
   if (s.ok()) s = ReadString(j, "default_model", path, &out->default_model);
   if (s.ok()) s = ReadModelList(j, "models", path, models, &out->models);
+  if (s.ok()) {
+    s = ReadNumber(j, "cascade_max_entropy", path, 0, std::numeric_limits<double>::max(),
+                   &out->cascade_max_entropy);
+  }
   if (s.ok()) {
     s = ReadNumber(j, "cascade_min_mean_logprob", path, -std::numeric_limits<double>::max(), 0,
                    &out->cascade_min_mean_logprob);

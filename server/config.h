@@ -11,6 +11,7 @@
 #define KVLINGO_SERVER_CONFIG_H_
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -117,11 +118,14 @@ struct RoutingSection {
   // (cheapest first, escalate on low confidence) policies.
   std::vector<std::string> models;
   std::vector<RoutingRule> rules;
-  // "cascade": when the mean log-probability the current model assigns to the
-  // tokens of the new user turn (teacher-forced while it prefills the turn) is
-  // below this, the turn escalates to the next model in `models`; the session
-  // then stays escalated.
-  double cascade_min_mean_logprob = -1.0;
+  // "cascade": the current model prefills the new user turn; when the entropy
+  // of its distribution for the answer's first token exceeds
+  // cascade_max_entropy (nats), or the mean log-probability it assigns to the
+  // turn's tokens is below cascade_min_mean_logprob, the turn escalates to the
+  // next model in `models`; the session then stays escalated. Either test is
+  // off at its default infinity (the mean test unless configured).
+  double cascade_max_entropy = 3.0;
+  double cascade_min_mean_logprob = -std::numeric_limits<double>::infinity();
 };
 
 struct SessionsSection {

@@ -86,6 +86,7 @@ router::RoutingConfig ToRoutingConfig(const ServerConfig& config) {
     (void)router::CompileRule(&out);  // validated when the config was parsed
     r.rules.push_back(std::move(out));
   }
+  r.cascade_max_entropy = s.cascade_max_entropy;
   r.cascade_min_mean_logprob = s.cascade_min_mean_logprob;
   return r;
 }

@@ -3,13 +3,16 @@
 // driven by hand from the same state.
 #include "router/router.h"
 
+#include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "model/chat_template.h"
 #include "router/planner.h"
 #include "tests/router/model_fixture.h"
@@ -314,11 +317,11 @@ TEST_F(RouterTest, CancellationLeavesTheSessionExactlyAsItWas) {
   EXPECT_EQ(again->routing.path, CachePath::kTranslated);
 }
 
-TEST_F(RouterTest, CascadeEscalatesBelowTheThresholdAndStaysEscalated) {
+TEST_F(RouterTest, CascadeEscalatesAboveTheEntropyThresholdAndStaysEscalated) {
   RoutingConfig r;
   r.policy = Policy::kCascade;
   r.order = {0, 2};
-  r.cascade_min_mean_logprob = 0.0;  // every turn is "unsure": escalate
+  r.cascade_max_entropy = 0.0;  // every distribution has positive entropy: escalate
   MakeRouter(r);
   ASSERT_TRUE(store_->Create("s", {}).ok());
   auto t1 = Turn("s", "Something hard.", -1, Strategy::kTranslate, std::nullopt);
@@ -337,18 +340,42 @@ TEST_F(RouterTest, CascadeEscalatesBelowTheThresholdAndStaysEscalated) {
   EXPECT_THAT(t2->routing.reason, HasSubstr("stays there"));
 }
 
-TEST_F(RouterTest, CascadeKeepsTheCheapModelWhenConfident) {
+TEST_F(RouterTest, CascadeEscalatesBelowTheMeanLogProbabilityThreshold) {
   RoutingConfig r;
   r.policy = Policy::kCascade;
   r.order = {0, 2};
-  r.cascade_min_mean_logprob = -1e9;
+  r.cascade_max_entropy = std::numeric_limits<double>::infinity();
+  r.cascade_min_mean_logprob = 0.0;  // every turn is "unsure"
+  MakeRouter(r);
+  ASSERT_TRUE(store_->Create("s", {}).ok());
+  auto t1 = Turn("s", "Something hard.", -1, Strategy::kTranslate, std::nullopt);
+  ASSERT_TRUE(t1.ok()) << t1.status();
+  EXPECT_EQ(t1->routing.model, 2);
+  EXPECT_THAT(t1->routing.reason, HasSubstr("escalated to large"));
+}
+
+TEST_F(RouterTest, CascadeKeepsTheCheapModelWhenConfidentAndReportsItsEntropy) {
+  RoutingConfig r;
+  r.policy = Policy::kCascade;
+  r.order = {0, 2};
+  r.cascade_max_entropy = std::numeric_limits<double>::infinity();
   MakeRouter(r);
   ASSERT_TRUE(store_->Create("s", {}).ok());
   auto t1 = Turn("s", "Easy.", -1, Strategy::kTranslate, std::nullopt);
   ASSERT_TRUE(t1.ok()) << t1.status();
   EXPECT_EQ(t1->routing.model, 0);
   EXPECT_THAT(t1->routing.reason, HasSubstr("confident"));
-  // The answer equals small answering the turn natively.
+  // The entropy reported is that of small's next-token distribution after the
+  // whole turn, computed here from its logits.
+  auto probe = engines_[0]->NewCache();
+  absl::StatusOr<at::Tensor> logits = engines_[0]->Prefill(*probe, TurnTokens("Easy."));
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  const at::Tensor lp = at::log_softmax(logits->to(at::kFloat).reshape({-1}), -1);
+  const double entropy = -(lp.exp() * lp).sum().item<double>();
+  EXPECT_THAT(t1->routing.reason,
+              HasSubstr(absl::StrFormat("next-token entropy %.3f nats", entropy)));
+  // Reading the entropy leaves no trace: the answer equals small answering
+  // the turn natively.
   auto line = engines_[0]->NewCache();
   EXPECT_EQ(t1->tokens, Generate(*engines_[0], *line, TurnTokens("Easy.")));
 }

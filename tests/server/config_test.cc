@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include <string>
@@ -41,6 +42,8 @@ TEST(ConfigTest, EmptyObjectGivesDocumentedDefaults) {
   EXPECT_TRUE(c->translators.empty());
   EXPECT_EQ(c->routing.policy, RoutingPolicy::kFixed);
   EXPECT_EQ(c->routing.strategy, SwitchStrategy::kTranslate);
+  EXPECT_EQ(c->routing.cascade_max_entropy, 3.0);
+  EXPECT_EQ(c->routing.cascade_min_mean_logprob, -std::numeric_limits<double>::infinity());
   EXPECT_EQ(c->sessions.idle_timeout_seconds, 3600);
   EXPECT_EQ(c->sessions.memory_budget_bytes, int64_t{4} << 30);
 }
@@ -62,7 +65,7 @@ TEST(ConfigTest, FullConfigWithCommentsAndRelativePaths) {
     "routing": {"policy": "rules", "default_model": "small", "strategy": "reprefill-missing",
                 "models": ["small", "large"],
                 "rules": [{"model": "large", "contains": ["prove", "derive"], "min_bytes": 10}],
-                "cascade_min_mean_logprob": -0.5},
+                "cascade_max_entropy": 2.5, "cascade_min_mean_logprob": -0.5},
     "sessions": {"idle_timeout_seconds": 0, "memory_budget_bytes": 1048576}
   })";
   absl::StatusOr<ServerConfig> c = ParseConfig(text, dir.path());
@@ -89,6 +92,7 @@ TEST(ConfigTest, FullConfigWithCommentsAndRelativePaths) {
   EXPECT_EQ(c->routing.rules[0].model, "large");
   EXPECT_THAT(c->routing.rules[0].contains, ::testing::ElementsAre("prove", "derive"));
   EXPECT_EQ(c->routing.rules[0].min_bytes, 10);
+  EXPECT_EQ(c->routing.cascade_max_entropy, 2.5);
   EXPECT_EQ(c->routing.cascade_min_mean_logprob, -0.5);
   EXPECT_EQ(c->sessions.idle_timeout_seconds, 0);
   EXPECT_EQ(c->sessions.memory_budget_bytes, 1048576);
@@ -220,6 +224,8 @@ TEST(ConfigTest, CrossReferencesAreChecked) {
       parse(R"(, "routing": {"default_model": "a", "policy": "alternate", "models": ["a"]})")
           .message(),
       HasSubstr("config: routing.models: the 'alternate' policy needs at least 2 models"));
+  EXPECT_THAT(parse(R"(, "routing": {"default_model": "a", "cascade_max_entropy": -1})").message(),
+              HasSubstr("config: routing.cascade_max_entropy: expected a number in [0,"));
   EXPECT_THAT(parse(R"(, "routing": {"default_model": "a", "models": ["a", "a"]})").message(),
               HasSubstr("config: routing.models[1]: 'a' is listed twice"));
   EXPECT_THAT(parse(R"(, "routing": {"default_model": "a", "policy": "rules"})").message(),

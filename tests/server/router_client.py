@@ -2,10 +2,12 @@
 Debian's grpcio and protoc-generated message classes only (no grpc_tools).
 Prints one JSON object with what it saw; the calling gtest checks it.
 
-usage: router_client.py TARGET STUBS_DIR SCENARIO
-  SCENARIO: policies | bad_inputs | concurrent | eviction
+usage: router_client.py TARGET STUBS_DIR SCENARIO [SERVER_PID]
+  SCENARIO: policies | bad_inputs | concurrent | eviction | drain (needs SERVER_PID)
 """
 import json
+import os
+import signal
 import sys
 import threading
 import time
@@ -176,6 +178,52 @@ def main():
                                       "unchanged": session_state("ev-x")["history_tokens"] ==
                                       before["history_tokens"] and
                                       session_state("ev-x")["turns"] == before["turns"]}
+    elif scenario == "drain":
+        # A long answer is streaming when the server gets SIGTERM: new Chat
+        # calls are refused with UNAVAILABLE while it finishes.
+        pid = int(sys.argv[4])
+        for sid in ("dr-a", "dr-b"):
+            create(session_pb2.CreateSessionRequest(session_id=sid), timeout=10)
+        streaming, long = threading.Event(), {}
+
+        def run_long():
+            req = S.ChatRequest(session_id="dr-a", user_message=b"Talk for a long time.",
+                                sampling=S.SamplingParams(max_tokens=2000),
+                                routing=S.RoutingHints(policy="explicit", model="large"))
+            long["code"], long["deltas"] = "OK", 0
+            try:
+                for ev in chat_call(req, timeout=120):
+                    kind = ev.WhichOneof("event")
+                    if kind == "delta":
+                        long["deltas"] += 1
+                        streaming.set()
+                    elif kind == "summary":
+                        long["summary_at"] = time.monotonic()
+                        long["finish"] = S.FinishReason.Name(ev.summary.finish_reason)
+                        long["generated_tokens"] = ev.summary.generated_tokens
+            except grpc.RpcError as e:
+                long["code"], long["details"] = e.code().name, e.details()
+            streaming.set()
+
+        worker = threading.Thread(target=run_long)
+        worker.start()
+        streaming.wait(60)
+        signalled_at = time.monotonic()
+        os.kill(pid, signal.SIGTERM)
+        # The signal is handled asynchronously: retry until the drain refuses.
+        refused = {"code": "none"}
+        while time.monotonic() - signalled_at < 10:
+            r = chat("dr-b", "Are you still there?", policy="explicit", model="small",
+                     max_tokens=1)
+            if r["code"] != "OK":
+                refused = {"code": r["code"], "details": r.get("details", ""),
+                           "long_still_streaming": "summary_at" not in long}
+                break
+            time.sleep(0.01)
+        worker.join()
+        long["in_flight_at_sigterm"] = long.get("summary_at", float("inf")) > signalled_at
+        long.pop("summary_at", None)
+        result = {"long": long, "refused": refused}
     print(json.dumps(result))
 
 

@@ -123,7 +123,7 @@ class RouterE2eTest : public ::testing::Test {
   static Json Client(const Running& r, const std::string& scenario) {
     auto run = testing::RunProcess(
         {KVL_SYSTEM_PYTHON, std::string(KVL_SOURCE_DIR) + "/tests/server/router_client.py",
-         r.address, stubs_, scenario},
+         r.address, stubs_, scenario, std::to_string(r.process->pid())},
         120s);
     EXPECT_TRUE(run.ok()) << run.status();
     EXPECT_EQ(run->exit_code, 0) << run->err;
@@ -322,6 +322,24 @@ TEST_F(RouterE2eTest, EvictionUnderATinyBudgetRebuildsSessionsCorrectly) {
   EXPECT_EQ(seen["budget_exhausted"]["code"], "RESOURCE_EXHAUSTED");
   EXPECT_THAT(seen["budget_exhausted"]["details"].get<std::string>(), HasSubstr("budget"));
   EXPECT_TRUE(seen["budget_exhausted"]["unchanged"].get<bool>());
+}
+
+TEST_F(RouterE2eTest, DrainingRefusesNewChatsWithUnavailableAndFinishesRunningOnes) {
+  Json config = Json::parse(Config(int64_t{1} << 30));
+  config["server"]["drain_timeout_seconds"] = 60;
+  Running server = Start(config.dump());
+  const Json seen = Client(server, "drain");  // the client sends SIGTERM itself
+  auto code = server.process->Wait(60s);
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0) << server.process->Describe();
+  EXPECT_EQ(seen["refused"]["code"], "UNAVAILABLE") << seen.dump();
+  EXPECT_TRUE(seen["refused"]["long_still_streaming"].get<bool>()) << seen.dump();
+  // The answer that was streaming when the drain began ran to its end.
+  const Json& long_turn = seen["long"];
+  EXPECT_TRUE(long_turn["in_flight_at_sigterm"].get<bool>()) << seen.dump();
+  EXPECT_EQ(long_turn["code"], "OK") << seen.dump();
+  EXPECT_TRUE(long_turn.contains("finish")) << seen.dump();
+  EXPECT_GT(long_turn["generated_tokens"].get<int64_t>(), 0);
 }
 
 TEST_F(RouterE2eTest, ABadModelFileIsABadConfig) {
