@@ -49,6 +49,14 @@ void TuneMallocForTensors() {
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   mallopt(M_TOP_PAD, 64 << 20);
+  // One arena for every thread. glibc otherwise gives each thread that
+  // allocates its own arena, whose memory is fresh (page-faulting) pages and
+  // is not covered by the settings above: a server turn runs on whichever
+  // pool thread is free, and with per-thread arenas a 1000-token switch in
+  // kvl-server spent 3-4x longer translating (docs/model-runtime.md). Tensor
+  // allocations are few and large, so the shared arena's lock costs nothing
+  // measurable.
+  mallopt(M_ARENA_MAX, 1);
 }
 
 const char* FinishReasonName(FinishReason reason) {

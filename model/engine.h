@@ -32,8 +32,10 @@ namespace kvl {
 class Decoder;
 
 // Keeps glibc from returning large tensor buffers to the OS on every free (and
-// faulting them back in on the next allocation). Process-wide and idempotent;
-// Engine::Create calls it. See docs/model-runtime.md for the measured effect.
+// faulting them back in on the next allocation), with one malloc arena for all
+// threads. Process-wide and idempotent; Engine::Create calls it, and a
+// multi-threaded program should call it before starting threads. See
+// docs/model-runtime.md for the measured effect.
 void TuneMallocForTensors();
 
 enum class FinishReason {

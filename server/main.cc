@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "model/engine.h"
 #include "server/config.h"
 #include "server/server.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -168,6 +169,8 @@ int main(int argc, char** argv) {
     return 0;
   }
 
+  // Before any thread starts: every thread then shares the tuned heap.
+  kvl::TuneMallocForTensors();
   if (absl::Status s = InstallShutdownPipe(); !s.ok()) {
     std::cerr << "kvl-server: " << s.message() << "\n";
     return kExitStartFailed;
