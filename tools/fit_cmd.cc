@@ -32,7 +32,8 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: kvl fit --source DIR --target DIR --data FILE.jsonl|FILE.txt --out FILE\n"
-    "               [--assignment same_index|relative_depth|top_r2] [--band N] [--ridge L]\n"
+    "               [--assignment same_index|relative_depth|top_r2|greedy] [--band N]\n"
+    "               [--ridge L]\n"
     "               [--weighting uniform|attention] [--attention-queries C] [--no-bias]\n"
     "               [--max-sequences N] [--seq-len T]\n"
     "               [--threads N] [--quiet]\n"
@@ -231,8 +232,8 @@ int RunFit(const Args& args) {
   std::string kind = flags.count("assignment") ? flags["assignment"]
                      : sc.n_layer == tc.n_layer ? "same_index"
                                                 : "relative_depth";
-  if (kind != "same_index" && kind != "relative_depth" && kind != "top_r2") {
-    return UsageError("--assignment must be same_index, relative_depth or top_r2");
+  if (kind != "same_index" && kind != "relative_depth" && kind != "top_r2" && kind != "greedy") {
+    return UsageError("--assignment must be same_index, relative_depth, top_r2 or greedy");
   }
 
   absl::StatusOr<std::vector<std::vector<int64_t>>> sequences =
@@ -281,7 +282,8 @@ int RunFit(const Args& args) {
       kind == "same_index" ? (band == 1 ? SameIndexAssignment(sc.n_layer, tc.n_layer)
                                         : absl::InvalidArgumentError("same_index takes no band"))
       : kind == "relative_depth" ? RelativeDepthAssignment(sc.n_layer, tc.n_layer, band)
-                                 : TopR2Assignment(single->keys, single->values, band);
+      : kind == "top_r2"         ? TopR2Assignment(single->keys, single->values, band)
+                                 : (*moments)->GreedyAssignment(band, bias, ridge);
   if (!assignment.ok()) return Fail(std::string(assignment.status().message()));
   spec.assignment = *assignment;
 

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include <algorithm>
+#include <limits>
 #include <numeric>
 #include <utility>
 
@@ -207,6 +209,46 @@ absl::StatusOr<SingleLayerR2Table> MomentAccumulator::SingleLayerR2(bool bias,
     return absl::InternalError(absl::StrCat("solving: ", e.what_without_backtrace()));
   }
   return table;
+}
+
+absl::StatusOr<LayerAssignment> MomentAccumulator::GreedyAssignment(int64_t band, bool bias,
+                                                                    double ridge) const {
+  if (band < 1 || band > source_.n_layer) {
+    return absl::InvalidArgumentError(absl::StrCat("greedy assignment: band must be in [1, ",
+                                                   source_.n_layer, "], got ", band));
+  }
+  if (n_tokens_ == 0) return absl::FailedPreconditionError("no tokens accumulated");
+  LayerAssignment assignment;
+  try {
+    c10::InferenceMode guard;
+    for (const auto& [side, out] :
+         {std::pair{&keys_, &assignment.keys}, {&values_, &assignment.values}}) {
+      out->resize(static_cast<size_t>(target_.n_layer));
+      for (int64_t il = 0; il < target_.n_layer; ++il) {
+        std::vector<int64_t> chosen;
+        while (static_cast<int64_t>(chosen.size()) < band) {
+          int64_t best = -1;
+          double best_r2 = -std::numeric_limits<double>::infinity();
+          for (int64_t s = 0; s < source_.n_layer; ++s) {
+            if (std::find(chosen.begin(), chosen.end(), s) != chosen.end()) continue;
+            std::vector<int64_t> trial = chosen;
+            trial.insert(std::upper_bound(trial.begin(), trial.end(), s), s);
+            double r2 = 0;
+            SolveOne(*side, trial, il, bias, ridge, &r2);
+            if (r2 > best_r2) {  // ties keep the shallower layer
+              best = s;
+              best_r2 = r2;
+            }
+          }
+          chosen.insert(std::upper_bound(chosen.begin(), chosen.end(), best), best);
+        }
+        (*out)[static_cast<size_t>(il)] = std::move(chosen);
+      }
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("solving: ", e.what_without_backtrace()));
+  }
+  return assignment;
 }
 
 absl::Status AccumulateSequence(Engine& source, Engine& target, const std::vector<int64_t>& ids,

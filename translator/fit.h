@@ -68,6 +68,15 @@ class MomentAccumulator {
   // R² of each (target layer, source layer) pair fitted alone, keys and values.
   absl::StatusOr<SingleLayerR2Table> SingleLayerR2(bool bias, double ridge) const;
 
+  // Greedy match (KV-Lingo appendix H): per target layer, and separately for
+  // keys and values, grows the source support one layer at a time, each time
+  // adding the source layer whose joint fit with those already chosen has the
+  // highest in-sample R², until `band` layers (listed in ascending order).
+  // Unlike the top-R² assignment it accounts for redundancy among the chosen
+  // layers. InvalidArgument unless 1 <= band <= L_s; FailedPrecondition
+  // before any token was added.
+  absl::StatusOr<LayerAssignment> GreedyAssignment(int64_t band, bool bias, double ridge) const;
+
  private:
   struct Side {
     at::Tensor xx;  // [N_in+1, N_in+1] float64; last row/column: the ones column

@@ -86,6 +86,42 @@ class TranslatorToolsTest : public ::testing::Test {
   const std::vector<int64_t> ids_ = {5, 300, 17, 4000, 42, 9, 1234, 77, 2048, 3, 611, 90};
 };
 
+TEST_F(TranslatorToolsTest, FitWithGreedyAssignmentWritesALoadableTranslatorAndItsR2) {
+  // b (3 layers) -> a (2 layers), two source layers per target layer chosen
+  // by greedy match; the assignment and per-layer R² land in <out>.r2.json.
+  const std::string out = dir_.Path("b_to_a.greedy.safetensors");
+  absl::StatusOr<RunResult> run =
+      RunProcess({KVL_CLI_BIN, "fit", "--source", b_, "--target", a_, "--data", data_, "--out",
+                  out, "--assignment", "greedy", "--band", "2", "--seq-len", "64",
+                  "--max-sequences", "8", "--threads", "1", "--quiet"},
+                 kTimeout);
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_EQ(run->exit_code, 0) << run->err;
+  std::ifstream in(dir_.Path("b_to_a.greedy.r2.json"));
+  const nlohmann::json r2 = nlohmann::json::parse(in);
+  EXPECT_EQ(r2["assignment"], "greedy");
+  ASSERT_EQ(r2["assignment_keys"].size(), 2u);
+  for (const auto& side : {r2["assignment_keys"], r2["assignment_values"]}) {
+    for (const auto& layers : side) {
+      ASSERT_EQ(layers.size(), 2u);
+      EXPECT_LT(layers[0].get<int>(), layers[1].get<int>());
+      EXPECT_LT(layers[1].get<int>(), 3);
+    }
+  }
+  // The server-side loader accepts it for these two models: kvl logits through it.
+  const nlohmann::json through =
+      Logits({"--prefix-from", b_, "--translator", out, "--prefix-len", "4"});
+  EXPECT_EQ(through["logits"].size(), ids_.size() - 4);
+
+  absl::StatusOr<RunResult> bad = RunProcess(
+      {KVL_CLI_BIN, "fit", "--source", b_, "--target", a_, "--data", data_, "--out", out,
+       "--assignment", "greedy", "--band", "4", "--quiet"},
+      kTimeout);
+  ASSERT_TRUE(bad.ok());
+  EXPECT_NE(bad->exit_code, 0);
+  EXPECT_NE(bad->err.find("band must be in [1, 3]"), std::string::npos) << bad->err;
+}
+
 TEST_F(TranslatorToolsTest, LogitsThroughAnIdentityTranslatorMatchNativeLogits) {
   const nlohmann::json native = Logits({});
   const nlohmann::json translated =

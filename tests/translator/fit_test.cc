@@ -128,6 +128,63 @@ TEST(FitTest, SingleLayerR2FindsTheSourceLayerAndIgnoresNoise) {
   EXPECT_LT(MaxAbsDiff(fit->translator->value_maps().bias[0], at::full({4}, 3.0)), 0.05);
 }
 
+TEST(FitTest, GreedyAssignmentSkipsARedundantLayerThatTopR2Takes) {
+  // Four source layers [4, 1, T, 4], one target layer [1, 1, T, 4] whose keys
+  // are A + 0.8 B: source layer 0 is A, layer 1 a near copy of A, layer 2 is
+  // B, layer 3 noise. Alone, layers 0 and 1 explain most (R² ~ 0.6), so the
+  // top-R² band of 2 takes both and gains nothing from the second; greedy
+  // match adds B to A and explains everything.
+  const TranslatorEndpoint source = Endpoint(4, 1, 4), target = Endpoint(1, 1, 4);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(9);
+  auto acc = MomentAccumulator::Create(source, target);
+  ASSERT_TRUE(acc.ok()) << acc.status();
+  for (int span = 0; span < 10; ++span) {
+    const int64_t n = 400;
+    const at::Tensor a = at::randn({n, 4}, gen, at::kDouble);
+    const at::Tensor b = at::randn({n, 4}, gen, at::kDouble);
+    const at::Tensor near_a = a + 0.01 * at::randn({n, 4}, gen, at::kDouble);
+    const at::Tensor noise = at::randn({n, 4}, gen, at::kDouble);
+    const at::Tensor x = at::stack({a, near_a, b, noise}).unsqueeze(1);  // [4, 1, n, 4]
+    const at::Tensor y = (a + 0.8 * b).unsqueeze(0).unsqueeze(0);      // [1, 1, n, 4]
+    ASSERT_TRUE((*acc)->Add(KvTaps{x, x}, KvTaps{y, y}).ok());
+  }
+  auto table = (*acc)->SingleLayerR2(/*bias=*/true, /*ridge=*/0.0);
+  ASSERT_TRUE(table.ok()) << table.status();
+  auto top = TopR2Assignment(table->keys, table->values, 2);
+  ASSERT_TRUE(top.ok());
+  EXPECT_EQ(top->keys, (std::vector<std::vector<int64_t>>{{0, 1}}));
+
+  auto greedy = (*acc)->GreedyAssignment(2, /*bias=*/true, /*ridge=*/0.0);
+  ASSERT_TRUE(greedy.ok()) << greedy.status();
+  EXPECT_EQ(greedy->keys, (std::vector<std::vector<int64_t>>{{0, 2}}));
+  EXPECT_EQ(greedy->values, greedy->keys);
+  // Band 1: the best single layer, as top-R² picks it.
+  auto one = (*acc)->GreedyAssignment(1, true, 0.0);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->keys, (*TopR2Assignment(table->keys, table->values, 1)).keys);
+
+  // The fits confirm it: greedy explains the target, top-R² does not.
+  TranslatorSpec spec;
+  spec.source = source;
+  spec.target = target;
+  spec.assignment = *greedy;
+  auto fit_greedy = (*acc)->Fit(spec, 0.0);
+  spec.assignment = *top;
+  auto fit_top = (*acc)->Fit(spec, 0.0);
+  ASSERT_TRUE(fit_greedy.ok() && fit_top.ok());
+  EXPECT_NEAR(fit_greedy->r2_keys[0], 1.0, 1e-9);
+  EXPECT_LT(fit_top->r2_keys[0], 0.7);
+
+  EXPECT_EQ((*acc)->GreedyAssignment(0, true, 0.0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*acc)->GreedyAssignment(5, true, 0.0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto empty = MomentAccumulator::Create(source, target);
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ((*empty)->GreedyAssignment(1, true, 0.0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(FitTest, ErrorsHaveSpecificCodes) {
   auto acc = MomentAccumulator::Create(kSource, kTarget);
   ASSERT_TRUE(acc.ok());

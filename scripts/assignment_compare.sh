@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Compares layer assignments for the cross-layer house pair in both
+# directions: closed-form fits (kvl fit, the committed translators' corpus and
+# sizes) with relative_depth at band 1 and relative_depth, top_r2 and greedy at
+# band 2, printing the mean per-target-layer R² of keys and values (in-sample
+# over ~40k tokens; 129 or 257 inputs per map, so overfitting is negligible).
+#   scripts/assignment_compare.sh [WORK_DIR]   # default build/house; needs WORK_DIR/data
+# Output: docs/results/assignments.txt (one line per fit).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+KVL=${KVL_BIN:-build/tools/kvl}
+work=${1:-build/house}
+out="$work/assignments"
+mkdir -p "$out"
+printf '%-24s %-15s %5s %12s %12s %8s\n' direction assignment band mean_r2_keys mean_r2_vals fit_s
+for pair in kvl-small:kvl-large kvl-large:kvl-small; do
+  s=${pair%%:*}; t=${pair##*:}
+  for spec in relative_depth:1 relative_depth:2 top_r2:2 greedy:2; do
+    kind=${spec%%:*}; band=${spec##*:}
+    f="$out/${s}__${t}.$kind.$band.safetensors"
+    t0=$(date +%s.%N)
+    "$KVL" fit --source "models/$s" --target "models/$t" --data "$work/data/train.jsonl" \
+      --out "$f" --seq-len 512 --max-sequences 256 --assignment "$kind" --band "$band" \
+      --threads "${KVL_TRAIN_THREADS:-2}" --quiet > /dev/null
+    t1=$(date +%s.%N)
+    /usr/bin/python3 - "${f%.safetensors}.r2.json" "$s->$t" "$kind" "$band" "$(echo "$t1 - $t0" | bc -l)" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(f"{sys.argv[2]:<24} {sys.argv[3]:<15} {sys.argv[4]:>5} {d['mean_r2_keys']:12.4f} "
+      f"{d['mean_r2_values']:12.4f} {float(sys.argv[5]):8.1f}")
+PY
+  done
+done
