@@ -37,9 +37,16 @@ for pair in $PAIRS; do
   s=${pair%%:*}; t=${pair##*:}
   base="$OUT/${s}__${t}"
   # Stage 1: closed-form ridge fit on 256 training chats of up to 512 tokens.
+  # Cross-layer pairs read two source layers per target layer, picked by
+  # greedy match (docs/results/assignments.txt: band 2 raises the mean R² by
+  # 0.05-0.10); the shape-preserving pair maps layer to layer.
+  assign=()
+  case "$s:$t" in
+    kvl-small:kvl-large|kvl-large:kvl-small) assign=(--assignment greedy --band 2) ;;
+  esac
   timed "fit $s->$t" "$KVL" fit --source "models/$s" --target "models/$t" \
     --data "$WORK/data/train.jsonl" --out "$base.closed-form.safetensors" \
-    --seq-len 512 --max-sequences 256 --threads "$THREADS" --quiet
+    --seq-len 512 --max-sequences 256 "${assign[@]}" --threads "$THREADS" --quiet
   # Stage 2: self-distillation from the closed-form maps.
   timed "distill $s->$t" "$KVL" distill --source "models/$s" --target "models/$t" \
     --init "$base.closed-form.safetensors" --data "$WORK/data/train.jsonl" \
