@@ -317,7 +317,7 @@ grpc::ServerWriteReactor<ChatResponse>* ChatServiceImpl::Chat(
     return reactor->cancelled() || std::chrono::system_clock::now() > deadline;
   };
 
-  deps_.pool->Submit([deps = deps_, reactor, options = std::move(options),
+  deps_.pool->Submit([deps = deps_, reactor, deadline, options = std::move(options),
                       session_id = turn->session_id] {
     router::TurnCallbacks callbacks;
     callbacks.on_routing = [&](const router::RoutingEvent& ev) {
@@ -352,6 +352,15 @@ grpc::ServerWriteReactor<ChatResponse>* ChatServiceImpl::Chat(
     if (!result.ok()) {
       if (result.status().code() != absl::StatusCode::kCancelled) {
         spdlog::warn("session {}: turn failed: {}", session_id, result.status().ToString());
+      }
+      // A turn stopped by its deadline (not by the client) says so: the
+      // client's own deadline timer and this status race, and both must read
+      // DEADLINE_EXCEEDED.
+      if (result.status().code() == absl::StatusCode::kCancelled && !reactor->cancelled() &&
+          std::chrono::system_clock::now() > deadline) {
+        reactor->Complete(absl::DeadlineExceededError(
+            "the call's deadline passed; the turn was stopped and the session left unchanged"));
+        return;
       }
       reactor->Complete(result.status());
       return;
