@@ -4,10 +4,15 @@
 // writes it to --out) so that every ratio in it comes from the same moment.
 //
 //   model_bench [--threads 2] [--out docs/results/model_bench.txt]
+//   model_bench --threads 2 --profile-prefill 2048 [--trace FILE]
+//     only prefills, 10 times (for perf); --trace: one more under LibTorch's
+//     profiler, written as a Chrome trace (per-operator times)
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 #include <malloc.h>
+#include <unistd.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
 
 #include <algorithm>
 #include <chrono>
@@ -24,6 +29,7 @@
 #include "model/decoder.h"
 #include "bench/bench_timing.h"
 #include "model/engine.h"
+#include "model/omp_wait.h"
 
 namespace {
 
@@ -69,18 +75,32 @@ void MallocDefaults() {
   mallopt(M_TOP_PAD, 128 * 1024);
 }
 
+// Prefill of ids into a fresh cache, chunk tokens per Forward.
+void PrefillInChunks(kvl::Decoder& decoder, const at::Tensor& ids, int64_t chunk) {
+  auto cache = decoder.NewCache();
+  for (int64_t i0 = 0; i0 < ids.numel(); i0 += chunk)
+    decoder.Forward(*cache, ids.narrow(0, i0, std::min(chunk, ids.numel() - i0)), false);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  kvl::ReexecWithPassiveOpenMpWait(argv);
   int n_threads = 2;
   std::string out_path;
+  int64_t profile_prefill = 0;
+  std::string trace_path;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
       n_threads = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc) {
       out_path = argv[++i];
+    } else if (std::strcmp(argv[i], "--profile-prefill") == 0 && i + 1 < argc) {
+      profile_prefill = std::atoll(argv[++i]);
+    } else if (std::strcmp(argv[i], "--trace") == 0 && i + 1 < argc) {
+      trace_path = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: model_bench [--threads N] [--out FILE]\n");
+      std::fprintf(stderr, "usage: model_bench [--threads N] [--out FILE] [--profile-prefill T [--trace FILE]]\n");
       return 2;
     }
   }
@@ -123,15 +143,66 @@ int main(int argc, char** argv) {
     ids[i] = static_cast<int64_t>((i * 7919) % config.vocab_size);
   const at::Tensor ids_t = at::tensor(ids);
 
+  if (profile_prefill > 0) {
+    kvl::RuntimeOptions o;
+    o.n_threads = n_threads;
+    auto engine = *kvl::Engine::Create(checkpoint, o);
+    const std::vector<int64_t> prompt(ids.begin(),
+                                      ids.begin() + std::min<int64_t>(profile_prefill, 8192));
+    for (int i = 0; i < 10; ++i) {
+      const double s = Seconds([&] { (void)engine->Prefill(*engine->NewCache(), prompt); });
+      std::printf("prefill %zu tokens: %.3f s, %.1f%% of the GEMM rate at start\n", prompt.size(),
+                  s, 100.0 * PrefillFlops(config, prompt.size()) / s / 1e9 / gemm_gflops);
+    }
+    if (!trace_path.empty()) {
+      torch::autograd::profiler::RecordProfile guard(trace_path);
+      (void)engine->Prefill(*engine->NewCache(), prompt);
+    }
+    return 0;
+  }
+
+  // 1b. The OpenMP wait policy. This process runs with OMP_WAIT_POLICY as
+  // ReexecWithPassiveOpenMpWait left it (PASSIVE unless it was set); a child
+  // process runs the same prefills with the variable empty, which libgomp
+  // ignores (with a warning, discarded): its default, spinning before it sleeps.
+  {
+    kvl::RuntimeOptions o;
+    o.n_threads = n_threads;
+    auto engine = *kvl::Engine::Create(checkpoint, o);
+    const std::vector<int64_t> prompt(ids.begin(), ids.begin() + 2048);
+    auto run = [&] { (void)engine->Prefill(*engine->NewCache(), prompt); };
+    run();
+    const double here = Best(3, run);
+    char self[4096] = {0};
+    double child = 0;
+    if (readlink("/proc/self/exe", self, sizeof self - 1) > 0) {
+      const std::string command = "OMP_WAIT_POLICY= '" + std::string(self) + "' --threads " +
+                                  std::to_string(n_threads) + " --profile-prefill 2048 2>/dev/null";
+      if (FILE* pipe = popen(command.c_str(), "r")) {
+        char line[256];
+        double seconds = 0;
+        while (std::fgets(line, sizeof line, pipe)) {
+          if (std::sscanf(line, "prefill 2048 tokens: %lf s", &seconds) == 1) {
+            child = child > 0 ? std::min(child, seconds) : seconds;
+          }
+        }
+        pclose(pipe);
+      }
+    }
+    const char* policy = std::getenv("OMP_WAIT_POLICY");
+    std::snprintf(buf, sizeof buf,
+                  "OpenMP wait: prefill 2048 (chunk 512) %.0f tok/s with OMP_WAIT_POLICY=%s, "
+                  "%.0f tok/s with libgomp's default in a child process (x%.2f)",
+                  2048 / here, policy ? policy : "(unset)", child > 0 ? 2048 / child : 0.0,
+                  child > 0 ? child / here : 0.0);
+    emit(buf);
+  }
+
   // 2. malloc tuning: prefill 2048 alternating glibc defaults and the tuned
   // settings, best of 3 each.
   {
     auto decoder = *kvl::Decoder::Create(config, checkpoint.weights, kvl::DecoderOptions());
-    auto run = [&] {
-      auto cache = decoder->NewCache();
-      for (int64_t i0 = 0; i0 < 2048; i0 += 512)
-        decoder->Forward(*cache, ids_t.narrow(0, i0, 512), false);
-    };
+    auto run = [&] { PrefillInChunks(*decoder, ids_t.narrow(0, 0, 2048), 512); };
     double untuned = 1e300, tuned = 1e300;
     for (int i = 0; i < 3; ++i) {
       MallocDefaults();
@@ -166,6 +237,26 @@ int main(int argc, char** argv) {
     const double s = Best(3, run);
     std::snprintf(buf, sizeof buf, "| %lld | %.0f | %.1f | %.1f%% |", (long long)chunk, 2048 / s,
                   gemm_gflops, 100.0 * PrefillFlops(config, 2048) / s / 1e9 / gemm_gflops);
+    emit(buf);
+  }
+
+  // 3b. Attention query-block size: the scores buffer bound (DecoderOptions::
+  // max_scores_bytes) at 2048 tokens, chunk 512.
+  emit("");
+  emit("attention scores buffer sweep, prefill 2048 tokens in chunks of 512:");
+  emit("| max_scores_bytes | query rows per block at 2048 keys | tokens/s | % of GEMM rate |");
+  emit("|---|---|---|---|");
+  for (int64_t mib : {1, 4, 16, 64}) {
+    kvl::DecoderOptions o;
+    o.max_scores_bytes = mib << 20;
+    auto decoder = *kvl::Decoder::Create(config, checkpoint.weights, o);
+    auto run = [&] { PrefillInChunks(*decoder, ids_t.narrow(0, 0, 2048), 512); };
+    run();
+    gemm_gflops = gemm_rate();
+    const double s = Best(3, run);
+    std::snprintf(buf, sizeof buf, "| %lld MiB | %lld | %.0f | %.1f%% |", (long long)mib,
+                  (long long)std::min<int64_t>(512, o.max_scores_bytes / (config.n_head * 2048 * 4)),
+                  2048 / s, 100.0 * PrefillFlops(config, 2048) / s / 1e9 / gemm_gflops);
     emit(buf);
   }
 

@@ -41,6 +41,7 @@
 #include "model/config.h"
 #include "bench/bench_timing.h"
 #include "model/engine.h"
+#include "model/omp_wait.h"
 #include "translator/translator.h"
 
 namespace {
@@ -93,6 +94,7 @@ double TranslateFlops(const kvl::Translator& tr, double t) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kvl::ReexecWithPassiveOpenMpWait(argv);
   int n_threads = 2, repeat = 1;
   std::string out_path, configs = "models/configs";
   std::vector<int64_t> contexts = {64, 256, 1024, 4096, 8192};

@@ -28,7 +28,9 @@ endfunction()
 
 # kvl_test(<name> SOURCES ... DEPS ... [LABELS ...]): a GoogleTest binary whose
 # cases are registered with ctest one by one. Tests run from the source tree root
-# and see KVL_SOURCE_DIR / KVL_BINARY_DIR in their environment.
+# and see KVL_SOURCE_DIR / KVL_BINARY_DIR in their environment, and
+# OMP_WAIT_POLICY=PASSIVE as kvl, kvl-server and the benchmarks set it for
+# themselves (model/omp_wait.h).
 function(kvl_test name)
   cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
@@ -43,5 +45,6 @@ function(kvl_test name)
     PROPERTIES
       TIMEOUT ${ARG_TIMEOUT}
       LABELS "${ARG_LABELS}"
-      ENVIRONMENT "KVL_SOURCE_DIR=${PROJECT_SOURCE_DIR};KVL_BINARY_DIR=${PROJECT_BINARY_DIR}")
+      ENVIRONMENT
+        "KVL_SOURCE_DIR=${PROJECT_SOURCE_DIR};KVL_BINARY_DIR=${PROJECT_BINARY_DIR};OMP_WAIT_POLICY=PASSIVE")
 endfunction()

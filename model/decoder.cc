@@ -167,11 +167,14 @@ at::Tensor Decoder::Forward(KvCache& cache, const at::Tensor& ids, bool all_logi
       // block; at::bmm over the strided [H, T, D] views of the line falls back
       // to a path ~10x slower than one GEMM per head (measured on prefill).
       at::Tensor scores = at::empty({n_head_kv, nb * n_group, n_keys}, options_);
+      // HF order, q k^T then * scale, as the GEMM's alpha: the product is
+      // rounded once and then scaled, as a separate multiply would, without
+      // another pass over the scores (beta 0: dst's contents are ignored).
       for (int64_t h = 0; h < n_head_kv; ++h) {
         at::Tensor dst = scores[h];
-        at::mm_out(dst, qb[h], keys[h].narrow(0, 0, n_keys).t());
+        at::addmm_out(dst, dst, qb[h], keys[h].narrow(0, 0, n_keys).t(), /*beta=*/0,
+                      /*alpha=*/scale);
       }
-      scores.mul_(scale);  // HF order: q k^T, then * scale
       if (nb > 1)
         scores.narrow(2, p0 + i0, nb).add_(diag_mask.narrow(0, 0, nb * n_group).narrow(1, 0, nb));
       const at::Tensor probs =

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "model/engine.h"
+#include "model/omp_wait.h"
 #include "server/config.h"
 #include "server/server.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -158,6 +159,7 @@ int WaitForShutdownSignal() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kvl::ReexecWithPassiveOpenMpWait(argv);
   Flags flags;
   bool help = false;
   if (std::string error = ParseFlags(argc, argv, &flags, &help); !error.empty()) {

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "model/omp_wait.h"
 #include "tools/commands.h"
 
 namespace {
@@ -37,6 +38,7 @@ void PrintUsage(FILE* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kvl::ReexecWithPassiveOpenMpWait(argv);
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
     PrintUsage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

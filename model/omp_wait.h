@@ -1,0 +1,18 @@
+// How idle OpenMP threads wait, set before LibTorch's thread pool exists.
+#pragma once
+
+namespace kvl {
+
+// LibTorch and OpenBLAS share libgomp's thread pool. By default an idle pool
+// thread spins (and calls sched_yield) for a while before it sleeps; on the
+// 2-core development machine that made a 2-thread prefill 2.5x slower than
+// with OMP_WAIT_POLICY=PASSIVE (docs/model-runtime.md, "OpenMP wait policy").
+// libgomp reads the variable once, when it is loaded, so it cannot be changed
+// from main(): when OMP_WAIT_POLICY is unset, this sets it to PASSIVE and
+// re-executes the program (/proc/self/exe, same argv and pid). An explicit
+// OMP_WAIT_POLICY (e.g. ACTIVE) is respected. Call it first in main(), before
+// any thread starts. Returns only if no re-execution happened (the variable
+// was set, or exec failed: the program then runs with libgomp's default).
+void ReexecWithPassiveOpenMpWait(char** argv);
+
+}  // namespace kvl
