@@ -94,8 +94,9 @@ absl::StatusOr<std::vector<int32_t>> TokenizeFile(const Tokenizer& tokenizer,
 // The settings a resumed run must share with the run it continues: anything
 // that changes the batches, the schedule or the update rule.
 json RunIdentity(const TrainOptions& o, const ModelConfig& config, const std::string& tokenizer_hash,
-                 int64_t n_train_tokens) {
+                 int64_t n_train_tokens, const std::string& init_hash) {
   return json{{"seed", o.seed},
+              {"init_from_sha256", init_hash},
               {"steps", o.n_steps},
               {"batch", o.batch},
               {"seq_len", o.seq_len},
@@ -361,7 +362,31 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
 
   const fs::path out_dir(o.out_dir);
   const fs::path state_dir = out_dir / kStateDir;
-  const json identity = RunIdentity(o, config, (*tokenizer)->content_hash(), n_train);
+  // --init-from: the starting weights, identified by their file's hash.
+  std::optional<ModelWeights> init_weights;
+  std::string init_hash;
+  if (!o.init_from.empty()) {
+    if (o.resume) return absl::InvalidArgumentError("--init-from and --resume exclude each other");
+    absl::StatusOr<Checkpoint> init = LoadCheckpoint(o.init_from);
+    if (!init.ok()) return init.status();
+    const json want = config.ToJson(), have = init->config.ToJson();
+    for (const char* key : {"hidden_size", "num_hidden_layers", "num_attention_heads",
+                            "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size",
+                            "tie_word_embeddings", "attention_bias"}) {
+      if (want.value(key, json()) != have.value(key, json())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--init-from ", o.init_from, ": ", key, " = ", have.value(key, json()).dump(),
+            " but ", o.config_path, " has ", want.value(key, json()).dump()));
+      }
+    }
+    absl::StatusOr<std::string> bytes =
+        ReadTextFile((fs::path(o.init_from) / "model.safetensors").string());
+    if (!bytes.ok()) return bytes.status();
+    init_hash = Sha256Hex(*bytes);
+    init_weights = std::move(init->weights);
+  }
+  const json identity =
+      RunIdentity(o, config, (*tokenizer)->content_hash(), n_train, init_hash);
 
   // Parameters: fresh, or the master weights and moments of a checkpoint.
   ModelWeights weights;
@@ -402,7 +427,7 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
     if (!w.ok()) return w.status();
     weights = *std::move(w);
   } else {
-    weights = InitWeights(config, o.seed);
+    weights = init_weights ? *std::move(init_weights) : InitWeights(config, o.seed);
     std::error_code ec;
     fs::create_directories(out_dir, ec);
     if (ec) return absl::PermissionDeniedError(absl::StrCat(o.out_dir, ": ", ec.message()));

@@ -56,6 +56,10 @@ struct TrainOptions {
   int64_t checkpoint_every = 0;  // checkpoint every K steps (and at the end); 0: end only
   int64_t stop_after = 0;      // stop (with a checkpoint) once this step is done; 0: run to n_steps
   bool resume = false;         // continue from out_dir/train_state
+  // Start from this model directory's weights instead of a random
+  // initialisation (a curriculum's next stage); the optimizer state and the
+  // schedule start fresh. Its config must have --config's shapes.
+  std::string init_from;
   DType save_dtype = DType::kFloat32;  // dtype of the exported model.safetensors
   bool progress = true;        // progress bar on stderr
   bool plot = true;            // write loss.png (needs gnuplot)

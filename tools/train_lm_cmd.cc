@@ -22,9 +22,11 @@ constexpr char kUsage[] =
     "                    [--warmup 50] [--min-lr-ratio 0.1] [--weight-decay 0.1] [--clip 1.0]\n"
     "                    [--bf16] [--threads N] [--eval-every K] [--eval-tokens N]\n"
     "                    [--checkpoint-every K] [--stop-after STEP] [--resume]\n"
+    "                    [--init-from MODEL_DIR]\n"
     "                    [--save-dtype float32|bfloat16] [--windows conversation|anywhere]\n"
     "                    [--assistant-weight W] [--no-plot] [--quiet]\n"
-    "Trains from a random initialisation (or continues DIR/train_state with --resume)\n"
+    "Trains from a random initialisation (or continues DIR/train_state with --resume,\n"
+    "or starts from MODEL_DIR's weights with a fresh optimizer and schedule: --init-from)\n"
     "and writes DIR as a Hugging Face model directory, plus train_log.jsonl, loss.png\n"
     "and summary.json. Defaults: seed 0, steps 1000, batch 8, seq-len 512, lr 3e-3,\n"
     "warmup 50, min-lr-ratio 0.1, weight-decay 0.1, clip 1.0, eval-every 100,\n"
@@ -35,7 +37,8 @@ constexpr char kUsage[] =
 const std::set<std::string> kValueFlags = {
     "config", "tokenizer", "train", "valid", "out", "seed", "steps", "batch", "seq-len",
     "lr", "warmup", "min-lr-ratio", "weight-decay", "clip", "threads", "eval-every",
-    "eval-tokens", "checkpoint-every", "stop-after", "save-dtype", "windows", "assistant-weight"};
+    "eval-tokens", "checkpoint-every", "stop-after", "save-dtype", "windows", "assistant-weight",
+    "init-from"};
 const std::set<std::string> kBoolFlags = {"bf16", "resume", "no-plot", "quiet"};
 
 int UsageError(const std::string& message) {
@@ -132,6 +135,7 @@ int RunTrainLm(const Args& args) {
   }
   o.bf16 = bools.count("bf16") > 0;
   o.resume = bools.count("resume") > 0;
+  if (flags.count("init-from")) o.init_from = flags["init-from"];
   o.plot = bools.count("no-plot") == 0;
   o.progress = bools.count("quiet") == 0;
 

@@ -250,6 +250,41 @@ TEST_F(TrainLmTest, ResumeRefusesMissingFinishedOrDifferentRuns) {
   EXPECT_NE(s.message().find("lr"), std::string::npos) << s;
 }
 
+TEST_F(TrainLmTest, InitFromContinuesFromAModelsWeightsWithAFreshSchedule) {
+  TrainOptions o = TinyOptions(*files_, dir_->Path("stage1"), 30);
+  absl::StatusOr<TrainResult> stage1 = TrainLm(o);
+  ASSERT_TRUE(stage1.ok()) << stage1.status();
+
+  o = TinyOptions(*files_, dir_->Path("stage2"), 10);
+  o.init_from = dir_->Path("stage1");
+  absl::StatusOr<TrainResult> stage2 = TrainLm(o);
+  ASSERT_TRUE(stage2.ok()) << stage2.status();
+  // Stage 2 starts where stage 1 ended (the same fp32 weights on the same
+  // validation text), far below a fresh initialisation's loss.
+  EXPECT_EQ(stage2->initial_valid_loss, stage1->final_valid_loss);
+  EXPECT_LT(stage2->initial_valid_loss, stage1->initial_valid_loss - 0.5);
+  EXPECT_EQ(stage2->start_step, 0);
+  ASSERT_EQ(stage2->log.size(), 10u);
+  EXPECT_LT(stage2->log[0].lr, o.lr / 10);  // a fresh warm-up
+  // The starting weights are part of the run's identity.
+  const nlohmann::json state =
+      nlohmann::json::parse(ReadAll(dir_->Path("stage2") + "/train_state/state.json"));
+  EXPECT_EQ(state["run"]["init_from_sha256"].get<std::string>().size(), 64u);
+
+  o.resume = true;  // with --init-from: refused
+  EXPECT_EQ(TrainLm(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.resume = false;
+  o.init_from = dir_->Path("no-such-model");
+  EXPECT_EQ(TrainLm(o).status().code(), absl::StatusCode::kNotFound);
+  nlohmann::json config = nlohmann::json::parse(ReadAll(files_->config));
+  config["intermediate_size"] = config["intermediate_size"].get<int>() * 2;
+  o.config_path = dir_->WriteFile("wider.json", config.dump());
+  o.init_from = dir_->Path("stage1");
+  const absl::Status s = TrainLm(o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("intermediate_size"), std::string::npos) << s;
+}
+
 TEST_F(TrainLmTest, BadInputsAreSpecificErrors) {
   TrainOptions o = TinyOptions(*files_, dir_->Path("bad"), 5);
   o.train_path = dir_->Path("missing.txt");
