@@ -9,6 +9,7 @@
 #     less for a repeated answer;
 #   - greedy accuracy on 100 held-out drills (kvl eval).
 #   scripts/drill_probe.sh WORK NAME STEPS [train-lm args...]   # WORK holds data/train.txt
+# KVL_DRILL_CONFIG picks the model shape (default models/configs/kvl-small.json).
 # Output: WORK/drills/NAME/probe.txt (docs/results/drill_probe.txt collects runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,28 +18,11 @@ THREADS=${KVL_TRAIN_THREADS:-2}
 work=$1 name=$2 steps=$3; shift 3
 d="$work/drills"
 mkdir -p "$d/$name"
-if [ ! -f "$d/train.txt" ]; then
-  /usr/bin/python3 scripts/retrieval_drills.py "$work/data/train.txt" "$d/train.txt" 100000 1
-  /usr/bin/python3 scripts/retrieval_drills.py "$work/data/train.txt" "$d/valid.txt" 1000 2
-  /usr/bin/python3 scripts/retrieval_drills.py "$work/data/train.txt" "$d/test.jsonl" 600 3
-  /usr/bin/python3 - "$work/data/train.txt" "$d" <<'EOF'
-import collections, random, re, sys
-counts = collections.Counter(re.findall(r"[A-Za-z]{2,}", open(sys.argv[1], encoding="utf-8").read()))
-words = sorted(w for w, c in counts.items() if c >= 5)
-for pool_size in ("16", "all"):
-    for kind in ("rep", "fresh"):
-        rng = random.Random(5)  # the same prompts in both files
-        out = []
-        for _ in range(300):
-            pool = words if pool_size == "all" else rng.sample(words, int(pool_size))
-            x = [rng.choice(pool) for _ in range(rng.randint(3, 24))]
-            y = x if kind == "rep" else [rng.choice(pool) for _ in x]
-            out.append(f"<|im_start|>user\nRepeat after me: {' '.join(x)}<|im_end|>\n"
-                       f"<|im_start|>assistant\n{' '.join(y)}<|im_end|>\n")
-        open(f"{sys.argv[2]}/copy_{pool_size}_{kind}.txt", "w").write("\n".join(out))
-EOF
-fi
-"$KVL" train-lm --config models/configs/kvl-small.json --tokenizer models/tokenizer \
+scripts/make_drills.sh "$work"
+# A finished model (e.g. a curriculum stage linked in as $d/NAME/model) is
+# only probed.
+grep -qs '"finished": true' "$d/$name/model/summary.json" ||
+"$KVL" train-lm --config "${KVL_DRILL_CONFIG:-models/configs/kvl-small.json}" --tokenizer models/tokenizer \
   --train "$d/train.txt" --valid "$d/valid.txt" --out "$d/$name/model" --seed 1 --steps "$steps" \
   --warmup 50 --bf16 --threads "$THREADS" --eval-every 200 --no-plot --quiet "$@" \
   > "$d/$name/train.log" 2>&1

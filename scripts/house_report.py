@@ -65,6 +65,21 @@ def times(work):
     return out
 
 
+STAGE_DATA = {
+    "drills1": "retrieval drills (scripts/make_drills.sh)",
+    "drills2": "retrieval drills, from drills1's weights",
+    "tasks": "the task corpus, from the last drill round's weights",
+}
+
+
+def stages_of(name, summary):
+    """[(stage, summary.json of that stage)]: the curriculum's, or one stage."""
+    earlier = [(stage, load(path)) for stage in ("drills1", "drills2")
+               for path in [os.path.join(ROOT, "models", name, f"summary_{stage}.json")]
+               if os.path.exists(path)]
+    return earlier + [("tasks" if earlier else "training", summary)]
+
+
 def card(name, summary, ev, t, chances, picks):
     run = summary["run"]
     cfg = run["model_config"]
@@ -83,16 +98,26 @@ def card(name, summary, ev, t, chances, picks):
         f"{cfg['num_key_value_heads']}, {cfg['head_dim']} |",
         f"| parameters | {summary['parameters'] / 1e6:.2f} M (tied embeddings, vocabulary "
         f"{cfg['vocab_size']}) |",
-        f"| training | seed {run['seed']}, {run['steps']} steps x {run['batch']} x "
-        f"{run['seq_len']} tokens, AdamW lr {run['lr']:g} (warm-up {run['warmup']}, cosine "
-        f"to {run['min_lr_ratio']:g}x), bf16 autocast, windows at conversation starts |",
-        f"| tokens seen | {summary.get('tokens_seen', run['steps'] * run['batch'] * run['seq_len']) / 1e6:.2f} M |",
+    ]
+    stages = stages_of(name, summary)
+    lines.append(f"| seed | {run['seed']} |")
+    for stage, st in stages:
+        r = st["run"]
+        what = STAGE_DATA.get(stage, "the task corpus")
+        lines.append(f"| {stage} | {r['steps']} steps x {r['batch']} x {r['seq_len']} tokens of "
+                     f"{what}; AdamW lr {r['lr']:g} (warm-up {r['warmup']}, cosine to "
+                     f"{r['min_lr_ratio']:g}x), bf16 autocast; "
+                     f"{st.get('wall_s_total', 0):.0f} s wall, {st.get('threads', 1)} thread(s), "
+                     f"{st['mean_step_s']:.2f} s/step |")
+    seen = sum(st.get("tokens_seen", st["run"]["steps"] * st["run"]["batch"] * st["run"]["seq_len"])
+               for _, st in stages)
+    wall = sum(st.get("wall_s_total", 0) for _, st in stages)
+    lines += [
+        f"| tokens seen | {seen / 1e6:.2f} M |",
+        f"| train time | {wall:.0f} s wall in all (shared 2-core machine) |",
         f"| final train / valid loss | {summary['final_train_loss']:.3f} / "
         f"{summary['final_valid_loss']:.3f} nats/token |",
     ]
-    if f"train-lm {name}" in t:
-        lines.append(f"| train time | {t[f'train-lm {name}']:.0f} s wall (1 thread, shared "
-                     f"2-core machine; {summary['mean_step_s']:.2f} s/step) |")
     if f"eval {name}" in t:
         lines.append(f"| eval time | {t[f'eval {name}']:.0f} s |")
     lines += [
@@ -109,8 +134,7 @@ def card(name, summary, ev, t, chances, picks):
     weak = [k for k in TASKS if k in ev["tasks"] and ev["tasks"][k]["accuracy"] <= 2 * chances[k]]
     if weak:
         lines += ["", f"**Limitation:** not clearly above chance on {', '.join(weak)} (at most twice",
-                  "the chance level). See docs/training.md for why (the models do not yet copy",
-                  "from their context: scripts/induction_probe.sh) and what comes next."]
+                  "the chance level). See docs/training.md."]
     lines += [
         "",
         f"Log-perplexity on test.txt: {ev['perplexity']['nats_per_token']:.4f} nats/token "
@@ -162,7 +186,9 @@ def main():
         acc = {k: ev["tasks"][k]["accuracy"] for k in TASKS if k in ev["tasks"]}
         nll = ev["perplexity"]["nats_per_token"]
         out["models"][name] = {"parameters": summary["parameters"], "nats_per_token": nll,
-                               "accuracy": acc, "train_seconds": t.get(f"train-lm {name}")}
+                               "accuracy": acc,
+                               "train_seconds": round(sum(st.get("wall_s_total", 0)
+                                                          for _, st in stages_of(name, summary)))}
         md.append(f"| {name} | {summary['parameters'] / 1e6:.2f} M | {nll:.4f} | " +
                   " | ".join(f"{acc.get(k, float('nan')):.3f}" for k in TASKS) + " |")
     md.append("")

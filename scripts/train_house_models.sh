@@ -27,13 +27,42 @@ fi
 timed train-tokenizer "$KVL" train-tokenizer --input "$WORK/data/train.txt" \
   --out models/tokenizer --vocab-size 4096 --eval "$WORK/data/valid.txt"
 
-train() {  # train NAME CONFIG SEED STEPS LR BATCH SEQ_LEN
-  local name=$1 config=$2 seed=$3 steps=$4 lr=$5 batch=$6 seq_len=$7
-  timed "train-lm $name" "$KVL" train-lm --config "$config" --tokenizer models/tokenizer \
-    --train "$WORK/data/train.txt" --valid "$WORK/data/valid.txt" --out "models/$name" \
-    --seed "$seed" --steps "$steps" --batch "$batch" --seq-len "$seq_len" --lr "$lr" --warmup 50 \
-    --bf16 --threads "$THREADS" --checkpoint-every 200 --save-dtype bfloat16 \
-    $( [ -d "models/$name/train_state" ] && echo --resume )
+# The curriculum (docs/training.md): rounds of retrieval drills first, which
+# form copying and key lookup (each round with its own warm-up and cosine
+# schedule, from the previous round's weights), then the task mix. Every stage
+# checkpoints; an interrupted stage resumes, a finished one is skipped.
+scripts/make_drills.sh "$WORK"
+
+stage() {  # stage NAME STAGE CONFIG SEED STEPS LR TRAIN VALID OUT [INIT_DIR]
+  local name=$1 stage=$2 config=$3 seed=$4 steps=$5 lr=$6 train=$7 valid=$8 out=$9 init=${10:-}
+  if grep -qs '"finished": true' "$out/summary.json"; then return; fi
+  timed "train-lm $name $stage" "$KVL" train-lm --config "$config" --tokenizer models/tokenizer \
+    --train "$train" --valid "$valid" --out "$out" --seed "$seed" --steps "$steps" --batch 8 \
+    --seq-len 512 --lr "$lr" --warmup 50 --bf16 --threads "$THREADS" --eval-every 200 \
+    --checkpoint-every 200 ${SAVE_DTYPE:+--save-dtype "$SAVE_DTYPE"} \
+    ${init:+--init-from "$init"} $( [ -f "$out/train_state/state.json" ] && echo --resume )
+}
+
+train() {  # train NAME CONFIG SEED DRILL_ROUNDS DRILL_STEPS TASK_STEPS TASK_LR
+  local name=$1 config=$2 seed=$3 rounds=$4 drill_steps=$5 task_steps=$6 task_lr=$7
+  local c="$WORK/curriculum/$name" init=""
+  for r in $(seq "$rounds"); do
+    stage "$name" "drills$r" "$config" "$seed" "$drill_steps" 3e-3 "$WORK/drills/train.txt" \
+      "$WORK/drills/valid.txt" "$c/drills$r" $init
+    init="$c/drills$r"
+  done
+  SAVE_DTYPE=bfloat16 stage "$name" tasks "$config" "$seed" "$task_steps" "$task_lr" \
+    "$WORK/data/train.txt" "$WORK/data/valid.txt" "$c/tasks" "$init"
+  # The deliverable: the final weights (bf16) and the logs of every stage.
+  mkdir -p "models/$name"
+  for f in config.json generation_config.json model.safetensors tokenizer.json \
+      tokenizer_config.json summary.json train_log.jsonl loss.png loss.dat loss.gp; do
+    cp "$c/tasks/$f" "models/$name/$f"
+  done
+  rm -f "models/$name"/summary_drills*.json
+  for r in $(seq "$rounds"); do
+    cp "$c/drills$r/summary.json" "models/$name/summary_drills$r.json"
+  done
   timed "eval $name" "$KVL" eval --model "models/$name" \
     $(for t in facts kv arith lists strings; do echo --suite "$WORK/data/suites/test_$t.jsonl"; done) \
     --text "$WORK/data/test.txt" --threads "$THREADS" --json "models/$name/eval_test.json"
@@ -42,9 +71,11 @@ train() {  # train NAME CONFIG SEED STEPS LR BATCH SEQ_LEN
 ONLY=${KVL_HOUSE_ONLY:-kvl-small kvl-small-b kvl-large}
 for name in $ONLY; do
   case $name in
-    kvl-small)   train kvl-small   models/configs/kvl-small.json 1 1600 3e-3 8 512 ;;
-    kvl-small-b) train kvl-small-b models/configs/kvl-small.json 2 1600 3e-3 8 512 ;;
-    kvl-large)   train kvl-large   models/configs/kvl-large.json 3 1000 2e-3 8 512 ;;
+    # kvl-small's shape needs two rounds of drills to form key lookup, kvl-large
+    # one (docs/results/drill_probe.txt).
+    kvl-small)   train kvl-small   models/configs/kvl-small.json 1 2 3000 1600 3e-3 ;;
+    kvl-small-b) train kvl-small-b models/configs/kvl-small.json 2 2 3000 1600 3e-3 ;;
+    kvl-large)   train kvl-large   models/configs/kvl-large.json 3 1 3000 1600 2e-3 ;;
     *) echo "unknown model $name" >&2; exit 2 ;;
   esac
 done

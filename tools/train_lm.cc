@@ -362,11 +362,12 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
 
   const fs::path out_dir(o.out_dir);
   const fs::path state_dir = out_dir / kStateDir;
-  // --init-from: the starting weights, identified by their file's hash.
+  // --init-from: the starting weights, identified by their file's hash. With
+  // --resume they only identify the run (the checkpoint holds the weights), so
+  // a curriculum stage resumes only from the weights it started from.
   std::optional<ModelWeights> init_weights;
   std::string init_hash;
   if (!o.init_from.empty()) {
-    if (o.resume) return absl::InvalidArgumentError("--init-from and --resume exclude each other");
     absl::StatusOr<Checkpoint> init = LoadCheckpoint(o.init_from);
     if (!init.ok()) return init.status();
     const json want = config.ToJson(), have = init->config.ToJson();

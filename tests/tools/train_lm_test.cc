@@ -271,8 +271,25 @@ TEST_F(TrainLmTest, InitFromContinuesFromAModelsWeightsWithAFreshSchedule) {
       nlohmann::json::parse(ReadAll(dir_->Path("stage2") + "/train_state/state.json"));
   EXPECT_EQ(state["run"]["init_from_sha256"].get<std::string>().size(), 64u);
 
-  o.resume = true;  // with --init-from: refused
-  EXPECT_EQ(TrainLm(o).status().code(), absl::StatusCode::kInvalidArgument);
+  // An interrupted stage resumes only from the weights it started from: a
+  // different --init-from, or none, is refused; the same one continues it.
+  o = TinyOptions(*files_, dir_->Path("stage2b"), 10);
+  o.init_from = dir_->Path("stage1");
+  o.stop_after = 4;
+  ASSERT_TRUE(TrainLm(o).ok());
+  o.stop_after = 0;
+  o.resume = true;
+  for (const std::string& other : {dir_->Path("stage2"), std::string()}) {
+    o.init_from = other;
+    const absl::Status refused = TrainLm(o).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+    EXPECT_NE(refused.message().find("init_from_sha256"), std::string::npos) << refused;
+  }
+  o.init_from = dir_->Path("stage1");
+  absl::StatusOr<TrainResult> resumed = TrainLm(o);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->start_step, 4);
+  EXPECT_EQ(resumed->final_valid_loss, stage2->final_valid_loss);  // as if never stopped
   o.resume = false;
   o.init_from = dir_->Path("no-such-model");
   EXPECT_EQ(TrainLm(o).status().code(), absl::StatusCode::kNotFound);
