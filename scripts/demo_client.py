@@ -70,13 +70,18 @@ def main():
     # answers), but every hand-over re-prefills: what the switch would cost
     # without translation.
     twin = create(session_pb2.CreateSessionRequest(system_prompt=system), timeout=5)
+    # In the corpus's register (docs/data.md): facts and a running total that
+    # kvl-small handles, an out-of-domain request that it is unsure about
+    # (the cascade escalates there), then questions whose answers only the
+    # history holds, answered by kvl-large from the translated cache.
     script = [
-        "Hi! What is your name?",
-        "What is two plus three?",
+        "My sister Nora lives in Lisbon.",
+        "I have 5 stamps.",
+        "I buy 3 more.",
         "Explain step by step why the sky looks blue during the day and red at sunset, "
         "in terms of Rayleigh scattering and the path length of sunlight through air.",
-        "Thanks. Now summarise that in one sentence.",
-        "And what colour is the sky on Mars?",
+        "One more thing. Where does my sister live?",
+        "How many stamps do I have now?",
     ]
     print(f"\n{'turn':>4}  {'model':<12} {'path':<11} {'switch':<7} {'TTFT ms':>8}  "
           f"{'reprefill TTFT ms':>17}  {'translated':>10}  reason")

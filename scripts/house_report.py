@@ -5,7 +5,8 @@ Reads, for each model under models/: summary.json (written by kvl train-lm) and
 eval_test.json (kvl eval on the test suites and test.txt); the step times in
 $WORK/times.tsv (scripts/train_house_models.sh); the test suites, for the
 chance baselines. Writes models/<name>/README.md and
-docs/results/house_models.{md,json}. Touches nothing else.
+docs/results/house_models.{md,json} and docs/results/house_times.tsv. Touches
+nothing else.
 
 Two baselines per task: chance, the accuracy of always giving the suite's most
 frequent expected answer (normalised as the scoring rule does); and a stronger
@@ -17,6 +18,7 @@ it is well above chance).
 usage: scripts/house_report.py WORK_DIR [MODEL ...]
 """
 import collections
+import glob
 import json
 import os
 import re
@@ -67,16 +69,17 @@ def times(work):
 
 STAGE_DATA = {
     "drills1": "retrieval drills (scripts/make_drills.sh)",
-    "drills2": "retrieval drills, from drills1's weights",
     "tasks": "the task corpus, from the last drill round's weights",
 }
 
 
 def stages_of(name, summary):
     """[(stage, summary.json of that stage)]: the curriculum's, or one stage."""
-    earlier = [(stage, load(path)) for stage in ("drills1", "drills2")
-               for path in [os.path.join(ROOT, "models", name, f"summary_{stage}.json")]
-               if os.path.exists(path)]
+    paths = glob.glob(os.path.join(ROOT, "models", name, "summary_drills*.json"))
+    rounds = sorted(int(re.fullmatch(r"summary_drills(\d+)\.json", os.path.basename(p)).group(1))
+                    for p in paths)
+    earlier = [(f"drills{r}", load(os.path.join(ROOT, "models", name, f"summary_drills{r}.json")))
+               for r in rounds]
     return earlier + [("tasks" if earlier else "training", summary)]
 
 
@@ -103,18 +106,23 @@ def card(name, summary, ev, t, chances, picks):
     lines.append(f"| seed | {run['seed']} |")
     for stage, st in stages:
         r = st["run"]
-        what = STAGE_DATA.get(stage, "the task corpus")
+        what = STAGE_DATA.get(stage) or (f"retrieval drills, from drills{int(stage[6:]) - 1}'s weights"
+                                         if stage.startswith("drills") else "the task corpus")
         lines.append(f"| {stage} | {r['steps']} steps x {r['batch']} x {r['seq_len']} tokens of "
                      f"{what}; AdamW lr {r['lr']:g} (warm-up {r['warmup']}, cosine to "
                      f"{r['min_lr_ratio']:g}x), bf16 autocast; "
-                     f"{st.get('wall_s_total', 0):.0f} s wall, {st.get('threads', 1)} thread(s), "
-                     f"{st['mean_step_s']:.2f} s/step |")
+                     f"{st['mean_step_s']:.2f} s/step x {r['steps']} = "
+                     f"{st['mean_step_s'] * r['steps']:.0f} s with {st.get('threads', 1)} thread(s) "
+                     f"({st.get('wall_s_total', 0):.0f} s wall) |")
     seen = sum(st.get("tokens_seen", st["run"]["steps"] * st["run"]["batch"] * st["run"]["seq_len"])
                for _, st in stages)
     wall = sum(st.get("wall_s_total", 0) for _, st in stages)
+    stepping = sum(st["mean_step_s"] * st["run"]["steps"] for _, st in stages)
     lines += [
         f"| tokens seen | {seen / 1e6:.2f} M |",
-        f"| train time | {wall:.0f} s wall in all (shared 2-core machine) |",
+        f"| train time | {stepping:.0f} s of training steps, {wall:.0f} s wall in all (the wall "
+        "time includes evaluations, checkpoints and any time a run was paused or shared the "
+        "2-core machine) |",
         f"| final train / valid loss | {summary['final_train_loss']:.3f} / "
         f"{summary['final_valid_loss']:.3f} nats/token |",
     ]
@@ -188,7 +196,10 @@ def main():
         out["models"][name] = {"parameters": summary["parameters"], "nats_per_token": nll,
                                "accuracy": acc,
                                "train_seconds": round(sum(st.get("wall_s_total", 0)
-                                                          for _, st in stages_of(name, summary)))}
+                                                          for _, st in stages_of(name, summary))),
+                               "train_step_seconds": round(sum(
+                                   st["mean_step_s"] * st["run"]["steps"]
+                                   for _, st in stages_of(name, summary)))}
         md.append(f"| {name} | {summary['parameters'] / 1e6:.2f} M | {nll:.4f} | " +
                   " | ".join(f"{acc.get(k, float('nan')):.3f}" for k in TASKS) + " |")
     md.append("")
@@ -205,8 +216,24 @@ def main():
     md.append("")
     md.append("Scores not clearly above chance (at most twice the chance level): " +
               (", ".join(below) if below else "none") + ".")
+    md += ["", "Training time per stage (`mean_step_s` x steps from each stage's summary.json; "
+           "wall includes evaluations, checkpoints and pauses):", "",
+           "| model | stage | steps | threads | s/step | seconds of steps | wall s |",
+           "|---|---|---|---|---|---|---|"]
+    tsv = ["model\tstage\tsteps\tthreads\tseconds_of_steps\twall_seconds"]
+    for name, summary, _ in rows:
+        for stage, st in stages_of(name, summary):
+            steps, step_s = st["run"]["steps"], st["mean_step_s"]
+            md.append(f"| {name} | {stage} | {steps} | {st.get('threads', 1)} | {step_s:.3f} | "
+                      f"{step_s * steps:.0f} | {st.get('wall_s_total', 0):.0f} |")
+            tsv.append(f"{name}\t{stage}\t{steps}\t{st.get('threads', 1)}\t{step_s * steps:.1f}\t"
+                       f"{st.get('wall_s_total', 0):.1f}")
+        md.append(f"| {name} | all | | | | {out['models'][name]['train_step_seconds']} | "
+                  f"{out['models'][name]['train_seconds']} |")
     md.append("")
     os.makedirs(os.path.join(ROOT, "docs", "results"), exist_ok=True)
+    with open(os.path.join(ROOT, "docs", "results", "house_times.tsv"), "w") as f:
+        f.write("\n".join(tsv) + "\n")
     with open(os.path.join(ROOT, "docs", "results", "house_models.md"), "w") as f:
         f.write("\n".join(md))
     with open(os.path.join(ROOT, "docs", "results", "house_models.json"), "w") as f:

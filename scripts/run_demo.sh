@@ -5,9 +5,11 @@
 # cascade policy escalates mid-conversation; per turn it prints the model, the
 # cache path and the TTFT next to what re-prefill costs for the same switch
 # (a twin session with strategy reprefill). Then stops the server with SIGTERM.
+# KVL_SKIP_SETUP=1 skips scripts/setup.sh; KVL_BUILD_DIR, KVL_CONFIG, KVL_LISTEN
+# and KVL_METRICS override the defaults below (tests/tools/demo_test.cc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+[ "${KVL_SKIP_SETUP:-0}" = 1 ] || scripts/setup.sh
 BUILD_DIR=${KVL_BUILD_DIR:-build}
 CONFIG=${KVL_CONFIG:-configs/server.json}
 LISTEN=${KVL_LISTEN:-127.0.0.1:50051}
