@@ -13,7 +13,8 @@
 #   scripts/train_translators.sh
 #   KVL_TRANSLATOR_PAIRS="kvl-small:kvl-large" scripts/train_translators.sh  # one direction
 # Environment: KVL_SKIP_SETUP=1 skips scripts/setup.sh; KVL_TRAIN_THREADS
-# (default 1); KVL_DISTILL_STEPS (default 300); KVL_SKIP_EVAL=1 (fit and distill
+# (default 1); KVL_DISTILL_STEPS (default 900), KVL_DISTILL_LR (default 3e-3);
+# KVL_SKIP_EVAL=1 (fit and distill
 # only); KVL_ONLY_EVAL=1 (evaluate the translators already there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +23,8 @@ cd "$(dirname "$0")/.."
 KVL=${KVL_BIN:-build/tools/kvl}
 WORK=${KVL_HOUSE_WORK:-build/house}
 THREADS=${KVL_TRAIN_THREADS:-1}
-STEPS=${KVL_DISTILL_STEPS:-300}
+STEPS=${KVL_DISTILL_STEPS:-900}
+LR=${KVL_DISTILL_LR:-3e-3}
 OUT=models/translators
 RESULTS=docs/results/translators
 mkdir -p "$OUT" "$RESULTS"
@@ -51,7 +53,7 @@ for pair in $PAIRS; do
   timed "distill $s->$t" "$KVL" distill --source "models/$s" --target "models/$t" \
     --init "$base.closed-form.safetensors" --data "$WORK/data/train.jsonl" \
     --valid "$WORK/data/valid.jsonl" --out "$base.safetensors" --steps "$STEPS" \
-    --threads "$THREADS" --quiet
+    --lr "$LR" --eval-every 100 --threads "$THREADS" --quiet
 done
 
 [ "${KVL_SKIP_EVAL:-0}" = 1 ] && exit 0

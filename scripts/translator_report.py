@@ -30,6 +30,16 @@ def pretty(name):
     return name.replace("__", " → ")
 
 
+def distilled_accuracy(report):
+    """(accuracy table, cells of the distilled translator) or None."""
+    acc = report.get("accuracy")
+    if not acc:
+        return None
+    distilled = [c for c in acc if c.startswith("translated:") and
+                 not c.endswith(".closed-form.safetensors")]
+    return (acc, acc[distilled[0]]) if distilled else None
+
+
 def main():
     reports = {direction(p): json.load(open(p))
                for p in glob.glob(os.path.join(ROOT, "docs/results/translators/*.json"))}
@@ -77,14 +87,10 @@ def main():
         checks.append((n, "distillation lowers the closed-form gap", di["gap"] < cf["gap"],
                        f"{factor:.2f}× (paper: 5–9× for its from-scratch pair)"))
     for n in names:
-        acc = reports[n].get("accuracy")
-        if not acc or n != "kvl-small__kvl-large":
+        found = distilled_accuracy(reports[n])
+        if not found or n != "kvl-small__kvl-large":
             continue
-        distilled = [c for c in acc if c.startswith("translated:") and
-                     not c.endswith(".closed-form.safetensors")]
-        if not distilled:
-            continue
-        own, tr = acc["source_native"], acc[distilled[0]]
+        own, tr = found[0]["source_native"], found[1]
         tasks = sorted(t for t in own if t != "all")
         at_least = [t for t in tasks if tr[t]["accuracy"] >= own[t]["accuracy"]]
         checks.append((n, "distilled translated task accuracy ≥ kvl-small's own on most tasks",
@@ -138,14 +144,10 @@ def main():
            "  translated cache.",
            ]
     for n in names:
-        acc = reports[n].get("accuracy")
-        if not acc:
+        found = distilled_accuracy(reports[n])
+        if not found:
             continue
-        distilled = [c for c in acc if c.startswith("translated:") and
-                     not c.endswith(".closed-form.safetensors")]
-        if not distilled:
-            continue
-        tgt, tr = acc["target_native"], acc[distilled[0]]
+        tgt, tr = found[0]["target_native"], found[1]
         tasks = sorted(t for t in tgt if t != "all")
         lost = [f"{t} {tgt[t]['accuracy']:.3f} → {tr[t]['accuracy']:.3f}" for t in tasks
                 if tr[t]["accuracy"] < tgt[t]["accuracy"] - 0.05]
@@ -160,10 +162,20 @@ def main():
                f"  spans ({min(excess_b):.3f}–{max(excess_b):.3f} above re-prefill; the two-layer maps",
                "  of the cross-layer pair compound far more than the one-layer maps of the",
                "  shape-preserving pair). The router translates span-wise (DESIGN.md decision 1)."]
-    md += [
-           "- 300 distillation steps per direction; validation KL was still falling at the last",
-           "  step (models/translators/*.distill.png), so the distillation factors are lower",
-           "  bounds.", ""]
+    runs = {}
+    for n in names:
+        path = os.path.join(ROOT, "models", "translators", f"{n}.distill.json")
+        if os.path.exists(path):
+            runs[n] = json.load(open(path))
+    if runs:
+        steps = sorted({r["steps"] for r in runs.values()})
+        lrs = sorted({r["lr"] for r in runs.values()})
+        at_end = [n for n, r in runs.items() if r["best_step"] == r["steps"]]
+        md += [f"- Distillation: {'/'.join(str(x) for x in steps)} steps per direction at lr "
+               f"{'/'.join(f'{x:g}' for x in lrs)} (models/translators/*.distill.json); the best "
+               f"validation KL came at the last step in {len(at_end)} of {len(runs)} directions"
+               + (" (still falling: the distillation factors are lower bounds)." if at_end else ".")]
+    md.append("")
     out = os.path.join(ROOT, "docs/results/translators.md")
     with open(out, "w") as f:
         f.write("\n".join(md))
