@@ -83,7 +83,7 @@ def stages_of(name, summary):
     return earlier + [("tasks" if earlier else "training", summary)]
 
 
-def card(name, summary, ev, t, chances, picks):
+def card(name, summary, stages, ev, t, chances, picks):
     run = summary["run"]
     cfg = run["model_config"]
     lines = [
@@ -102,7 +102,6 @@ def card(name, summary, ev, t, chances, picks):
         f"| parameters | {summary['parameters'] / 1e6:.2f} M (tied embeddings, vocabulary "
         f"{cfg['vocab_size']}) |",
     ]
-    stages = stages_of(name, summary)
     lines.append(f"| seed | {run['seed']} |")
     for stage, st in stages:
         r = st["run"]
@@ -170,9 +169,10 @@ def main():
         d = os.path.join(ROOT, "models", name)
         summary = load(os.path.join(d, "summary.json"))
         ev = load(os.path.join(d, "eval_test.json"))
+        stages = stages_of(name, summary)
         with open(os.path.join(d, "README.md"), "w") as f:
-            f.write(card(name, summary, ev, t, chances, picks))
-        rows.append((name, summary, ev))
+            f.write(card(name, summary, stages, ev, t, chances, picks))
+        rows.append((name, summary, stages, ev))
 
     out = {"chance": chances, "pick": picks, "items": sizes, "models": {}}
     md = [
@@ -190,16 +190,16 @@ def main():
         "| chance | | | " + " | ".join(f"{chances[k]:.3f}" for k in TASKS) + " |",
         "| pick | | | " + " | ".join(f"{picks[k]:.3f}" for k in TASKS) + " |",
     ]
-    for name, summary, ev in rows:
+    for name, summary, stages, ev in rows:
         acc = {k: ev["tasks"][k]["accuracy"] for k in TASKS if k in ev["tasks"]}
         nll = ev["perplexity"]["nats_per_token"]
         out["models"][name] = {"parameters": summary["parameters"], "nats_per_token": nll,
                                "accuracy": acc,
                                "train_seconds": round(sum(st.get("wall_s_total", 0)
-                                                          for _, st in stages_of(name, summary))),
+                                                          for _, st in stages)),
                                "train_step_seconds": round(sum(
                                    st["mean_step_s"] * st["run"]["steps"]
-                                   for _, st in stages_of(name, summary)))}
+                                   for _, st in stages))}
         md.append(f"| {name} | {summary['parameters'] / 1e6:.2f} M | {nll:.4f} | " +
                   " | ".join(f"{acc.get(k, float('nan')):.3f}" for k in TASKS) + " |")
     md.append("")
@@ -221,8 +221,8 @@ def main():
            "| model | stage | steps | threads | s/step | seconds of steps | wall s |",
            "|---|---|---|---|---|---|---|"]
     tsv = ["model\tstage\tsteps\tthreads\tseconds_of_steps\twall_seconds"]
-    for name, summary, _ in rows:
-        for stage, st in stages_of(name, summary):
+    for name, _, stages, _ in rows:
+        for stage, st in stages:
             steps, step_s = st["run"]["steps"], st["mean_step_s"]
             md.append(f"| {name} | {stage} | {steps} | {st.get('threads', 1)} | {step_s:.3f} | "
                       f"{step_s * steps:.0f} | {st.get('wall_s_total', 0):.0f} |")

@@ -14,8 +14,8 @@
 #   KVL_TRANSLATOR_PAIRS="kvl-small:kvl-large" scripts/train_translators.sh  # one direction
 # Environment: KVL_SKIP_SETUP=1 skips scripts/setup.sh; KVL_TRAIN_THREADS
 # (default 1); KVL_DISTILL_STEPS (default 900), KVL_DISTILL_LR (default 3e-3);
-# KVL_SKIP_EVAL=1 (fit and distill
-# only); KVL_ONLY_EVAL=1 (evaluate the translators already there).
+# KVL_SKIP_EVAL=1 (fit and distill only); KVL_ONLY_EVAL=1 (evaluate the
+# translators already there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "${KVL_SKIP_SETUP:-0}" = 1 ] || scripts/setup.sh
