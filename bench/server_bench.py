@@ -1,7 +1,8 @@
 """Server benchmark: drives a real kvl-server over gRPC and reports, in one run,
   1. TTFT of the first turn after a model switch, by strategy/path, at about 1k
      and 4k tokens of history, client-observed next to server-reported, whose
-     difference is the gRPC (and Python client) overhead;
+     difference is the gRPC (and Python client) overhead; the same difference
+     seen by bench/ttft_client, a C++ client, when it is built;
   2. TTFT percentiles with 1, 8 and 32 concurrent sessions switching models.
 
 Uses only Debian's /usr/bin/python3 with python3-grpcio and python3-protobuf;
@@ -211,7 +212,22 @@ def build_history(client, sid, target_tokens, turn_words, seed):
     return history
 
 
-def part_switch(client, sizes, reps, max_tokens, turn_words):
+def cxx_switch(cxx_client, target, sids, max_tokens, strategy):
+    """The measured switch turn of each filled session in `sids`, sent by
+    bench/ttft_client (C++): one JSON dict per turn."""
+    cmd = [cxx_client, "--target", target, "--model", LARGE, "--strategy", str(strategy),
+           "--max-tokens", str(max_tokens), "--message", "Now answer this briefly, please."]
+    done = subprocess.run(cmd + sids, check=True, capture_output=True, text=True, timeout=900)
+    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+
+
+def cxx_floor(cxx_client, target, n, gap_ms):
+    cmd = [cxx_client, "--target", target, "--floor", str(n), "--gap-ms", str(gap_ms)]
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
+    return json.loads(done.stdout)
+
+
+def part_switch(client, sizes, reps, max_tokens, turn_words, cxx_client=None, target=None):
     rows = []
     for size in sizes:
         for name, strategy in STRATEGIES:
@@ -222,6 +238,15 @@ def part_switch(client, sizes, reps, max_tokens, turn_words):
                 r = client.chat(sid, "Now answer this briefly, please.", max_tokens, "explicit",
                                 LARGE, strategy)
                 samples.append((history, r))
+            cxx_over = []
+            if cxx_client:
+                sids = []
+                for rep in range(reps):
+                    sid = client.create(f"swc-{size}-{name}-{rep}")
+                    build_history(client, sid, size, turn_words, seed=size + rep)
+                    sids.append(sid)
+                cxx_over = [t["client_ttft"] - t["server_ttft"]
+                            for t in cxx_switch(cxx_client, target, sids, max_tokens, strategy)]
             rt = samples[-1][1]["routing"]
             client_t = [s[1]["client_ttft"] for s in samples]
             server_t = [s[1]["summary"].time_to_first_token_seconds for s in samples]
@@ -238,17 +263,21 @@ def part_switch(client, sizes, reps, max_tokens, turn_words):
                                                    for s in samples),
                 "client": statistics.median(client_t), "server": statistics.median(server_t),
                 "overhead": statistics.median(over), "overhead_max": max(over),
-                "end_overhead": statistics.median(end_over), "n": reps})
+                "end_overhead": statistics.median(end_over), "n": reps,
+                "cxx_overhead": statistics.median(cxx_over) if cxx_over else float("nan")})
     lines = [f"{'history':>7} {'strategy':<17} {'path':<10} {'transl':>6} {'repref':>6} "
              f"{'xlate ms':>9} {'client ms':>9} {'server ms':>9} {'ovh p50 ms':>10} "
-             f"{'ovh max':>9} {'end ovh':>9} {'n':>3}"]
+             f"{'ovh max':>9} {'end ovh':>9} {'n':>3} {'c++ ovh':>9}"]
     for r in rows:
         lines.append(f"{int(r['history']):>7} {r['strategy']:<17} {r['path']:<10} "
                      f"{r['translated']:>6} {r['reprefilled']:>6} {ms(r['translation_s'])} "
                      f"{ms(r['client'])} {ms(r['server'])} {ms(r['overhead']):>10} "
-                     f"{ms(r['overhead_max'])} {ms(r['end_overhead'])} {r['n']:>3}")
-    all_over = [r["overhead"] for r in rows]
-    return lines, statistics.median(all_over) if all_over else float("nan")
+                     f"{ms(r['overhead_max'])} {ms(r['end_overhead'])} {r['n']:>3} "
+                     f"{ms(r['cxx_overhead'])}")
+    def median_of(key):
+        values = [r[key] for r in rows]
+        return statistics.median(values) if values else float("nan")
+    return lines, median_of("overhead"), median_of("cxx_overhead")
 
 
 def part_concurrency(client, levels, turns, max_tokens, turn_words):
@@ -308,7 +337,17 @@ def main():
                     help="words per history-building turn")
     ap.add_argument("--chat-words", type=int, default=40, help="words per concurrent-part turn")
     ap.add_argument("--threads", type=int, default=0, help="server runtime.threads (0: all)")
+    ap.add_argument("--cxx-client",
+                    help="bench/ttft_client binary (default: bench/ttft_client of the server's "
+                         "build directory, when it exists)")
     args = ap.parse_args()
+    cxx_client = args.cxx_client
+    if cxx_client is None:
+        guess = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(args.server))),
+                             "bench", "ttft_client")
+        cxx_client = guess if os.access(guess, os.X_OK) else None
+    elif not os.access(cxx_client, os.X_OK):
+        sys.exit(f"--cxx-client {cxx_client}: not an executable file")
     if args.quick:
         args.history, args.reps, args.concurrency, args.turns = "256,1024", 2, "1,4", 2
     sizes = [int(x) for x in args.history.split(",") if x]
@@ -349,15 +388,33 @@ def main():
             emit("end ovh = the same difference for the TurnSummary against "
                  "TimingBreakdown.total_seconds (median).")
             emit("reprefill-missing equals reprefill here: the target holds no earlier cache line.")
-            lines, overhead = part_switch(client, sizes, args.reps, args.max_tokens,
-                                          args.turn_words)
+            if cxx_client:
+                emit(f"c++ ovh = the same difference with bench/ttft_client ({cxx_client}), a C++ "
+                     "grpc++ client, on n further fresh sessions (median).")
+            else:
+                emit("c++ ovh: nan, no C++ client (build the ttft_client target or pass "
+                     "--cxx-client).")
+            lines, overhead, cxx_overhead = part_switch(client, sizes, args.reps,
+                                                        args.max_tokens, args.turn_words,
+                                                        cxx_client, target)
             for line in lines:
                 emit(line)
             emit(f"for scale: an empty unary gRPC call (health Check) takes "
                  f"{client.unary_floor() * 1e3:.3f} ms round trip, a Chat stream rejected with "
                  f"NOT_FOUND {client.stream_floor() * 1e3:.3f} ms (medians of 50)")
-            emit(f"median gRPC overhead over all cells: {overhead * 1e3:.3f} ms "
+            if cxx_client:
+                busy, idle = (cxx_floor(cxx_client, target, 50, gap) for gap in (0, 20))
+                emit(f"the same in the C++ client: {busy['unary_seconds'] * 1e3:.3f} ms and "
+                     f"{busy['rejected_stream_seconds'] * 1e3:.3f} ms back to back; "
+                     f"{idle['unary_seconds'] * 1e3:.3f} ms and "
+                     f"{idle['rejected_stream_seconds'] * 1e3:.3f} ms when each call follows "
+                     f"20 ms of idleness, as a turn's request and first token do")
+            emit(f"median gRPC overhead over all cells, Python client: {overhead * 1e3:.3f} ms "
                  f"(target < 1 ms): {'met' if overhead < 1e-3 else 'NOT met'}")
+            if cxx_client:
+                emit(f"median gRPC overhead over all cells, C++ client: "
+                     f"{cxx_overhead * 1e3:.3f} ms (target < 1 ms): "
+                     f"{'met' if cxx_overhead < 1e-3 else 'NOT met'}")
             emit(f"load after part 1: {load_line()}")
             emit()
             emit(f"== 2. TTFT percentiles, concurrent sessions (policy alternate "

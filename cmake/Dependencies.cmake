@@ -10,6 +10,9 @@ target_link_libraries(kvl_torch INTERFACE ${TORCH_LIBRARIES})
 target_include_directories(kvl_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
 separate_arguments(_kvl_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
 target_compile_options(kvl_torch INTERFACE ${_kvl_torch_flags})
+# LibTorch's intra-op threads are libgomp's; model/engine.cc sets a thread's
+# OpenMP thread count directly (SerialIntraOpScope).
+find_package(OpenMP REQUIRED COMPONENTS CXX)
 
 find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)

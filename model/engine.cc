@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 #include <malloc.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <new>
@@ -58,6 +59,16 @@ void TuneMallocForTensors() {
   // measurable.
   mallopt(M_ARENA_MAX, 1);
 }
+
+void PrepareIntraOpThread() { at::internal::lazy_init_num_threads(); }
+
+SerialIntraOpScope::SerialIntraOpScope() {
+  PrepareIntraOpThread();  // else ATen's lazy set-up would undo the setting below
+  saved_ = omp_get_max_threads();
+  omp_set_num_threads(1);
+}
+
+SerialIntraOpScope::~SerialIntraOpScope() { omp_set_num_threads(saved_); }
 
 const char* FinishReasonName(FinishReason reason) {
   switch (reason) {

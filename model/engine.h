@@ -38,6 +38,34 @@ class Decoder;
 // docs/model-runtime.md for the measured effect.
 void TuneMallocForTensors();
 
+// Runs LibTorch's per-thread intra-op set-up on the calling thread now. ATen
+// does it lazily, at a thread's first parallel operation, by calling
+// at::set_num_threads, which also destroys and recreates caffe2's pthreadpool;
+// the new pool's workers then busy-wait for tens of milliseconds. A server
+// thread whose first turn is a switch used to pay that inside the turn: with 2
+// intra-op threads, the workers and OpenBLAS's spinning thread crowded out the
+// turn on a 2-core machine and a 1000-token translation took 3x longer
+// (docs/server-bench.md). Threads that will run model work should call this
+// once when they start.
+void PrepareIntraOpThread();
+
+// While alive, LibTorch operations started by the calling thread run on that
+// thread alone (OpenMP's per-thread setting: other threads keep theirs; BLAS
+// calls keep OpenBLAS's own threads). For stretches of many thin operations,
+// such as applying a translator and re-normalising and rotating the keys it
+// writes, where waking a sleeping OpenMP worker for each operation costs more
+// than the work it takes over (docs/server-bench.md).
+class SerialIntraOpScope {
+ public:
+  SerialIntraOpScope();
+  ~SerialIntraOpScope();
+  SerialIntraOpScope(const SerialIntraOpScope&) = delete;
+  SerialIntraOpScope& operator=(const SerialIntraOpScope&) = delete;
+
+ private:
+  int saved_;
+};
+
 enum class FinishReason {
   kStopToken,   // a stop token was sampled
   kStopString,  // the text reached a stop string

@@ -150,6 +150,7 @@ absl::Status Router::Handover(Work& work, int model, Strategy strategy, int64_t 
     if (work.Cancelled()) return absl::CancelledError("the client cancelled the turn");
     const Clock::time_point t0 = Clock::now();
     if (step.kind == PlanStep::kTranslate) {
+      SerialIntraOpScope serial;
       absl::StatusOr<KvTaps> taps = lease.line(step.source)->Taps(step.begin, step.end);
       if (!taps.ok()) return taps.status();
       absl::StatusOr<KvTaps> moved = by_pair_[step.source][model]->Translate(*taps);

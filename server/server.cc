@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "model/engine.h"
 #include "spdlog/spdlog.h"
 
 #ifndef KVL_VERSION
@@ -61,9 +62,10 @@ absl::Status Server::Serve() {
   const ServerConfig& config = config_;
   if (runtime_ != nullptr) {
     // Turns block their thread on a model's engine; a few per model keep every
-    // engine busy while others wait for theirs.
+    // engine busy while others wait for theirs. Each thread does LibTorch's
+    // per-thread set-up before the server takes requests.
     turn_pool_ = std::make_unique<TurnPool>(
-        std::max<int>(4, 4 * static_cast<int>(config.models.size())));
+        std::max<int>(4, 4 * static_cast<int>(config.models.size())), PrepareIntraOpThread);
     metrics_.SetCacheStats(runtime_->store->Stats());
   }
   ServiceDeps deps;

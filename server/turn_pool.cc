@@ -4,8 +4,15 @@
 
 namespace kvl::server {
 
-TurnPool::TurnPool(int n_threads) {
-  for (int i = 0; i < n_threads; ++i) threads_.emplace_back([this] { Loop(); });
+TurnPool::TurnPool(int n_threads, std::function<void()> thread_init) {
+  for (int i = 0; i < n_threads; ++i) {
+    threads_.emplace_back([this, thread_init] { Loop(thread_init); });
+  }
+  absl::MutexLock lock(&mu_);
+  auto all_started = [this, n_threads]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return n_started_ == n_threads;
+  };
+  mu_.Await(absl::Condition(&all_started));
 }
 
 TurnPool::~TurnPool() {
@@ -21,7 +28,12 @@ void TurnPool::Submit(std::function<void()> job) {
   jobs_.push_back(std::move(job));
 }
 
-void TurnPool::Loop() {
+void TurnPool::Loop(const std::function<void()>& thread_init) {
+  if (thread_init) thread_init();
+  {
+    absl::MutexLock lock(&mu_);
+    ++n_started_;
+  }
   for (;;) {
     std::function<void()> job;
     {

@@ -18,7 +18,10 @@ namespace kvl::server {
 
 class TurnPool {
  public:
-  explicit TurnPool(int n_threads);
+  // Each thread runs thread_init (when set) as it starts; the constructor
+  // returns once all of them have, so per-thread set-up costs start-up time,
+  // never a turn's.
+  explicit TurnPool(int n_threads, std::function<void()> thread_init = nullptr);
   ~TurnPool();
   TurnPool(const TurnPool&) = delete;
   TurnPool& operator=(const TurnPool&) = delete;
@@ -26,11 +29,12 @@ class TurnPool {
   void Submit(std::function<void()> job);
 
  private:
-  void Loop();
+  void Loop(const std::function<void()>& thread_init);
 
   absl::Mutex mu_;
   std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int n_started_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::thread> threads_;
 };
 
