@@ -3,6 +3,7 @@
      and 4k tokens of history, client-observed next to server-reported, whose
      difference is the gRPC (and Python client) overhead; the same difference
      seen by bench/ttft_client, a C++ client, when it is built;
+ 1b. the same for a second switch, where the target lacks only the last span;
   2. TTFT percentiles with 1, 8 and 32 concurrent sessions switching models.
 
 Uses only Debian's /usr/bin/python3 with python3-grpcio and python3-protobuf;
@@ -227,14 +228,35 @@ def cxx_floor(cxx_client, target, n, gap_ms):
     return json.loads(done.stdout)
 
 
-def part_switch(client, sizes, reps, max_tokens, turn_words, cxx_client=None, target=None):
+def first_switch(client, sid, size, turn_words, seed):
+    """A history of about `size` tokens on kvl-small; kvl-large has never seen it."""
+    return build_history(client, sid, size, turn_words, seed)
+
+
+def second_switch(client, sid, size, turn_words, seed, new_words=180):
+    """A history of about `size` - 300 tokens on kvl-small, a first switch to
+    kvl-large (translated), then one more kvl-small turn of `new_words` words
+    (about 256 tokens): about `size` tokens in all, of which kvl-large holds a
+    line for all but the last span."""
+    build_history(client, sid, size - 300, turn_words, seed)
+    client.chat(sid, "Now answer this briefly, please.", 1, "explicit", LARGE, STRATEGIES[0][1])
+    r = client.chat(sid, filler(new_words, seed + 7), 1, "explicit", SMALL)
+    return r["summary"].history_tokens
+
+
+def part_switch(client, sizes, reps, max_tokens, turn_words, prepare, tag, cxx_client=None,
+                target=None):
+    """One row per (history size, strategy): `reps` fresh sessions prepared by
+    `prepare`, then one short turn to kvl-large with that strategy."""
     rows = []
     for size in sizes:
         for name, strategy in STRATEGIES:
             samples = []
+            print(f"[{tag}] history {size}, {name}: {2 * reps if cxx_client else reps} sessions",
+                  file=sys.stderr, flush=True)
             for rep in range(reps):
-                sid = client.create(f"sw-{size}-{name}-{rep}")
-                history = build_history(client, sid, size, turn_words, seed=size + rep)
+                sid = client.create(f"{tag}-{size}-{name}-{rep}")
+                history = prepare(client, sid, size, turn_words, size + rep)
                 r = client.chat(sid, "Now answer this briefly, please.", max_tokens, "explicit",
                                 LARGE, strategy)
                 samples.append((history, r))
@@ -242,8 +264,8 @@ def part_switch(client, sizes, reps, max_tokens, turn_words, cxx_client=None, ta
             if cxx_client:
                 sids = []
                 for rep in range(reps):
-                    sid = client.create(f"swc-{size}-{name}-{rep}")
-                    build_history(client, sid, size, turn_words, seed=size + rep)
+                    sid = client.create(f"{tag}c-{size}-{name}-{rep}")
+                    prepare(client, sid, size, turn_words, size + rep)
                     sids.append(sid)
                 cxx_over = [t["client_ttft"] - t["server_ttft"]
                             for t in cxx_switch(cxx_client, target, sids, max_tokens, strategy)]
@@ -265,6 +287,10 @@ def part_switch(client, sizes, reps, max_tokens, turn_words, cxx_client=None, ta
                 "overhead": statistics.median(over), "overhead_max": max(over),
                 "end_overhead": statistics.median(end_over), "n": reps,
                 "cxx_overhead": statistics.median(cxx_over) if cxx_over else float("nan")})
+    return rows
+
+
+def switch_lines(rows):
     lines = [f"{'history':>7} {'strategy':<17} {'path':<10} {'transl':>6} {'repref':>6} "
              f"{'xlate ms':>9} {'client ms':>9} {'server ms':>9} {'ovh p50 ms':>10} "
              f"{'ovh max':>9} {'end ovh':>9} {'n':>3} {'c++ ovh':>9}"]
@@ -274,10 +300,12 @@ def part_switch(client, sizes, reps, max_tokens, turn_words, cxx_client=None, ta
                      f"{ms(r['client'])} {ms(r['server'])} {ms(r['overhead']):>10} "
                      f"{ms(r['overhead_max'])} {ms(r['end_overhead'])} {r['n']:>3} "
                      f"{ms(r['cxx_overhead'])}")
-    def median_of(key):
-        values = [r[key] for r in rows]
-        return statistics.median(values) if values else float("nan")
-    return lines, median_of("overhead"), median_of("cxx_overhead")
+    return lines
+
+
+def median_of(rows, key):
+    values = [r[key] for r in rows if r[key] == r[key]]  # NaN != NaN
+    return statistics.median(values) if values else float("nan")
 
 
 def part_concurrency(client, levels, turns, max_tokens, turn_words):
@@ -394,26 +422,39 @@ def main():
             else:
                 emit("c++ ovh: nan, no C++ client (build the ttft_client target or pass "
                      "--cxx-client).")
-            lines, overhead, cxx_overhead = part_switch(client, sizes, args.reps,
-                                                        args.max_tokens, args.turn_words,
-                                                        cxx_client, target)
-            for line in lines:
+            rows = part_switch(client, sizes, args.reps, args.max_tokens, args.turn_words,
+                               first_switch, "sw", cxx_client, target)
+            for line in switch_lines(rows):
                 emit(line)
+            emit()
+            emit(f"== 1b. TTFT of a second switch to {LARGE}: the history above, a first "
+                 f"(translated) switch to {LARGE}, one more {SMALL} turn of ~256 tokens, "
+                 "then the measured turn ==")
+            emit(f"{LARGE} lacks only the last span: translate translates it, reprefill-missing "
+                 "prefills it, reprefill prefills the whole history.")
+            rows_b = part_switch(client, sizes, args.reps, args.max_tokens, args.turn_words,
+                                 second_switch, "sw2", cxx_client, target)
+            for line in switch_lines(rows_b):
+                emit(line)
+            overhead = median_of(rows + rows_b, "overhead")
+            cxx_overhead = median_of(rows + rows_b, "cxx_overhead")
             emit(f"for scale: an empty unary gRPC call (health Check) takes "
                  f"{client.unary_floor() * 1e3:.3f} ms round trip, a Chat stream rejected with "
                  f"NOT_FOUND {client.stream_floor() * 1e3:.3f} ms (medians of 50)")
             if cxx_client:
                 busy, idle = (cxx_floor(cxx_client, target, 50, gap) for gap in (0, 20))
-                emit(f"the same in the C++ client: {busy['unary_seconds'] * 1e3:.3f} ms and "
+                emit(f"in the C++ client, a unary GetSession of an unknown session and a rejected "
+                     f"Chat stream: {busy['unary_seconds'] * 1e3:.3f} ms and "
                      f"{busy['rejected_stream_seconds'] * 1e3:.3f} ms back to back; "
                      f"{idle['unary_seconds'] * 1e3:.3f} ms and "
                      f"{idle['rejected_stream_seconds'] * 1e3:.3f} ms when each call follows "
                      f"20 ms of idleness, as a turn's request and first token do")
-            emit(f"median gRPC overhead over all cells, Python client: {overhead * 1e3:.3f} ms "
+            emit(f"median gRPC overhead over all cells of 1 and 1b, Python client: "
+                 f"{overhead * 1e3:.4f} ms "
                  f"(target < 1 ms): {'met' if overhead < 1e-3 else 'NOT met'}")
             if cxx_client:
-                emit(f"median gRPC overhead over all cells, C++ client: "
-                     f"{cxx_overhead * 1e3:.3f} ms (target < 1 ms): "
+                emit(f"median gRPC overhead over all cells of 1 and 1b, C++ client: "
+                     f"{cxx_overhead * 1e3:.4f} ms (target < 1 ms): "
                      f"{'met' if cxx_overhead < 1e-3 else 'NOT met'}")
             emit(f"load after part 1: {load_line()}")
             emit()

@@ -11,8 +11,14 @@ target_include_directories(kvl_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
 separate_arguments(_kvl_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
 target_compile_options(kvl_torch INTERFACE ${_kvl_torch_flags})
 # LibTorch's intra-op threads are libgomp's; model/engine.cc sets a thread's
-# OpenMP thread count directly (SerialIntraOpScope).
+# OpenMP thread count directly (SerialIntraOpScope). It links the runtime only:
+# no -fopenmp, so that ATen's inline parallel_for compiles the same way in
+# every folder.
 find_package(OpenMP REQUIRED COMPONENTS CXX)
+if(NOT OpenMP_CXX_LIBRARIES MATCHES "gomp")
+  message(FATAL_ERROR "kvlingo expects GNU libgomp, the OpenMP runtime of Debian's "
+                      "LibTorch; CMake found: ${OpenMP_CXX_LIBRARIES}")
+endif()
 
 find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)

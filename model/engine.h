@@ -7,8 +7,11 @@
 // Thread-safety: an Engine and the cache lines it creates are driven by ONE
 // thread at a time — the model's engine worker (kvlingo runs one worker per
 // model). Create and the const accessors may be called from any thread.
-// at::set_num_threads is process-wide in LibTorch: the last engine created
-// sets it for all.
+// Create calls at::set_num_threads, which sets the calling thread's intra-op
+// thread count and the default that other threads take when they are set up
+// (at their first parallel operation, or PrepareIntraOpThread): create every
+// engine before starting the threads that run model work (kvl-server loads
+// its models before it builds its TurnPool).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -44,8 +47,8 @@ void TuneMallocForTensors();
 // the new pool's workers then busy-wait for tens of milliseconds. A server
 // thread whose first turn is a switch used to pay that inside the turn: with 2
 // intra-op threads, the workers and OpenBLAS's spinning thread crowded out the
-// turn on a 2-core machine and a 1000-token translation took 3x longer
-// (docs/server-bench.md). Threads that will run model work should call this
+// turn on a 2-core machine and a 1000-token translation took 2-4x longer than
+// with 1 (docs/server-bench.md). Threads that will run model work should call this
 // once when they start.
 void PrepareIntraOpThread();
 

@@ -13,7 +13,8 @@
 #   scripts/train_translators.sh
 #   KVL_TRANSLATOR_PAIRS="kvl-small:kvl-large" scripts/train_translators.sh  # one direction
 # Environment: KVL_SKIP_SETUP=1 skips scripts/setup.sh; KVL_TRAIN_THREADS
-# (default 1); KVL_DISTILL_STEPS (default 900), KVL_DISTILL_LR (default 3e-3);
+# (default 1); KVL_DISTILL_STEPS (default: 2400 for kvl-small -> kvl-large,
+# 900 for the other directions), KVL_DISTILL_LR (default 3e-3);
 # KVL_SKIP_EVAL=1 (fit and distill only); KVL_ONLY_EVAL=1 (evaluate the
 # translators already there).
 set -euo pipefail
@@ -23,7 +24,6 @@ cd "$(dirname "$0")/.."
 KVL=${KVL_BIN:-build/tools/kvl}
 WORK=${KVL_HOUSE_WORK:-build/house}
 THREADS=${KVL_TRAIN_THREADS:-1}
-STEPS=${KVL_DISTILL_STEPS:-900}
 LR=${KVL_DISTILL_LR:-3e-3}
 OUT=models/translators
 RESULTS=docs/results/translators
@@ -49,10 +49,18 @@ for pair in $PAIRS; do
   timed "fit $s->$t" "$KVL" fit --source "models/$s" --target "models/$t" \
     --data "$WORK/data/train.jsonl" --out "$base.closed-form.safetensors" \
     --seq-len 512 --max-sequences 256 "${assign[@]}" --threads "$THREADS" --quiet
-  # Stage 2: self-distillation from the closed-form maps.
+  # Stage 2: self-distillation from the closed-form maps. Every direction's
+  # validation KL was still falling after 900 steps; small->large, the one
+  # that missed the 85% recovery target there, trains 2400 (about 47 min with
+  # 2 threads). The others stay at 900 until they are rerun longer
+  # (docs/translators.md).
+  case "$s:$t" in
+    kvl-small:kvl-large) steps=${KVL_DISTILL_STEPS:-2400} ;;
+    *) steps=${KVL_DISTILL_STEPS:-900} ;;
+  esac
   timed "distill $s->$t" "$KVL" distill --source "models/$s" --target "models/$t" \
     --init "$base.closed-form.safetensors" --data "$WORK/data/train.jsonl" \
-    --valid "$WORK/data/valid.jsonl" --out "$base.safetensors" --steps "$STEPS" \
+    --valid "$WORK/data/valid.jsonl" --out "$base.safetensors" --steps "$steps" \
     --lr "$LR" --eval-every 100 --threads "$THREADS" --quiet
 done
 

@@ -20,7 +20,7 @@ class TurnPool {
  public:
   // Each thread runs thread_init (when set) as it starts; the constructor
   // returns once all of them have, so per-thread set-up costs start-up time,
-  // never a turn's.
+  // never a turn's. thread_init must not throw (it would end the process).
   explicit TurnPool(int n_threads, std::function<void()> thread_init = nullptr);
   ~TurnPool();
   TurnPool(const TurnPool&) = delete;

@@ -5,11 +5,11 @@
 
 #include <atomic>
 #include <chrono>
-#include <mutex>
 #include <set>
 #include <thread>
 
 #include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 
 namespace kvl::server {
@@ -17,19 +17,19 @@ namespace {
 
 TEST(TurnPoolTest, EveryThreadRunsItsInitBeforeTheConstructorReturnsAndBeforeAnyJob) {
   constexpr int kThreads = 4;
-  std::mutex mu;
+  absl::Mutex mu;
   std::set<std::thread::id> initialised;
   std::atomic<int> inits{0};
   TurnPool pool(kThreads, [&] {
     // Slow enough that a constructor which did not wait would return first.
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     initialised.insert(std::this_thread::get_id());
     inits.fetch_add(1);
   });
   EXPECT_EQ(inits.load(), kThreads);
   {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     EXPECT_EQ(initialised.size(), static_cast<size_t>(kThreads));
   }
 
@@ -40,15 +40,21 @@ TEST(TurnPoolTest, EveryThreadRunsItsInitBeforeTheConstructorReturnsAndBeforeAny
   for (int i = 0; i < kThreads; ++i) {
     pool.Submit([&] {
       {
-        std::lock_guard<std::mutex> lock(mu);
+        absl::MutexLock lock(&mu);
         ran_on.insert(std::this_thread::get_id());
       }
       started.fetch_add(1);
-      while (started.load() < kThreads) std::this_thread::yield();
+      // Fewer threads than jobs would leave this waiting: give up after 30 s
+      // (and fail below) rather than hang.
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (started.load() < kThreads && std::chrono::steady_clock::now() < give_up) {
+        std::this_thread::yield();
+      }
       done.DecrementCount();
     });
   }
   done.Wait();
+  EXPECT_EQ(started.load(), kThreads);
   EXPECT_EQ(ran_on, initialised);
   EXPECT_EQ(inits.load(), kThreads);  // once per thread, not per job
 }
