@@ -31,6 +31,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL, SMALL_B, LARGE = "kvl-small", "kvl-small-b", "kvl-large"
 # SwitchStrategy values of proto/kvlingo/v1/chat.proto.
 STRATEGIES = (("translate", 1), ("reprefill", 2), ("reprefill-missing", 3))
+# The short user turn sent to kvl-large at every switch, by both clients.
+SWITCH_TURN = "Now answer this briefly, please."
 
 # Filler for long user turns: ordinary English words in a fixed pseudo-random
 # order, so the tokenizer sees text like the training data and every session
@@ -217,7 +219,7 @@ def cxx_switch(cxx_client, target, sids, max_tokens, strategy):
     """The measured switch turn of each filled session in `sids`, sent by
     bench/ttft_client (C++): one JSON dict per turn."""
     cmd = [cxx_client, "--target", target, "--model", LARGE, "--strategy", str(strategy),
-           "--max-tokens", str(max_tokens), "--message", "Now answer this briefly, please."]
+           "--max-tokens", str(max_tokens), "--message", SWITCH_TURN]
     done = subprocess.run(cmd + sids, check=True, capture_output=True, text=True, timeout=900)
     return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
 
@@ -239,7 +241,7 @@ def second_switch(client, sid, size, turn_words, seed, new_words=180):
     (about 256 tokens): about `size` tokens in all, of which kvl-large holds a
     line for all but the last span."""
     build_history(client, sid, size - 300, turn_words, seed)
-    client.chat(sid, "Now answer this briefly, please.", 1, "explicit", LARGE, STRATEGIES[0][1])
+    client.chat(sid, SWITCH_TURN, 1, "explicit", LARGE, STRATEGIES[0][1])
     r = client.chat(sid, filler(new_words, seed + 7), 1, "explicit", SMALL)
     return r["summary"].history_tokens
 
@@ -257,7 +259,7 @@ def part_switch(client, sizes, reps, max_tokens, turn_words, prepare, tag, cxx_c
             for rep in range(reps):
                 sid = client.create(f"{tag}-{size}-{name}-{rep}")
                 history = prepare(client, sid, size, turn_words, size + rep)
-                r = client.chat(sid, "Now answer this briefly, please.", max_tokens, "explicit",
+                r = client.chat(sid, SWITCH_TURN, max_tokens, "explicit",
                                 LARGE, strategy)
                 samples.append((history, r))
             cxx_over = []
