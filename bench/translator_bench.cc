@@ -6,7 +6,8 @@
 //
 // Models: random init with the shapes of models/configs/kvl-small.json and
 // kvl-large.json (max_position_embeddings raised to 16384 for the 8k rung);
-// translator: random maps, relative-depth assignment, band 1, with bias.
+// translator: random maps, relative-depth assignment with --band source layers
+// per map (default all, as the committed cross-layer translators), with bias.
 // Timing depends on shapes only, not on trained weights.
 //
 // For a context of T tokens:
@@ -19,7 +20,7 @@
 // Each is the best of a few runs (the 2-core machine is shared).
 //
 //   translator_bench [--threads 2] [--configs models/configs] [--out FILE]
-//                    [--contexts 64,256,1024,4096,8192] [--repeat K]
+//                    [--contexts 64,256,1024,4096,8192] [--repeat K] [--band N|all]
 // --repeat multiplies the number of runs each time is the best of (a busy
 // machine needs more to find a quiet moment).
 #include <ATen/ATen.h>
@@ -63,15 +64,18 @@ T Check(absl::StatusOr<T> v) {
   return *std::move(v);
 }
 
+// band 0: every source layer.
 std::unique_ptr<kvl::Translator> RandomTranslator(const kvl::ModelConfig& s,
-                                                  const kvl::ModelConfig& t) {
+                                                  const kvl::ModelConfig& t, int64_t band) {
+  if (band == 0) band = s.n_layer;
   kvl::TranslatorSpec spec;
   spec.source = kvl::EndpointOf(s, "bench-source", "bench");
   spec.target = kvl::EndpointOf(t, "bench-target", "bench");
   spec.assignment_kind = "relative_depth";
-  spec.assignment = Check(kvl::RelativeDepthAssignment(s.n_layer, t.n_layer, 1));
+  spec.band = band;
+  spec.assignment = Check(kvl::RelativeDepthAssignment(s.n_layer, t.n_layer, band));
   spec.training.method = "random";
-  const int64_t in = s.n_head_kv * s.head_dim, out = t.n_head_kv * t.head_dim;
+  const int64_t in = band * s.n_head_kv * s.head_dim, out = t.n_head_kv * t.head_dim;
   kvl::TranslatorMaps keys, values;
   for (kvl::TranslatorMaps* m : {&keys, &values}) {
     for (int64_t il = 0; il < t.n_layer; ++il) {
@@ -96,6 +100,7 @@ double TranslateFlops(const kvl::Translator& tr, double t) {
 int main(int argc, char** argv) {
   kvl::ReexecWithPassiveOpenMpWait(argv);
   int n_threads = 2, repeat = 1;
+  int64_t band = 0;  // all
   std::string out_path, configs = "models/configs";
   std::vector<int64_t> contexts = {64, 256, 1024, 4096, 8192};
   for (int i = 1; i < argc; ++i) {
@@ -105,6 +110,9 @@ int main(int argc, char** argv) {
       out_path = argv[++i];
     } else if (std::strcmp(argv[i], "--repeat") == 0 && i + 1 < argc) {
       repeat = std::max(1, std::atoi(argv[++i]));
+    } else if (std::strcmp(argv[i], "--band") == 0 && i + 1 < argc) {
+      ++i;
+      band = std::strcmp(argv[i], "all") == 0 ? 0 : std::max(1, std::atoi(argv[i]));
     } else if (std::strcmp(argv[i], "--configs") == 0 && i + 1 < argc) {
       configs = argv[++i];
     } else if (std::strcmp(argv[i], "--contexts") == 0 && i + 1 < argc) {
@@ -114,7 +122,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: translator_bench [--threads N] [--configs DIR] [--out FILE] "
-                   "[--contexts 64,256,...] [--repeat K]\n");
+                   "[--contexts 64,256,...] [--repeat K] [--band N|all]\n");
       return 2;
     }
   }
@@ -140,11 +148,12 @@ int main(int argc, char** argv) {
   c10::InferenceMode inference;
   std::snprintf(buf, sizeof buf,
                 "translator_bench: kvl-small (L=%lld H=%lld D=%lld) and kvl-large (L=%lld H=%lld "
-                "D=%lld) shapes, random init, fp32, %d intra-op threads, prefill chunk %lld",
+                "D=%lld) shapes, random init, fp32, %d intra-op threads, prefill chunk %lld, "
+                "translator band %s",
                 (long long)small.config.n_layer, (long long)small.config.n_head_kv,
                 (long long)small.config.head_dim, (long long)large.config.n_layer,
                 (long long)large.config.n_head_kv, (long long)large.config.head_dim, n_threads,
-                (long long)options.prefill_chunk);
+                (long long)options.prefill_chunk, band == 0 ? "all" : std::to_string(band).c_str());
   emit(buf);
 
   const kvl::bench::GemmRate gemm;
@@ -167,7 +176,7 @@ int main(int argc, char** argv) {
   for (const Direction& dir : {Direction{"small->large", small_engine.get(), large_engine.get()},
                                Direction{"large->small", large_engine.get(), small_engine.get()}}) {
     const std::unique_ptr<kvl::Translator> tr =
-        RandomTranslator(dir.source->config(), dir.target->config());
+        RandomTranslator(dir.source->config(), dir.target->config(), band);
     emit("");
     std::snprintf(buf, sizeof buf, "%s: TTFT after a switch (ms, best of runs)", dir.name);
     emit(buf);

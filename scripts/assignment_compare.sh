@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Compares layer assignments for the cross-layer house pair in both
 # directions: closed-form fits (kvl fit, the committed translators' corpus and
-# sizes) with relative_depth at band 1 and relative_depth, top_r2 and greedy at
-# band 2, printing the mean per-target-layer R² of keys and values (in-sample
-# over ~40k tokens; 129 or 257 inputs per map, so overfitting is negligible).
+# sizes) with relative_depth at band 1, relative_depth, top_r2 and greedy at
+# band 2, and every source layer (--band all), printing the mean
+# per-target-layer R² of keys and values (in-sample over ~40k tokens; at most
+# 769 inputs per map, so overfitting is small).
 #   scripts/assignment_compare.sh [WORK_DIR]   # default build/house; needs WORK_DIR/data
 # Output: docs/results/assignments.txt (one line per fit).
 set -euo pipefail
@@ -15,7 +16,7 @@ mkdir -p "$out"
 printf '%-24s %-15s %5s %12s %12s %8s\n' direction assignment band mean_r2_keys mean_r2_vals fit_s
 for pair in kvl-small:kvl-large kvl-large:kvl-small; do
   s=${pair%%:*}; t=${pair##*:}
-  for spec in relative_depth:1 relative_depth:2 top_r2:2 greedy:2; do
+  for spec in relative_depth:1 relative_depth:2 top_r2:2 greedy:2 relative_depth:all; do
     kind=${spec%%:*}; band=${spec##*:}
     f="$out/${s}__${t}.$kind.$band.safetensors"
     t0=$(date +%s.%N)

@@ -14,6 +14,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: kvl distill --source DIR --target DIR --init FILE --data TRAIN --valid VALID\n"
     "                   --out FILE [--prefix 255] [--continuation 128] [--batch 8]\n"
+    "                   [--hand-over any|reply|turn|chat] [--score all|assistant]\n"
     "                   [--steps 600] [--lr 1e-3] [--min-lr 1e-4] [--warmup 30]\n"
     "                   [--weight-decay 0] [--clip 1.0] [--eval-every 50]\n"
     "                   [--valid-windows 64] [--seed 0] [--threads N] [--quiet] [--no-plot]\n"
@@ -23,12 +24,20 @@ constexpr char kUsage[] =
     "the prefix, its cache is translated, the target processes the continuation\n"
     "(its first token is the held-back last prefix token) from the translated\n"
     "cache; loss = KL(target on its native cache || target on the translated\n"
-    "cache) averaged over the continuation positions. AdamW, linear warm-up then\n"
+    "cache) averaged over the continuation positions. Windows start anywhere\n"
+    "(--hand-over any, the default) or so that the prefix ends where a chat hands\n"
+    "over: reply (the target reads the last token of \"<|im_start|>assistant\\n\"\n"
+    "itself and predicts the reply, as the task prompts of kvl eval-translator),\n"
+    "turn (the target prefills a user turn after the translated history, as the\n"
+    "router does at a switch) or chat (either). --score assistant counts only the\n"
+    "positions that predict an assistant reply's tokens (its content and\n"
+    "<|im_end|>). AdamW, linear warm-up then\n"
     "cosine from --lr to --min-lr, global-norm clipping. The validation KL (first\n"
-    "--valid-windows consecutive windows of VALID) is measured before training,\n"
-    "every --eval-every steps and at the end; --out always holds the best maps\n"
-    "(training.method \"distilled\"). Also writes OUT.distill.jsonl (per step),\n"
-    "OUT.distill.json (summary) and OUT.distill.png (curves).\n";
+    "--valid-windows non-overlapping windows of VALID, placed the same way) is\n"
+    "measured before training, every --eval-every steps and at the end; --out\n"
+    "always holds the best maps (training.method \"distilled\"). Also writes\n"
+    "OUT.distill.jsonl (per step), OUT.distill.json (summary) and OUT.distill.png\n"
+    "(curves).\n";
 
 int Fail(const std::string& message, int code = 1) {
   std::fprintf(stderr, "kvl distill: %s\n", message.c_str());
@@ -40,7 +49,7 @@ int Fail(const std::string& message, int code = 1) {
 int RunDistill(const Args& args) {
   absl::StatusOr<ParsedFlags> flags = ParseFlags(
       args,
-      {"source", "target", "init", "data", "valid", "out", "prefix", "continuation", "batch",
+      {"source", "target", "init", "data", "valid", "out", "prefix", "continuation", "hand-over", "score", "batch",
        "steps", "lr", "min-lr", "warmup", "weight-decay", "clip", "eval-every", "valid-windows",
        "seed", "threads"},
       {"quiet", "no-plot"});
@@ -59,6 +68,18 @@ int RunDistill(const Args& args) {
   o.train_path = flags->values.at("data");
   o.valid_path = flags->values.at("valid");
   o.out_path = flags->values.at("out");
+  if (flags->Has("hand-over")) {
+    absl::StatusOr<HandOver> h = ParseHandOver(flags->values.at("hand-over"));
+    if (!h.ok()) return Fail(std::string(h.status().message()), 2);
+    o.hand_over = *h;
+  }
+  if (flags->Has("score")) {
+    const std::string& score = flags->values.at("score");
+    if (score != "all" && score != "assistant") {
+      return Fail("--score " + score + ": expected all or assistant", 2);
+    }
+    o.score_assistant = score == "assistant";
+  }
   int64_t seed = 0, threads = 0;
   for (absl::Status s :
        {FlagInt(*flags, "prefix", &o.prefix), FlagInt(*flags, "continuation", &o.continuation),

@@ -32,7 +32,7 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: kvl fit --source DIR --target DIR --data FILE.jsonl|FILE.txt --out FILE\n"
-    "               [--assignment same_index|relative_depth|top_r2|greedy] [--band N]\n"
+    "               [--assignment same_index|relative_depth|top_r2|greedy] [--band N|all]\n"
     "               [--ridge L]\n"
     "               [--weighting uniform|attention] [--attention-queries C] [--no-bias]\n"
     "               [--max-sequences N] [--seq-len T]\n"
@@ -44,6 +44,8 @@ constexpr char kUsage[] =
     "rendered as ChatML and cut to --seq-len tokens; .txt: consecutive windows of\n"
     "--seq-len tokens. Writes the translator to --out and the per-layer R² (and the\n"
     "single-layer R² tables) to the same path with extension .r2.json.\n"
+    "--band all: every target layer reads every source layer (the band is the\n"
+    "source's depth).\n"
     "Defaults: assignment same_index when depths match, else relative_depth; band 1;\n"
     "ridge 1e-4; max-sequences 512 (0: all); seq-len 256; threads 0 (all cores).\n"
     "--weighting attention: each sequence's last C tokens (--attention-queries,\n"
@@ -201,6 +203,8 @@ int RunFit(const Args& args) {
     if (!flags.count(required)) return UsageError(std::string("--") + required + " is required");
   }
   int64_t band = 1, max_sequences = 512, seq_len = 256, n_threads = 0, attention_queries = 64;
+  const bool band_all = flags.count("band") && flags["band"] == "all";  // set once the source is loaded
+  if (band_all) flags.erase("band");
   for (auto [name, out] : {std::pair{"band", &band}, {"max-sequences", &max_sequences},
                            {"seq-len", &seq_len}, {"threads", &n_threads},
                            {"attention-queries", &attention_queries}}) {
@@ -229,6 +233,7 @@ int RunFit(const Args& args) {
   }
   const ModelConfig& sc = source->checkpoint.config;
   const ModelConfig& tc = target->checkpoint.config;
+  if (band_all) band = sc.n_layer;
   std::string kind = flags.count("assignment") ? flags["assignment"]
                      : sc.n_layer == tc.n_layer ? "same_index"
                                                 : "relative_depth";

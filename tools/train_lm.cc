@@ -229,12 +229,12 @@ std::vector<int64_t> BatchOffsets(uint64_t seed, int64_t step, int64_t batch,
   return offsets;
 }
 
-std::vector<uint8_t> AssistantTokenMask(const Tokenizer& tokenizer,
+std::vector<ChatRoleLine> ChatRoleLines(const Tokenizer& tokenizer,
                                         const std::vector<int32_t>& tokens) {
-  std::vector<uint8_t> mask(tokens.size(), 0);
+  std::vector<ChatRoleLine> lines;
   const std::optional<int32_t> im_start = tokenizer.AddedTokenId("<|im_start|>");
   const std::optional<int32_t> im_end = tokenizer.AddedTokenId("<|im_end|>");
-  if (!im_start || !im_end) return mask;
+  if (!im_start || !im_end) return lines;
   const size_t n = tokens.size();
   for (size_t p = 0; p < n; ++p) {
     if (tokens[p] != *im_start) continue;
@@ -246,14 +246,29 @@ std::vector<uint8_t> AssistantTokenMask(const Tokenizer& tokenizer,
       role += tokenizer.Decode(absl::Span<const int32_t>(&tokens[q], 1));
       if (role.find('\n') != std::string::npos) break;
     }
-    if (q >= n || !absl::StartsWith(role, "assistant\n")) continue;
+    if (q >= n || q > p + 8 || role.find('\n') == std::string::npos) continue;
+    lines.push_back({static_cast<int64_t>(p), static_cast<int64_t>(q),
+                     role.substr(0, role.find('\n'))});
+    p = q;
+  }
+  return lines;
+}
+
+std::vector<uint8_t> AssistantTokenMask(const Tokenizer& tokenizer,
+                                        const std::vector<int32_t>& tokens) {
+  std::vector<uint8_t> mask(tokens.size(), 0);
+  const std::optional<int32_t> im_start = tokenizer.AddedTokenId("<|im_start|>");
+  const std::optional<int32_t> im_end = tokenizer.AddedTokenId("<|im_end|>");
+  if (!im_start || !im_end) return mask;
+  for (const ChatRoleLine& line : ChatRoleLines(tokenizer, tokens)) {
+    if (line.role != "assistant") continue;
     // Content bytes that share the newline's token are rare (the pre-tokenizer
     // splits newlines off); the mask starts after it.
-    for (size_t r = q + 1; r < n && tokens[r] != *im_start; ++r) {
+    for (size_t r = static_cast<size_t>(line.end) + 1;
+         r < tokens.size() && tokens[r] != *im_start; ++r) {
       mask[r] = 1;
       if (tokens[r] == *im_end) break;
     }
-    p = q;
   }
   return mask;
 }

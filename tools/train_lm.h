@@ -108,6 +108,18 @@ std::vector<int64_t> BatchOffsets(uint64_t seed, int64_t step, int64_t batch, in
 std::vector<int64_t> BatchOffsets(uint64_t seed, int64_t step, int64_t batch,
                                   const std::vector<int64_t>& starts);
 
+// One "<|im_start|>ROLE\n" line of a ChatML token stream: `start` is the
+// <|im_start|> token, `end` the token whose text ends the line, `role` the
+// text between them ("user", "assistant", ...).
+struct ChatRoleLine {
+  int64_t start = 0, end = 0;
+  std::string role;
+};
+// Every role line of `tokens`, in order (none when the tokenizer lacks the
+// ChatML tokens).
+std::vector<ChatRoleLine> ChatRoleLines(const Tokenizer& tokenizer,
+                                        const std::vector<int32_t>& tokens);
+
 // Per token of `tokens`: 1 when it belongs to an assistant message's content
 // or is the <|im_end|> closing it, else 0.
 std::vector<uint8_t> AssistantTokenMask(const Tokenizer& tokenizer,

@@ -36,23 +36,43 @@ std::string Sibling(const std::string& path, const std::string& suffix) {
   return fs::path(path).replace_extension(suffix).string();
 }
 
-// Mean KL over windows [N, P + C], `batch` at a time, without autograd.
+// Validation windows: ids [P + C] each and, when only some positions are
+// scored, their weights [C].
+struct Windows {
+  std::vector<at::Tensor> ids, weights;
+};
+
+// Mean KL per scored position over `windows`, `batch` at a time, without autograd.
 double MeanKl(const TranslatorModel& source, const TranslatorModel& target,
               const TranslatorSpec& spec, const TranslatorMaps& keys, const TranslatorMaps& values,
-              const std::vector<at::Tensor>& windows, int64_t batch, int64_t n_prefix) {
+              const Windows& windows, int64_t batch, int64_t n_prefix) {
   c10::AutoGradMode no_grad(false);
-  double sum = 0;
-  int64_t n = 0;
-  for (size_t i = 0; i < windows.size(); i += static_cast<size_t>(batch)) {
-    const size_t j = std::min(windows.size(), i + static_cast<size_t>(batch));
-    const at::Tensor ids = at::stack(std::vector<at::Tensor>(windows.begin() + i, windows.begin() + j));
+  const std::vector<at::Tensor>& all = windows.ids;
+  double sum = 0, n = 0;
+  for (size_t i = 0; i < all.size(); i += static_cast<size_t>(batch)) {
+    const size_t j = std::min(all.size(), i + static_cast<size_t>(batch));
+    const at::Tensor ids = at::stack(std::vector<at::Tensor>(all.begin() + i, all.begin() + j));
+    at::Tensor w;
+    if (!windows.weights.empty()) {
+      w = at::stack(std::vector<at::Tensor>(windows.weights.begin() + i, windows.weights.begin() + j));
+    }
     const double kl = DistillKl(source.config(), source.weights32, target.config(), target.weights32,
-                                spec, keys, values, ids, n_prefix)
+                                spec, keys, values, ids, n_prefix, w)
                           .item<double>();
-    sum += kl * static_cast<double>(j - i);
-    n += static_cast<int64_t>(j - i);
+    const double scored = w.defined() ? w.sum().item<double>() : static_cast<double>(j - i);
+    sum += kl * scored;
+    n += scored;
   }
-  return sum / static_cast<double>(n);
+  return sum / n;
+}
+
+// Per token of a stream, plus one trailing 0: 1 where the token is part of an
+// assistant reply (AssistantTokenMask). The weights of a window's continuation
+// positions [t, t + C) are mask[t + 1, t + C + 1): each position predicts the next token.
+at::Tensor ReplyTokenMask(const Tokenizer& tokenizer, const std::vector<int32_t>& stream) {
+  std::vector<uint8_t> mask = AssistantTokenMask(tokenizer, stream);
+  mask.push_back(0);
+  return at::tensor(std::vector<float>(mask.begin(), mask.end()));
 }
 
 absl::Status PlotCurve(const std::string& png, const std::vector<DistillRecord>& log,
@@ -104,7 +124,8 @@ std::vector<at::Tensor> TranslateBatch(const std::vector<at::Tensor>& source,
 at::Tensor DistillKl(const ModelConfig& source_config, const ModelWeights& source_weights,
                      const ModelConfig& target_config, const ModelWeights& target_weights,
                      const TranslatorSpec& spec, const TranslatorMaps& keys,
-                     const TranslatorMaps& values, const at::Tensor& ids, int64_t n_prefix) {
+                     const TranslatorMaps& values, const at::Tensor& ids, int64_t n_prefix,
+                     const at::Tensor& position_weights) {
   const int64_t n_cont = ids.size(1) - n_prefix;
   TORCH_CHECK(n_prefix >= 1 && n_cont >= 1, "DistillKl needs a prefix and a continuation");
   at::Tensor teacher_logp;
@@ -126,7 +147,75 @@ at::Tensor DistillKl(const ModelConfig& source_config, const ModelWeights& sourc
   const at::Tensor student =
       ReferenceForward(target_config, target_weights, ids.narrow(1, n_prefix, n_cont), to).logits;
   const at::Tensor student_logp = at::log_softmax(student, -1);
-  return (teacher_logp.exp() * (teacher_logp - student_logp)).sum(-1).mean();
+  const at::Tensor kl = (teacher_logp.exp() * (teacher_logp - student_logp)).sum(-1);  // [B, C]
+  if (!position_weights.defined()) return kl.mean();
+  TORCH_CHECK(position_weights.sizes() == kl.sizes(), "position weights must be [B, C]");
+  return (kl * position_weights).sum() / position_weights.sum().clamp_min(1e-12);
+}
+
+absl::StatusOr<HandOver> ParseHandOver(std::string_view name) {
+  for (HandOver h : {HandOver::kAny, HandOver::kReply, HandOver::kTurn, HandOver::kChat}) {
+    if (name == HandOverName(h)) return h;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("hand-over \"", std::string(name), "\": expected any, reply, turn or chat"));
+}
+
+std::string HandOverName(HandOver h) {
+  switch (h) {
+    case HandOver::kAny: return "any";
+    case HandOver::kReply: return "reply";
+    case HandOver::kTurn: return "turn";
+    case HandOver::kChat: return "chat";
+  }
+  return "?";
+}
+
+std::vector<int64_t> HandOverPoints(const Tokenizer& tokenizer, const std::vector<int32_t>& tokens,
+                                    HandOver h) {
+  std::vector<int64_t> points;
+  if (h == HandOver::kAny) return points;
+  const bool reply = h == HandOver::kReply || h == HandOver::kChat;
+  const bool turn = h == HandOver::kTurn || h == HandOver::kChat;
+  const std::vector<int64_t> starts = ConversationStarts(tokenizer, tokens, /*seq_len=*/0);
+  const std::vector<ChatRoleLine> lines = ChatRoleLines(tokenizer, tokens);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (reply && lines[i].role == "assistant") points.push_back(lines[i].end);
+    if (turn && i > 0 && lines[i].role == "user" && lines[i - 1].role == "assistant" &&
+        !std::binary_search(starts.begin(), starts.end(), lines[i].start)) {
+      points.push_back(lines[i].start);
+    }
+  }
+  return points;
+}
+
+std::vector<int64_t> HandOverWindowStarts(const Tokenizer& tokenizer,
+                                          const std::vector<int32_t>& stream, HandOver h,
+                                          int64_t n_prefix, int64_t window) {
+  const int64_t n = static_cast<int64_t>(stream.size());
+  std::vector<int64_t> starts;
+  if (h == HandOver::kAny) {
+    for (int64_t off = 0; off + window <= n; ++off) starts.push_back(off);
+    return starts;
+  }
+  for (int64_t p : HandOverPoints(tokenizer, stream, h)) {
+    if (p - n_prefix >= 0 && p - n_prefix + window <= n) starts.push_back(p - n_prefix);
+  }
+  return starts;
+}
+
+std::vector<int64_t> FirstDisjointWindows(const std::vector<int64_t>& starts, int64_t window,
+                                          int64_t max_windows,
+                                          const std::function<bool(int64_t)>& keep) {
+  std::vector<int64_t> out;
+  int64_t free_from = 0;
+  for (int64_t off : starts) {
+    if (static_cast<int64_t>(out.size()) >= max_windows) break;
+    if (off < free_from || (keep && !keep(off))) continue;
+    out.push_back(off);
+    free_from = off + window;
+  }
+  return out;
 }
 
 absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
@@ -171,13 +260,44 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
                                                    " tokens, fewer than one window of ", window,
                                                    " plus one"));
   }
-  std::vector<at::Tensor> valid_windows;
-  for (const std::vector<int64_t>& w : ConsecutiveWindows(*valid, window, o.valid_windows)) {
-    valid_windows.push_back(at::tensor(w, at::kLong));
+  std::vector<int64_t> train_starts;  // empty: windows start anywhere
+  if (o.hand_over != HandOver::kAny) {
+    train_starts = HandOverWindowStarts(*source->tokenizer, *train, o.hand_over, o.prefix, window);
+    if (train_starts.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(o.train_path, ": no ", HandOverName(o.hand_over),
+                       " hand-over point with room for a window of ", window, " tokens"));
+    }
   }
-  if (valid_windows.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(o.valid_path, ": fewer tokens than one window of ", window));
+  const at::Tensor train_weights =
+      o.score_assistant ? ReplyTokenMask(*source->tokenizer, *train) : at::Tensor();
+  // Validation: the first non-overlapping windows placed as the training ones,
+  // keeping only those with a scored position.
+  Windows valid_windows;
+  {
+    const at::Tensor valid_weights =
+        o.score_assistant ? ReplyTokenMask(*source->tokenizer, *valid) : at::Tensor();
+    auto scored = [&](int64_t off) {
+      return !valid_weights.defined() ||
+             valid_weights.narrow(0, off + o.prefix + 1, o.continuation).sum().item<double>() > 0;
+    };
+    for (int64_t off : FirstDisjointWindows(
+             HandOverWindowStarts(*source->tokenizer, *valid, o.hand_over, o.prefix, window),
+             window, o.valid_windows, scored)) {
+      valid_windows.ids.push_back(
+          at::tensor(std::vector<int64_t>(valid->begin() + off, valid->begin() + off + window),
+                     at::kLong));
+      if (valid_weights.defined()) {
+        valid_windows.weights.push_back(valid_weights.narrow(0, off + o.prefix + 1, o.continuation));
+      }
+    }
+  }
+  if (valid_windows.ids.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        o.valid_path, ": not one window of ", window, " tokens",
+        o.hand_over == HandOver::kAny ? "" : " that hands over at a " + HandOverName(o.hand_over) +
+                                                 " point",
+        o.score_assistant ? " with a reply to score" : ""));
   }
   const at::Tensor train_ids =
       at::from_blob(train->data(), {n_train}, at::TensorOptions().dtype(at::kInt)).to(at::kLong);
@@ -211,7 +331,7 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
 
   DistillResult result;
   result.n_train_tokens = n_train;
-  result.n_valid_windows = static_cast<int64_t>(valid_windows.size());
+  result.n_valid_windows = static_cast<int64_t>(valid_windows.ids.size());
   auto valid_kl = [&] {
     return MeanKl(*source, *target, spec, keys, values, valid_windows, o.batch, o.prefix);
   };
@@ -251,15 +371,21 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
   popts.out = o.progress ? stderr : nullptr;
   ProgressBar bar(popts);
   double step_seconds = 0, last_valid = result.initial_valid_kl;
+  c10::AutoGradMode grad_on(true);  // whatever mode the caller is in
   for (int64_t step = 1; step <= o.steps; ++step) {
     const Clock::time_point t0 = Clock::now();
-    std::vector<at::Tensor> rows;
-    for (int64_t off : BatchOffsets(o.seed, step, o.batch, window - 1, n_train)) {
+    std::vector<at::Tensor> rows, weights;
+    for (int64_t off : train_starts.empty()
+                           ? BatchOffsets(o.seed, step, o.batch, window - 1, n_train)
+                           : BatchOffsets(o.seed, step, o.batch, train_starts)) {
       rows.push_back(train_ids.narrow(0, off, window));
+      if (train_weights.defined()) {
+        weights.push_back(train_weights.narrow(0, off + o.prefix + 1, o.continuation));
+      }
     }
     const at::Tensor loss = DistillKl(source->config(), source->weights32, target->config(),
                                       target->weights32, spec, keys, values, at::stack(rows),
-                                      o.prefix);
+                                      o.prefix, weights.empty() ? at::Tensor() : at::stack(weights));
     loss.backward();
     DistillRecord rec;
     rec.step = step;
@@ -324,6 +450,10 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
       {"source", o.source_dir},        {"target", o.target_dir},
       {"train", o.train_path},         {"valid", o.valid_path},
       {"prefix", o.prefix},            {"continuation", o.continuation},
+      {"hand_over", HandOverName(o.hand_over)},
+      {"score", o.score_assistant ? "assistant" : "all"},
+      {"train_windows", train_starts.empty() ? n_train - window + 1
+                                              : static_cast<int64_t>(train_starts.size())},
       {"batch", o.batch},              {"steps", o.steps},
       {"lr", o.lr},                    {"min_lr", o.min_lr},
       {"warmup", o.warmup},            {"weight_decay", o.weight_decay},

@@ -2,7 +2,9 @@
 // self-distillation with both models frozen. Only the maps train; they start
 // from a closed-form translator file (stage 1, `kvl fit`).
 //
-// One training sample is a window of P + C tokens of the corpus stream:
+// One training sample is a window of P + C tokens of the corpus stream
+// (starting anywhere, or placed so that the prefix ends at a chat hand-over
+// point: HandOver below):
 //   source prefills ids[0, P) (ReferenceForward, capture_kv, no grad);
 //   its pre-norm keys/values [B, H_s, P, D_s] per layer go through the maps
 //     (autograd) to the target's pre-norm keys/values [B, H_t, P, D_t];
@@ -23,11 +25,14 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "model/config.h"
+#include "model/tokenizer.h"
 #include "model/weights.h"
 #include "translator/translator.h"
 
@@ -43,12 +48,46 @@ std::vector<at::Tensor> TranslateBatch(const std::vector<at::Tensor>& source,
                                        const TranslatorEndpoint& target);
 
 // Mean KL(target native || target on translated prefix) per position over the
-// continuation, for windows ids [B, P + C] (see the file comment). Runs under
-// autograd when the maps require grad; the models' weights should not.
+// continuation, for windows ids [B, P + C] (see the file comment); with
+// `position_weights` [B, C], the weighted mean (0 when all weights are 0).
+// Runs under autograd when the maps require grad; the models' weights should not.
 at::Tensor DistillKl(const ModelConfig& source_config, const ModelWeights& source_weights,
                      const ModelConfig& target_config, const ModelWeights& target_weights,
                      const TranslatorSpec& spec, const TranslatorMaps& keys,
-                     const TranslatorMaps& values, const at::Tensor& ids, int64_t n_prefix);
+                     const TranslatorMaps& values, const at::Tensor& ids, int64_t n_prefix,
+                     const at::Tensor& position_weights = at::Tensor());
+
+// Where a training window's translated prefix ends (kvl distill --hand-over),
+// i.e. which token p the target reads first itself:
+//   any:   anywhere in the corpus stream;
+//   reply: p is the last token of an assistant role line ("<|im_start|>assistant\n"),
+//          so the target's first scored prediction is the reply's first token:
+//          what kvl eval-translator's task prompts do;
+//   turn:  p is the <|im_start|> of a user turn that follows an assistant turn
+//          of the same conversation: a router switch (history translated, the
+//          new turn prefilled by the target);
+//   chat:  reply or turn.
+enum class HandOver { kAny, kReply, kTurn, kChat };
+absl::StatusOr<HandOver> ParseHandOver(std::string_view name);
+std::string HandOverName(HandOver h);
+
+// The positions p of a ChatML token stream where `h` lets a prefix hand over,
+// ascending; empty for kAny (every position does) or a stream without ChatML.
+std::vector<int64_t> HandOverPoints(const Tokenizer& tokenizer, const std::vector<int32_t>& tokens,
+                                    HandOver h);
+
+// Start offsets of the windows of `window` tokens of `stream` whose first
+// n_prefix tokens end at a hand-over point of kind `h` (kAny: every offset
+// that fits), ascending.
+std::vector<int64_t> HandOverWindowStarts(const Tokenizer& tokenizer,
+                                          const std::vector<int32_t>& stream, HandOver h,
+                                          int64_t n_prefix, int64_t window);
+
+// The first of `starts` (ascending) that do not overlap the windows taken
+// before them, at most max_windows, skipping those `keep` rejects (if given).
+std::vector<int64_t> FirstDisjointWindows(const std::vector<int64_t>& starts, int64_t window,
+                                          int64_t max_windows,
+                                          const std::function<bool(int64_t)>& keep = nullptr);
 
 struct DistillOptions {
   std::string source_dir, target_dir;
@@ -58,6 +97,11 @@ struct DistillOptions {
   std::string out_path;     // distilled translator; siblings .distill.{jsonl,json,png}
   int64_t prefix = 255;     // P: tokens the source prefills and the maps translate
   int64_t continuation = 128;  // C: held-back token + continuation, positions scored
+  HandOver hand_over = HandOver::kAny;  // where training and validation prefixes end
+  // Score only the continuation positions that predict an assistant reply's
+  // tokens (its content and closing <|im_end|>), as the paper's recipe scores
+  // the answer; windows of validation without such a position are skipped.
+  bool score_assistant = false;
   int64_t batch = 8;
   int64_t steps = 600;
   double lr = 1e-3;         // peak, after linear warm-up

@@ -232,6 +232,12 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Create(TranslatorSpec sp
       stacked->bias = maps->bias.empty()
                           ? at::zeros({t->spec_.target.n_layer, 1, out}, at::kFloat)
                           : at::stack(maps->bias).unsqueeze(1).contiguous();
+      stacked->shared = std::all_of(lists->begin(), lists->end(),
+                                    [&](const auto& l) { return l == lists->front(); });
+      if (!stacked->shared) continue;
+      // Rows of layer il's map land at columns [il*out, (il+1)*out).
+      stacked->shared_weight_t = at::cat(maps->weight, 0).t().contiguous();
+      stacked->shared_bias = stacked->bias.reshape({-1}).contiguous();
     }
     return t;
   } catch (const c10::Error& e) {
@@ -248,6 +254,16 @@ at::Tensor Translator::Apply(const at::Tensor& source,
   // [L_s, H_s, T, D_s] -> [L_s, T, H_s*D_s]: head-major rows, as the maps expect.
   const at::Tensor x = source.to(at::kFloat).permute({0, 2, 1, 3}).reshape(
       {n_layer_source, n_tokens, in_per_layer});
+  if (stacked.shared) {
+    std::vector<at::Tensor> parts;
+    for (int64_t s : lists.front()) parts.push_back(x[s]);
+    const at::Tensor xs = parts.size() == 1 ? parts[0] : at::cat(parts, 1);  // [T, ν*in]
+    // [T, L_t*H_t*D_t] -> [L_t, H_t, T, D_t]
+    return at::addmm(stacked.shared_bias, xs, stacked.shared_weight_t)
+        .view({n_tokens, n_layer_target, spec_.target.n_head_kv, spec_.target.head_dim})
+        .permute({1, 2, 0, 3})
+        .contiguous();
+  }
   at::Tensor y;  // [L_t, T, H_t*D_t]
   if (stacked.uniform && n_tokens <= kBatchedMaxTokens) {
     const int64_t band = static_cast<int64_t>(lists.front().size());

@@ -125,11 +125,17 @@ class Translator {
   // Maps stacked for one batched product when every target layer reads the
   // same number of source layers: x [L_t, T, in] -> baddbmm with w_t [L_t, in, out].
   // Used for short spans; long ones run one addmm per layer (README.md).
+  // When every target layer reads the same source layers (e.g. band = L_s),
+  // all maps share one input: one product x [T, ν*in] · shared_weight_t
+  // [ν*in, L_t*H_t*D_t] computes every layer at once, for any span length.
   struct Stacked {
     bool uniform = false;
     at::Tensor index;     // [L_t*ν] int64 source layers, row-major per target layer
     at::Tensor weight_t;  // [L_t, ν*H_s*D_s, H_t*D_t]
     at::Tensor bias;      // [L_t, 1, H_t*D_t] (zeros when !spec.bias)
+    bool shared = false;
+    at::Tensor shared_weight_t;  // [ν*H_s*D_s, L_t*H_t*D_t]
+    at::Tensor shared_bias;      // [L_t*H_t*D_t] (zeros when !spec.bias)
   };
   Translator() = default;
   at::Tensor Apply(const at::Tensor& source, const std::vector<std::vector<int64_t>>& lists,

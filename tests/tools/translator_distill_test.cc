@@ -1,12 +1,15 @@
 // Stage-2 distillation (tools/translator_distill.h): the differentiable
 // translation equals the inference one, the KL objective is zero exactly when
-// the translated cache is the native one, and a short run lowers the
-// validation KL and keeps the best maps.
+// the translated cache is the native one, a short run lowers the
+// validation KL and keeps the best maps, and windows can be placed so that the
+// prefix ends where a chat hands over.
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -15,6 +18,7 @@
 #include "tests/testing/temp_dir.h"
 #include "tests/tools/translator_fixture.h"
 #include "model/reference.h"
+#include "model/tokenizer.h"
 #include "tools/translator_attention.h"
 #include "tools/translator_distill.h"
 #include "tools/translator_tools.h"
@@ -108,6 +112,179 @@ TEST(AttentionMassTest, ForwardIsTheReferenceModelAndMassIsBounded) {
   EXPECT_GT(last.received.sum().item<double>(), 0.5);  // the prefix is 23 of 24 keys
 }
 
+// A quiet one-thread run of `kvl distill` from `init`; tests set the sizes.
+tools::DistillOptions QuietOptions(const std::string& source, const std::string& target,
+                                   const std::string& init, const std::string& train,
+                                   const std::string& valid, const std::string& out) {
+  tools::DistillOptions o;
+  o.source_dir = source;
+  o.target_dir = target;
+  o.init_path = init;
+  o.train_path = train;
+  o.valid_path = valid;
+  o.out_path = out;
+  o.n_threads = 1;
+  o.progress = false;
+  o.plot = false;
+  return o;
+}
+
+// Mean over `rows` (windows of ids) of DistillKl with `t`'s maps, 4 at a time.
+double MeanKlOf(const tools::TranslatorModel& source, const tools::TranslatorModel& target,
+                const Translator& t, const std::vector<at::Tensor>& rows, int64_t n_prefix) {
+  c10::AutoGradMode no_grad(false);
+  double sum = 0;
+  for (size_t i = 0; i < rows.size(); i += 4) {
+    const size_t j = std::min(rows.size(), i + 4);
+    sum += tools::DistillKl(source.config(), source.weights32, target.config(), target.weights32,
+                            t.spec(), t.key_maps(), t.value_maps(),
+                            at::stack(std::vector<at::Tensor>(rows.begin() + i, rows.begin() + j)),
+                            n_prefix)
+               .item<double>() *
+           static_cast<double>(j - i);
+  }
+  return sum / static_cast<double>(rows.size());
+}
+
+// Oracle for HandOverPoints: token positions p such that the text of tokens
+// [0, p] (reply: up to and including p; turn: before p) ends at one of the
+// given byte offsets of `text`.
+std::vector<int64_t> TokensEndingAt(const Tokenizer& tok, const std::vector<int32_t>& ids,
+                                    const std::set<size_t>& bytes, bool inclusive) {
+  std::vector<int64_t> out;
+  for (size_t p = 0; p < ids.size(); ++p) {
+    const size_t n = tok.Decode(absl::Span<const int32_t>(ids.data(), p + (inclusive ? 1 : 0))).size();
+    if (bytes.count(n)) out.push_back(static_cast<int64_t>(p));
+  }
+  return out;
+}
+
+TEST(HandOverTest, PointsAreReplyStartsAndUserTurnsAfterAReply) {
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok =
+      Tokenizer::FromFile(testing::HouseTokenizerDir() + "/tokenizer.json");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  // Three conversations as the data generator writes them (an empty line
+  // between): a system turn, a user turn at a conversation's start, and user
+  // turns that follow a reply (only those are switch points).
+  const std::string text =
+      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nI have 3 pens.<|im_end|>\n"
+      "<|im_start|>assistant\nOkay.<|im_end|>\n<|im_start|>user\nHow many pens?<|im_end|>\n"
+      "<|im_start|>assistant\n3<|im_end|>\n\n"
+      "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n\n"
+      "<|im_start|>user\nReverse abc.<|im_end|>\n<|im_start|>assistant\ncba<|im_end|>\n"
+      "<|im_start|>user\nAgain.<|im_end|>\n";
+  const std::vector<int32_t> ids = (*tok)->Encode(text, /*parse_special=*/true);
+  std::set<size_t> reply_bytes, turn_bytes;
+  const std::string head = "<|im_start|>assistant\n";
+  for (size_t at = text.find(head); at != std::string::npos; at = text.find(head, at + 1)) {
+    reply_bytes.insert(at + head.size());
+  }
+  for (const std::string after : {"Okay.<|im_end|>\n", "cba<|im_end|>\n"}) {
+    turn_bytes.insert(text.find(after) + after.size());
+  }
+  const std::vector<int64_t> reply = TokensEndingAt(**tok, ids, reply_bytes, true);
+  const std::vector<int64_t> turn = TokensEndingAt(**tok, ids, turn_bytes, false);
+  ASSERT_EQ(reply.size(), 4u);
+  ASSERT_EQ(turn.size(), 2u);
+  EXPECT_EQ(tools::HandOverPoints(**tok, ids, tools::HandOver::kReply), reply);
+  EXPECT_EQ(tools::HandOverPoints(**tok, ids, tools::HandOver::kTurn), turn);
+  std::vector<int64_t> chat = reply;
+  chat.insert(chat.end(), turn.begin(), turn.end());
+  std::sort(chat.begin(), chat.end());
+  EXPECT_EQ(tools::HandOverPoints(**tok, ids, tools::HandOver::kChat), chat);
+  EXPECT_TRUE(tools::HandOverPoints(**tok, ids, tools::HandOver::kAny).empty());
+
+  for (tools::HandOver h : {tools::HandOver::kAny, tools::HandOver::kReply,
+                            tools::HandOver::kTurn, tools::HandOver::kChat}) {
+    absl::StatusOr<tools::HandOver> back = tools::ParseHandOver(tools::HandOverName(h));
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(*back, h);
+  }
+  EXPECT_EQ(tools::ParseHandOver("replies").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(DistillTest, ReplyHandOverValidatesOnWindowsEndingAtReplies) {
+  TempDir dir("distill_hand_over");
+  const std::string a = testing::WriteRandomModel(dir, "a", 2, 2, 31, 0.12);
+  const std::string b = testing::WriteRandomModel(dir, "b", 2, 1, 32, 0.12);
+  const std::string train = dir.WriteFile("train.txt", testing::TinyChatCorpus(7000, 60));
+  const std::string valid = dir.WriteFile("valid.txt", testing::TinyChatCorpus(907000, 30));
+  const std::string init = dir.Path("init.safetensors");
+  ASSERT_TRUE(testing::MakeTranslator(a, b, /*identity=*/false, 3)->Save(init).ok());
+
+  tools::DistillOptions o = QuietOptions(a, b, init, train, valid, dir.Path("distilled.safetensors"));
+  o.prefix = 24;
+  o.continuation = 8;
+  o.batch = 4;
+  o.steps = 2;
+  o.valid_windows = 6;
+  o.hand_over = tools::HandOver::kReply;
+  auto r = tools::Distill(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->n_valid_windows, 6);
+
+  // The validation KL before training is that of the init maps on the first
+  // six non-overlapping windows whose prefix ends just before the newline of
+  // an "<|im_start|>assistant\n", found here from the decoded text.
+  auto source = tools::LoadTranslatorModel(a);
+  auto target = tools::LoadTranslatorModel(b);
+  ASSERT_TRUE(source.ok() && target.ok());
+  const std::string valid_text = testing::TinyChatCorpus(907000, 30);
+  auto vstream = tools::ReadTokenStream(valid, *source->tokenizer);
+  ASSERT_TRUE(vstream.ok());
+  std::set<size_t> reply_bytes;
+  const std::string head = "<|im_start|>assistant\n";
+  for (size_t at = valid_text.find(head); at != std::string::npos;
+       at = valid_text.find(head, at + 1)) {
+    reply_bytes.insert(at + head.size());
+  }
+  std::vector<at::Tensor> rows;
+  int64_t free_from = 0;
+  for (int64_t p : TokensEndingAt(*source->tokenizer, *vstream, reply_bytes, true)) {
+    const int64_t off = p - o.prefix;
+    if (off < free_from || rows.size() == 6) continue;
+    rows.push_back(at::tensor(std::vector<int64_t>(vstream->begin() + off,
+                                                   vstream->begin() + off + 32)));
+    free_from = off + 32;
+  }
+  ASSERT_EQ(rows.size(), 6u);
+  auto maps = Translator::Load(init, tools::ExpectationFor(*source, *target));
+  ASSERT_TRUE(maps.ok()) << maps.status();
+  const double kl = MeanKlOf(*source, *target, **maps, rows, o.prefix);
+  EXPECT_NEAR(kl, r->initial_valid_kl, 1e-5 * std::max(1.0, kl));
+  nlohmann::json summary;
+  std::ifstream(dir.Path("distilled.distill.json")) >> summary;
+  EXPECT_EQ(summary["hand_over"], "reply");
+  EXPECT_EQ(summary["score"], "all");
+
+  // Scoring the reply only: the same windows, each position up to the one
+  // that predicts the reply's <|im_end|>. With causal attention that is the KL
+  // of the window cut after that position.
+  o.score_assistant = true;
+  auto scored = tools::Distill(o);
+  ASSERT_TRUE(scored.ok()) << scored.status();
+  const int32_t im_end = *source->tokenizer->AddedTokenId("<|im_end|>");
+  double sum = 0, n = 0;
+  for (const at::Tensor& row : rows) {
+    int64_t k = 0;  // scored positions: 0 .. k
+    while (k + 1 < o.continuation && row[o.prefix + k + 1].item<int64_t>() != im_end) ++k;
+    const at::Tensor cut = row.narrow(0, 0, o.prefix + k + 1).unsqueeze(0);
+    sum += tools::DistillKl(source->config(), source->weights32, target->config(),
+                            target->weights32, (*maps)->spec(), (*maps)->key_maps(),
+                            (*maps)->value_maps(), cut, o.prefix)
+               .item<double>() *
+           static_cast<double>(k + 1);
+    n += static_cast<double>(k + 1);
+  }
+  EXPECT_LT(n, 6.0 * static_cast<double>(o.continuation));  // some replies end inside
+  EXPECT_NEAR(sum / n, scored->initial_valid_kl, 1e-5 * std::max(1.0, sum / n));
+  o.score_assistant = false;
+
+  // A corpus without chat turns has no hand-over point: a clear error.
+  o.train_path = dir.WriteFile("plain.txt", std::string(4000, 'a'));
+  EXPECT_EQ(tools::Distill(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(DistillTest, ShortRunLowersValidationKlAndKeepsTheBestMaps) {
   TempDir dir("distill");
   const std::string a = testing::WriteRandomModel(dir, "a", 2, 2, 21, 0.12);
@@ -135,13 +312,7 @@ TEST(DistillTest, ShortRunLowersValidationKlAndKeepsTheBestMaps) {
   const std::string init = dir.Path("init.safetensors");
   ASSERT_TRUE(fit->translator->Save(init).ok());
 
-  tools::DistillOptions o;
-  o.source_dir = a;
-  o.target_dir = b;
-  o.init_path = init;
-  o.train_path = train;
-  o.valid_path = valid;
-  o.out_path = dir.Path("distilled.safetensors");
+  tools::DistillOptions o = QuietOptions(a, b, init, train, valid, dir.Path("distilled.safetensors"));
   o.prefix = 32;
   o.continuation = 16;
   o.batch = 4;
@@ -151,9 +322,6 @@ TEST(DistillTest, ShortRunLowersValidationKlAndKeepsTheBestMaps) {
   o.warmup = 5;
   o.eval_every = 10;
   o.valid_windows = 8;
-  o.n_threads = 1;
-  o.progress = false;
-  o.plot = false;
   auto r = tools::Distill(o);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_GT(r->initial_valid_kl, 0.0);
@@ -171,17 +339,7 @@ TEST(DistillTest, ShortRunLowersValidationKlAndKeepsTheBestMaps) {
   auto vstream = tools::ReadTokenStream(valid, *source->tokenizer);
   std::vector<at::Tensor> rows;
   for (const auto& w : tools::ConsecutiveWindows(*vstream, 48, 8)) rows.push_back(at::tensor(w));
-  c10::AutoGradMode no_grad(false);
-  double kl = 0;
-  for (size_t i = 0; i < rows.size(); i += 4) {
-    kl += tools::DistillKl(source->config(), source->weights32, target->config(),
-                           target->weights32, (*saved)->spec(), (*saved)->key_maps(),
-                           (*saved)->value_maps(),
-                           at::stack(std::vector<at::Tensor>(rows.begin() + i, rows.begin() + i + 4)),
-                           32)
-              .item<double>() /
-          2;
-  }
+  const double kl = MeanKlOf(*source, *target, **saved, rows, 32);
   EXPECT_NEAR(kl, r->best_valid_kl, 1e-5 * std::max(1.0, kl));
 
   // An init translator built for other models is refused.

@@ -120,6 +120,22 @@ TEST_F(TranslatorToolsTest, FitWithGreedyAssignmentWritesALoadableTranslatorAndI
   ASSERT_TRUE(bad.ok());
   EXPECT_NE(bad->exit_code, 0);
   EXPECT_NE(bad->err.find("band must be in [1, 3]"), std::string::npos) << bad->err;
+
+  // --band all: each target layer reads all three source layers.
+  const std::string all = dir_.Path("b_to_a.all.safetensors");
+  run = RunProcess({KVL_CLI_BIN, "fit", "--source", b_, "--target", a_, "--data", data_, "--out",
+                    all, "--assignment", "relative_depth", "--band", "all", "--seq-len", "64",
+                    "--max-sequences", "8", "--threads", "1", "--quiet"},
+                   kTimeout);
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_EQ(run->exit_code, 0) << run->err;
+  std::ifstream all_in(dir_.Path("b_to_a.all.r2.json"));
+  const nlohmann::json all_r2 = nlohmann::json::parse(all_in);
+  EXPECT_EQ(all_r2["band"], 3);
+  for (const auto& side : {all_r2["assignment_keys"], all_r2["assignment_values"]}) {
+    ASSERT_EQ(side.size(), 2u);
+    for (const auto& layers : side) EXPECT_EQ(layers, nlohmann::json({0, 1, 2}));
+  }
 }
 
 TEST_F(TranslatorToolsTest, LogitsThroughAnIdentityTranslatorMatchNativeLogits) {

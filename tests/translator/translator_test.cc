@@ -157,6 +157,29 @@ TEST(TranslateTest, MatchesTheExplicitOracleOnBothApplyPaths) {
   }
 }
 
+TEST(TranslateTest, MatchesTheOracleWhenEveryLayerReadsTheSameSourceLayers) {
+  // Every target layer reads all source layers (kvl fit --band all) for keys
+  // and the same single layer for values: the one-product path, short and long.
+  for (bool bias : {true, false}) {
+    TranslatorSpec spec = MixedSpec(bias);
+    spec.assignment.keys = {{0, 1, 2}, {0, 1, 2}};
+    spec.assignment.values = {{2}, {2}};
+    auto tr = RandomTranslator(spec, 11);
+    for (int64_t n : {1, 7, 300}) {
+      const KvTaps src = RandomTaps(spec.source, n, 12);
+      auto out = tr->Translate(src);
+      ASSERT_TRUE(out.ok()) << out.status();
+      EXPECT_EQ(out->keys.sizes(), at::IntArrayRef({2, 3, n, 2}));
+      EXPECT_LT(MaxAbsDiff(out->keys, OracleSide(src.keys, spec.assignment.keys, tr->key_maps(),
+                                                 spec.target)),
+                1e-4);
+      EXPECT_LT(MaxAbsDiff(out->values, OracleSide(src.values, spec.assignment.values,
+                                                   tr->value_maps(), spec.target)),
+                1e-4);
+    }
+  }
+}
+
 TEST(TranslateTest, SpanEqualsTokenByToken) {
   auto tr = RandomTranslator(MixedSpec(), 3);
   // Long spans take the per-layer path, single tokens the batched one.
