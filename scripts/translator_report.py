@@ -55,9 +55,11 @@ def main():
         "per direction) and `scripts/translator_report.py`; raw reports in",
         "[translators/](translators/). Test split conversations the translators never saw;",
         "log-perplexity in nats/token over the continuation after the prefix.",
-        "Maps: the cross-layer pair (kvl-small ↔ kvl-large) reads two source layers per",
-        "target layer chosen by greedy match (`kvl fit --assignment greedy --band 2`); the",
-        "shape-preserving pair maps layer to layer (`same_index`).",
+        "Maps: each target layer of the cross-layer pair (kvl-small ↔ kvl-large) reads",
+        "every source layer (`kvl fit --assignment relative_depth --band all`), distilled",
+        "on windows that start anywhere, then on windows that end where a chat hands",
+        "over (`kvl distill --hand-over chat`); the shape-preserving pair maps layer to",
+        "layer (`same_index`) and is distilled on windows that start anywhere.",
         "",
         f"| direction | windows | native | no prefix | closed-form gap (all / first {first_k}) | "
         f"distilled gap (all / first {first_k}) | recovered, closed-form (all / first {first_k}) | "
@@ -159,22 +161,34 @@ def main():
         md += ["- Multi-turn: span-wise translation (a) stays within "
                f"{min(excess_a):.3f}–{max(excess_a):.3f} nats/token of re-prefill; re-translating",
                "  the whole prefix (b) compounds the error of translating already-translated",
-               f"  spans ({min(excess_b):.3f}–{max(excess_b):.3f} above re-prefill; the two-layer maps",
+               f"  spans ({min(excess_b):.3f}–{max(excess_b):.3f} above re-prefill; the multi-layer maps",
                "  of the cross-layer pair compound far more than the one-layer maps of the",
                "  shape-preserving pair). The router translates span-wise (DESIGN.md decision 1)."]
-    runs = {}
+    # Distillation runs: on windows that start anywhere (S__T.any.distill.json
+    # where a hand-over stage followed, else S__T.distill.json), and the
+    # hand-over stage (S__T.distill.json with a hand_over other than "any").
+    anywhere, hand_over = {}, {}
     for n in names:
-        path = os.path.join(ROOT, "models", "translators", f"{n}.distill.json")
-        if os.path.exists(path):
-            runs[n] = json.load(open(path))
-    if runs:
+        last_path = os.path.join(ROOT, "models", "translators", n + ".distill.json")
+        any_path = os.path.join(ROOT, "models", "translators", n + ".any.distill.json")
+        last = json.load(open(last_path)) if os.path.exists(last_path) else None
+        if os.path.exists(any_path):
+            anywhere[n] = json.load(open(any_path))
+        elif last and last.get("hand_over", "any") == "any":
+            anywhere[n] = last
+        if last and last.get("hand_over", "any") != "any":
+            hand_over[n] = last
+    for stage, runs in (("on windows that start anywhere", anywhere),
+                        ("at chat hand-overs", hand_over)):
+        if not runs:
+            continue
         steps = sorted({r["steps"] for r in runs.values()})
         lrs = sorted({r["lr"] for r in runs.values()})
         at_end = [n for n, r in runs.items() if r["best_step"] == r["steps"]]
-        md += [f"- Distillation: {'/'.join(str(x) for x in steps)} steps per direction at lr "
-               f"{'/'.join(f'{x:g}' for x in lrs)} (models/translators/*.distill.json); the best "
-               f"validation KL came at the last step in {len(at_end)} of {len(runs)} directions"
-               + (" (still falling: the distillation factors are lower bounds)." if at_end else ".")]
+        md += [f"- Distillation {stage} ({len(runs)} directions, models/translators/): "
+               f"{'/'.join(str(x) for x in steps)} steps at lr "
+               f"{'/'.join(f'{x:g}' for x in lrs)}; the best validation KL came at the last step "
+               f"in {len(at_end)} of {len(runs)}" + (" (still falling)." if at_end else ".")]
     md.append("")
     out = os.path.join(ROOT, "docs/results/translators.md")
     with open(out, "w") as f:
