@@ -45,7 +45,7 @@ constexpr char kUsage[] =
     "--seq-len tokens. Writes the translator to --out and the per-layer R² (and the\n"
     "single-layer R² tables) to the same path with extension .r2.json.\n"
     "--band all: every target layer reads every source layer (the band is the\n"
-    "source's depth).\n"
+    "source's depth; the default assignment is then relative_depth).\n"
     "Defaults: assignment same_index when depths match, else relative_depth; band 1;\n"
     "ridge 1e-4; max-sequences 512 (0: all); seq-len 256; threads 0 (all cores).\n"
     "--weighting attention: each sequence's last C tokens (--attention-queries,\n"
@@ -234,9 +234,9 @@ int RunFit(const Args& args) {
   const ModelConfig& sc = source->checkpoint.config;
   const ModelConfig& tc = target->checkpoint.config;
   if (band_all) band = sc.n_layer;
-  std::string kind = flags.count("assignment") ? flags["assignment"]
-                     : sc.n_layer == tc.n_layer ? "same_index"
-                                                : "relative_depth";
+  std::string kind = flags.count("assignment")           ? flags["assignment"]
+                     : sc.n_layer == tc.n_layer && !band_all ? "same_index"
+                                                             : "relative_depth";
   if (kind != "same_index" && kind != "relative_depth" && kind != "top_r2" && kind != "greedy") {
     return UsageError("--assignment must be same_index, relative_depth, top_r2 or greedy");
   }

@@ -228,6 +228,10 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
         "warmup, eval-every, weight-decay >= 0");
   }
   if (o.out_path.empty()) return absl::InvalidArgumentError("an output path is required");
+  if (o.score_assistant && o.hand_over == HandOver::kAny) {
+    // Windows cut anywhere often hold no reply to score.
+    return absl::InvalidArgumentError("scoring assistant replies needs a hand-over other than any");
+  }
   RuntimeOptions runtime;
   runtime.n_threads = o.n_threads;
   absl::StatusOr<TranslatorModel> source = LoadTranslatorModel(o.source_dir, runtime);
@@ -260,17 +264,25 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
                                                    " tokens, fewer than one window of ", window,
                                                    " plus one"));
   }
-  std::vector<int64_t> train_starts;  // empty: windows start anywhere
-  if (o.hand_over != HandOver::kAny) {
-    train_starts = HandOverWindowStarts(*source->tokenizer, *train, o.hand_over, o.prefix, window);
-    if (train_starts.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(o.train_path, ": no ", HandOverName(o.hand_over),
-                       " hand-over point with room for a window of ", window, " tokens"));
-    }
-  }
   const at::Tensor train_weights =
       o.score_assistant ? ReplyTokenMask(*source->tokenizer, *train) : at::Tensor();
+  std::vector<int64_t> train_starts;  // empty: windows start anywhere
+  if (o.hand_over != HandOver::kAny) {
+    // Windows without a scored position would make steps that learn nothing.
+    for (int64_t off :
+         HandOverWindowStarts(*source->tokenizer, *train, o.hand_over, o.prefix, window)) {
+      if (!train_weights.defined() ||
+          train_weights.narrow(0, off + o.prefix + 1, o.continuation).sum().item<double>() > 0) {
+        train_starts.push_back(off);
+      }
+    }
+    if (train_starts.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          o.train_path, ": no ", HandOverName(o.hand_over),
+          " hand-over point with room for a window of ", window, " tokens",
+          o.score_assistant ? " and a reply to score" : ""));
+    }
+  }
   // Validation: the first non-overlapping windows placed as the training ones,
   // keeping only those with a scored position.
   Windows valid_windows;
@@ -371,7 +383,7 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
   popts.out = o.progress ? stderr : nullptr;
   ProgressBar bar(popts);
   double step_seconds = 0, last_valid = result.initial_valid_kl;
-  c10::AutoGradMode grad_on(true);  // whatever mode the caller is in
+  c10::AutoGradMode grad_on(true);  // even when the caller turned grad mode off
   for (int64_t step = 1; step <= o.steps; ++step) {
     const Clock::time_point t0 = Clock::now();
     std::vector<at::Tensor> rows, weights;

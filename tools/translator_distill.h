@@ -100,7 +100,8 @@ struct DistillOptions {
   HandOver hand_over = HandOver::kAny;  // where training and validation prefixes end
   // Score only the continuation positions that predict an assistant reply's
   // tokens (its content and closing <|im_end|>), as the paper's recipe scores
-  // the answer; windows of validation without such a position are skipped.
+  // the answer; windows without such a position are skipped. Needs a
+  // hand_over other than kAny (InvalidArgument otherwise).
   bool score_assistant = false;
   int64_t batch = 8;
   int64_t steps = 600;

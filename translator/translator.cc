@@ -221,6 +221,16 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Create(TranslatorSpec sp
     for (const auto& [lists, maps, stacked] :
          {std::tuple{&t->spec_.assignment.keys, &t->keys_, &t->stacked_keys_},
           {&t->spec_.assignment.values, &t->values_, &t->stacked_values_}}) {
+      stacked->shared = std::all_of(lists->begin(), lists->end(),
+                                    [&](const auto& l) { return l == lists->front(); });
+      if (stacked->shared) {
+        // Rows of layer il's map land at columns [il*out, (il+1)*out).
+        stacked->shared_weight_t = at::cat(maps->weight, 0).t().contiguous();
+        stacked->shared_bias = maps->bias.empty()
+                                   ? at::zeros({t->spec_.target.n_layer * out}, at::kFloat)
+                                   : at::cat(maps->bias, 0).contiguous();
+        continue;  // Apply uses the shared product only
+      }
       const size_t band = lists->front().size();
       stacked->uniform = std::all_of(lists->begin(), lists->end(),
                                      [band](const auto& l) { return l.size() == band; });
@@ -232,12 +242,6 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Create(TranslatorSpec sp
       stacked->bias = maps->bias.empty()
                           ? at::zeros({t->spec_.target.n_layer, 1, out}, at::kFloat)
                           : at::stack(maps->bias).unsqueeze(1).contiguous();
-      stacked->shared = std::all_of(lists->begin(), lists->end(),
-                                    [&](const auto& l) { return l == lists->front(); });
-      if (!stacked->shared) continue;
-      // Rows of layer il's map land at columns [il*out, (il+1)*out).
-      stacked->shared_weight_t = at::cat(maps->weight, 0).t().contiguous();
-      stacked->shared_bias = stacked->bias.reshape({-1}).contiguous();
     }
     return t;
   } catch (const c10::Error& e) {

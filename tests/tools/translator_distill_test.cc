@@ -280,6 +280,13 @@ TEST(DistillTest, ReplyHandOverValidatesOnWindowsEndingAtReplies) {
   EXPECT_NEAR(sum / n, scored->initial_valid_kl, 1e-5 * std::max(1.0, sum / n));
   o.score_assistant = false;
 
+  // Scoring replies on windows cut anywhere is refused (many hold no reply).
+  o.hand_over = tools::HandOver::kAny;
+  o.score_assistant = true;
+  EXPECT_EQ(tools::Distill(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.hand_over = tools::HandOver::kReply;
+  o.score_assistant = false;
+
   // A corpus without chat turns has no hand-over point: a clear error.
   o.train_path = dir.WriteFile("plain.txt", std::string(4000, 'a'));
   EXPECT_EQ(tools::Distill(o).status().code(), absl::StatusCode::kInvalidArgument);
