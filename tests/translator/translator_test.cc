@@ -128,6 +128,17 @@ at::Tensor OracleSide(const at::Tensor& source, const Lists& lists, const Transl
   return out;
 }
 
+// Both sides of a translation within 1e-4 of the float64 oracle.
+void ExpectMatchesOracle(const KvTaps& out, const KvTaps& src, const TranslatorSpec& spec,
+                         const Translator& tr) {
+  EXPECT_LT(MaxAbsDiff(out.keys, OracleSide(src.keys, spec.assignment.keys, tr.key_maps(),
+                                            spec.target)),
+            1e-4);
+  EXPECT_LT(MaxAbsDiff(out.values, OracleSide(src.values, spec.assignment.values, tr.value_maps(),
+                                              spec.target)),
+            1e-4);
+}
+
 KvTaps RandomTaps(const TranslatorEndpoint& e, int64_t n_tokens, uint64_t seed) {
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   return {at::randn({e.n_layer, e.n_head_kv, n_tokens, e.head_dim}, gen),
@@ -147,12 +158,7 @@ TEST(TranslateTest, MatchesTheExplicitOracleOnBothApplyPaths) {
       ASSERT_TRUE(out.ok()) << out.status();
       EXPECT_EQ(out->keys.sizes(), at::IntArrayRef({2, 3, 6, 2}));
       EXPECT_EQ(out->keys.scalar_type(), at::kFloat);
-      EXPECT_LT(MaxAbsDiff(out->keys, OracleSide(src.keys, spec.assignment.keys, tr->key_maps(),
-                                                 spec.target)),
-                1e-4);
-      EXPECT_LT(MaxAbsDiff(out->values, OracleSide(src.values, spec.assignment.values,
-                                                   tr->value_maps(), spec.target)),
-                1e-4);
+      ExpectMatchesOracle(*out, src, spec, *tr);
     }
   }
 }
@@ -170,12 +176,7 @@ TEST(TranslateTest, MatchesTheOracleWhenEveryLayerReadsTheSameSourceLayers) {
       auto out = tr->Translate(src);
       ASSERT_TRUE(out.ok()) << out.status();
       EXPECT_EQ(out->keys.sizes(), at::IntArrayRef({2, 3, n, 2}));
-      EXPECT_LT(MaxAbsDiff(out->keys, OracleSide(src.keys, spec.assignment.keys, tr->key_maps(),
-                                                 spec.target)),
-                1e-4);
-      EXPECT_LT(MaxAbsDiff(out->values, OracleSide(src.values, spec.assignment.values,
-                                                   tr->value_maps(), spec.target)),
-                1e-4);
+      ExpectMatchesOracle(*out, src, spec, *tr);
     }
   }
 }
