@@ -24,12 +24,13 @@ inline double Best(int n, const std::function<void()>& f) {
   return best;
 }
 
-// The machine's fp32 square-GEMM rate in GFLOP/s right now (2048^3, best of
-// 3 after one warm-up). Drivers re-measure it next to each measurement whose
-// ratio to it they report, because the machine is shared.
+// The machine's square-GEMM rate in GFLOP/s right now (2048^3 in dtype, float32
+// by default; best of 3 after one warm-up). Drivers re-measure it next to each
+// measurement whose ratio to it they report, because the machine is shared.
 class GemmRate {
  public:
-  GemmRate() : a_(at::randn({2048, 2048})), b_(at::randn({2048, 2048})) {}
+  explicit GemmRate(at::ScalarType dtype = at::kFloat)
+      : a_(at::randn({2048, 2048}).to(dtype)), b_(at::randn({2048, 2048}).to(dtype)) {}
   double Measure() const {
     at::mm(a_, b_);
     return 2.0 * 2048 * 2048 * 2048 / Best(3, [&] { at::mm(a_, b_); }) / 1e9;

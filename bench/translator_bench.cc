@@ -19,10 +19,19 @@
 //   (d) span prefill: the target prefills [T, T+256) onto its line of T.
 // Each is the best of a few runs (the 2-core machine is shared).
 //
+//   (e) hybrid: as (a) for [0, T-16), then the target prefills [T-16, T)
+//       itself on top of the translation (kvl eval-translator --native-tail 16
+//       measures what that buys in quality).
+// A second table per direction times (a) part by part (the source's taps, the
+// translation, the target's Accept and its decode step) and gives (e).
+//
 //   translator_bench [--threads 2] [--configs models/configs] [--out FILE]
 //                    [--contexts 64,256,1024,4096,8192] [--repeat K] [--band N|all]
+//                    [--translate-dtype auto|float32|bfloat16]
 // --repeat multiplies the number of runs each time is the best of (a busy
-// machine needs more to find a quiet moment).
+// machine needs more to find a quiet moment). --translate-dtype: the
+// translator's arithmetic (default auto: what the server's "auto" picks on this
+// CPU, kvl::FastestTranslateDtype); the models run in float32 either way.
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
@@ -48,6 +57,7 @@
 namespace {
 
 constexpr int64_t kSpan = 256;
+constexpr int64_t kTail = 16;  // (e): the target's own share of the prefix
 
 using kvl::bench::Best;
 using kvl::bench::Seconds;
@@ -66,7 +76,8 @@ T Check(absl::StatusOr<T> v) {
 
 // band 0: every source layer.
 std::unique_ptr<kvl::Translator> RandomTranslator(const kvl::ModelConfig& s,
-                                                  const kvl::ModelConfig& t, int64_t band) {
+                                                  const kvl::ModelConfig& t, int64_t band,
+                                                  kvl::DType compute) {
   if (band == 0) band = s.n_layer;
   kvl::TranslatorSpec spec;
   spec.source = kvl::EndpointOf(s, "bench-source", "bench");
@@ -83,7 +94,7 @@ std::unique_ptr<kvl::Translator> RandomTranslator(const kvl::ModelConfig& s,
       m->bias.push_back(at::zeros({out}));
     }
   }
-  return Check(kvl::Translator::Create(spec, keys, values));
+  return Check(kvl::Translator::Create(spec, keys, values, compute));
 }
 
 // FLOPs of translating T tokens: keys and values, 2 * in * out per map and token.
@@ -101,6 +112,7 @@ int main(int argc, char** argv) {
   kvl::ReexecWithPassiveOpenMpWait(argv);
   int n_threads = 2, repeat = 1;
   int64_t band = 0;  // all
+  kvl::DType compute = kvl::FastestTranslateDtype();
   std::string out_path, configs = "models/configs";
   std::vector<int64_t> contexts = {64, 256, 1024, 4096, 8192};
   for (int i = 1; i < argc; ++i) {
@@ -113,6 +125,16 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--band") == 0 && i + 1 < argc) {
       ++i;
       band = std::strcmp(argv[i], "all") == 0 ? 0 : std::max(1, std::atoi(argv[i]));
+    } else if (std::strcmp(argv[i], "--translate-dtype") == 0 && i + 1 < argc) {
+      const std::string name = argv[++i];
+      if (name != "auto") {
+        absl::StatusOr<kvl::DType> d = kvl::ParseDType(name);
+        if (!d.ok() || *d == kvl::DType::kFloat16) {
+          std::fprintf(stderr, "translator_bench: --translate-dtype auto|float32|bfloat16\n");
+          return 2;
+        }
+        compute = *d;
+      }
     } else if (std::strcmp(argv[i], "--configs") == 0 && i + 1 < argc) {
       configs = argv[++i];
     } else if (std::strcmp(argv[i], "--contexts") == 0 && i + 1 < argc) {
@@ -122,7 +144,15 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: translator_bench [--threads N] [--configs DIR] [--out FILE] "
-                   "[--contexts 64,256,...] [--repeat K] [--band N|all]\n");
+                   "[--contexts 64,256,...] [--repeat K] [--band N|all] "
+                   "[--translate-dtype auto|float32|bfloat16]\n");
+      return 2;
+    }
+  }
+  for (int64_t t : contexts) {
+    if (t <= 2 * kTail) {
+      std::fprintf(stderr, "translator_bench: every context must exceed %lld tokens\n",
+                   (long long)(2 * kTail));
       return 2;
     }
   }
@@ -148,15 +178,17 @@ int main(int argc, char** argv) {
   c10::InferenceMode inference;
   std::snprintf(buf, sizeof buf,
                 "translator_bench: kvl-small (L=%lld H=%lld D=%lld) and kvl-large (L=%lld H=%lld "
-                "D=%lld) shapes, random init, fp32, %d intra-op threads, prefill chunk %lld, "
-                "translator band %s",
+                "D=%lld) shapes, random init, fp32 models, %d intra-op threads, prefill chunk "
+                "%lld, translator band %s computing in %s",
                 (long long)small.config.n_layer, (long long)small.config.n_head_kv,
                 (long long)small.config.head_dim, (long long)large.config.n_layer,
                 (long long)large.config.n_head_kv, (long long)large.config.head_dim, n_threads,
-                (long long)options.prefill_chunk, band == 0 ? "all" : std::to_string(band).c_str());
+                (long long)options.prefill_chunk, band == 0 ? "all" : std::to_string(band).c_str(),
+                kvl::DTypeName(compute));
   emit(buf);
 
-  const kvl::bench::GemmRate gemm;
+  // The rate the translation's own arithmetic could reach.
+  const kvl::bench::GemmRate gemm(compute == kvl::DType::kBFloat16 ? at::kBFloat16 : at::kFloat);
   auto gemm_rate = [&] { return gemm.Measure(); };
 
   const int64_t max_t = *std::max_element(contexts.begin(), contexts.end());
@@ -176,7 +208,7 @@ int main(int argc, char** argv) {
   for (const Direction& dir : {Direction{"small->large", small_engine.get(), large_engine.get()},
                                Direction{"large->small", large_engine.get(), small_engine.get()}}) {
     const std::unique_ptr<kvl::Translator> tr =
-        RandomTranslator(dir.source->config(), dir.target->config(), band);
+        RandomTranslator(dir.source->config(), dir.target->config(), band, compute);
     emit("");
     std::snprintf(buf, sizeof buf, "%s: TTFT after a switch (ms, best of runs)", dir.name);
     emit(buf);
@@ -184,6 +216,7 @@ int main(int argc, char** argv) {
          "new + decode | (d) prefill 256 new | (d)/(c) | translate-only ms | translate GFLOP/s | "
          "GEMM GFLOP/s | % of GEMM |");
     emit("|---|---|---|---|---|---|---|---|---|---|---|");
+    std::vector<std::string> parts;
     for (int64_t t : contexts) {
       const int runs = (t >= 4096 ? 2 : 3) * repeat;
       std::unique_ptr<kvl::KvCache> source_cache = dir.source->NewCache();
@@ -216,6 +249,32 @@ int main(int argc, char** argv) {
       });
       const kvl::KvTaps taps = Check(source_cache->Taps(0, t));
       const double tr_s = Best(runs + 2, [&] { (void)Check(tr->Translate(taps)); });
+      // (a) part by part, each the best of its own runs.
+      const double taps_s = Best(runs + 2, [&] { (void)Check(source_cache->Taps(0, t - 1)); });
+      const kvl::KvTaps taps_a = Check(source_cache->Taps(0, t - 1));
+      const double translate_s = Best(runs + 2, [&] { (void)Check(tr->Translate(taps_a)); });
+      const kvl::KvTaps out_a = Check(tr->Translate(taps_a));
+      const double accept_s = Best(runs + 2, [&] {
+        std::unique_ptr<kvl::KvCache> cache = dir.target->NewCache();
+        Check(cache->Accept(out_a.keys, out_a.values));
+      });
+      std::unique_ptr<kvl::KvCache> accepted = dir.target->NewCache();
+      Check(accepted->Accept(out_a.keys, out_a.values));
+      const double decode_s = Best(runs + 2, [&] {
+        Check(dir.target->Decode(*accepted, ids[t - 1]).status());
+        Check(accepted->Rollback(t - 1));
+      });
+      const double e = Best(runs, [&] {
+        kvl::KvTaps tail_taps = Check(source_cache->Taps(0, t - kTail));
+        kvl::KvTaps out = Check(tr->Translate(tail_taps));
+        std::unique_ptr<kvl::KvCache> cache = dir.target->NewCache();
+        Check(cache->Accept(out.keys, out.values));
+        Check(dir.target->Prefill(*cache, slice(t - kTail, t)).status());
+      });
+      std::snprintf(buf, sizeof buf, "| %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %.1fx |",
+                    (long long)t, 1e3 * taps_s, 1e3 * translate_s, 1e3 * accept_s,
+                    1e3 * decode_s, 1e3 * e, b / e);
+      parts.push_back(buf);
       const double gemm = gemm_rate();
       const double tr_gflops = TranslateFlops(*tr, static_cast<double>(t)) / tr_s / 1e9;
       std::snprintf(buf, sizeof buf,
@@ -224,11 +283,18 @@ int main(int argc, char** argv) {
                     tr_gflops, gemm, 100.0 * tr_gflops / gemm);
       emit(buf);
     }
+    emit("");
+    std::snprintf(buf, sizeof buf, "%s: (a) part by part, and the hybrid (e) (ms, best of runs each)", dir.name);
+    emit(buf);
+    emit("| context T | source taps | translate | target accept | target decode | (e) translate "
+         "T-16 + prefill 16 | (b)/(e) |");
+    emit("|---|---|---|---|---|---|---|");
+    for (const std::string& row : parts) emit(row);
   }
   emit("");
   emit("(a) = Taps (inverting k-norm and RoPE) + Translate + Accept (target k-norm and RoPE) + one "
        "decode step; translate FLOPs = 2 * T * sum over key and value maps of in*out; GEMM = "
-       "square 2048 fp32 torch::mm, measured right after each row.");
+       "square 2048 torch::mm in the translation's dtype, measured right after each row.");
   if (!out_path.empty()) {
     std::ofstream f(out_path);
     f << report.str();

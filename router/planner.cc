@@ -60,15 +60,17 @@ HandoverPlan PlanHandover(const PlannerInput& in) {
                                           in.model_names[in.target], ": prefilled [", b, ", ", e,
                                           ")"));
       } else {
-        translated_end = std::min(e, NativeRunEnd(in.line_spans[w], b));
+        const int64_t held_end = std::min(e, NativeRunEnd(in.line_spans[w], b));
         const bool unrun_tail = w == in.last_model && b >= in.tail_begin;
-        if (translated_end == b && !unrun_tail) {
+        if (held_end == b && !unrun_tail) {
           plan.notes.push_back(absl::StrCat(in.model_names[w], "'s line no longer holds [", b,
                                             ", ", e, ") (evicted or rolled back): prefilled"));
-        } else if (translated_end < e && translated_end < Covered(in.line_spans[w])) {
-          plan.notes.push_back(absl::StrCat(in.model_names[w], " holds [", b, ", ",
-                                            translated_end, ") natively only: rest prefilled"));
+        } else if (held_end < e && held_end < Covered(in.line_spans[w])) {
+          plan.notes.push_back(absl::StrCat(in.model_names[w], " holds [", b, ", ", held_end,
+                                            ") natively only: rest prefilled"));
         }
+        // The last native_tail tokens of the history are the target's own.
+        translated_end = std::min(held_end, std::max(b, n - in.native_tail_tokens));
       }
     }
     if (translated_end > b) {

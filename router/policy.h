@@ -54,6 +54,10 @@ struct RoutingConfig {
   // test is off at its default infinity.
   double cascade_max_entropy = 3.0;
   double cascade_min_mean_logprob = -std::numeric_limits<double>::infinity();
+  // Strategy translate: the last native_tail_tokens tokens of the history at a
+  // switch are prefilled by the target instead of translated (planner.h). The
+  // server's default is 16 (server/config.h); 0 here, the plain switch.
+  int64_t native_tail_tokens = 0;
 };
 
 struct RouteChoice {

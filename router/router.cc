@@ -64,15 +64,15 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(std::vector<LoadedModel> 
     slot->loaded = std::move(m);
     r->models_.push_back(std::move(slot));
   }
-  r->by_pair_.assign(n, std::vector<const Translator*>(n, nullptr));
-  for (LoadedTranslator& t : translators) {
+  r->by_pair_.assign(n, std::vector<const LoadedTranslator*>(n, nullptr));
+  r->translators_ = std::move(translators);
+  for (const LoadedTranslator& t : r->translators_) {
     if (t.source < 0 || t.source >= n || t.target < 0 || t.target >= n || t.source == t.target ||
         t.translator == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("translator ", t.name, ": bad models"));
     }
-    r->by_pair_[t.source][t.target] = t.translator.get();
+    r->by_pair_[t.source][t.target] = &t;
   }
-  r->translators_ = std::move(translators);
   if (std::optional<int32_t> im_end = tokenizer->AddedTokenId("<|im_end|>")) {
     r->stop_ids_.push_back(*im_end);
   }
@@ -101,7 +101,8 @@ int Router::ModelIndex(std::string_view name) const {
 }
 
 const Translator* Router::FindTranslator(int source, int target) const {
-  return by_pair_[source][target];
+  const LoadedTranslator* t = by_pair_[source][target];
+  return t == nullptr ? nullptr : t->translator.get();
 }
 
 std::vector<int64_t> Router::RenderPreamble(const std::string& system_prompt) const {
@@ -131,6 +132,7 @@ absl::Status Router::Handover(Work& work, int model, Strategy strategy, int64_t 
   in.tail_begin = committed.tail_begin;
   in.tail_end = static_cast<int64_t>(committed.history.size());
   in.has_translator = [this](int s, int t) { return by_pair_[s][t] != nullptr; };
+  in.native_tail_tokens = routing_.native_tail_tokens;
   in.model_names = names_;
   HandoverPlan plan = PlanHandover(in);
 
@@ -153,7 +155,7 @@ absl::Status Router::Handover(Work& work, int model, Strategy strategy, int64_t 
       SerialIntraOpScope serial;
       absl::StatusOr<KvTaps> taps = lease.line(step.source)->Taps(step.begin, step.end);
       if (!taps.ok()) return taps.status();
-      absl::StatusOr<KvTaps> moved = by_pair_[step.source][model]->Translate(*taps);
+      absl::StatusOr<KvTaps> moved = by_pair_[step.source][model]->translator->Translate(*taps);
       if (!moved.ok()) return moved.status();
       if (absl::Status s = line->Accept(moved->keys, moved->values); !s.ok()) return s;
       const double dt = Seconds(t0, Clock::now());

@@ -172,7 +172,7 @@ class Router {
   std::vector<std::unique_ptr<Slot>> models_;
   std::vector<std::string> names_;
   std::vector<LoadedTranslator> translators_;
-  std::vector<std::vector<const Translator*>> by_pair_;  // [source][target]
+  std::vector<std::vector<const LoadedTranslator*>> by_pair_;  // [source][target], in translators_
   std::unique_ptr<Tokenizer> tokenizer_;
   std::vector<int64_t> stop_ids_;
   RoutingConfig routing_;

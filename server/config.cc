@@ -135,6 +135,8 @@ absl::Status ReadChoice(const Json& object, absl::string_view key, const std::st
 constexpr std::initializer_list<absl::string_view> kLogLevelNames = {"trace", "debug", "info",
                                                                      "warn", "error"};
 constexpr std::initializer_list<absl::string_view> kDtypeNames = {"float32", "bfloat16", "float16"};
+constexpr std::initializer_list<absl::string_view> kTranslateDtypeNames = {"auto", "float32",
+                                                                          "bfloat16"};
 constexpr std::initializer_list<absl::string_view> kPolicyNames = {"fixed", "explicit", "rules",
                                                                    "cascade", "alternate"};
 constexpr std::initializer_list<absl::string_view> kStrategyNames = {"translate", "reprefill",
@@ -285,9 +287,15 @@ absl::Status ParseTranslators(const Json& j, const std::string& path, const std:
     const std::string at = Index(path, i);
     const Json& e = j[i];
     if (absl::Status s = ExpectObject(e, at); !s.ok()) return s;
-    if (absl::Status s = CheckKeys(e, at, {"name", "source", "target", "path"}); !s.ok()) return s;
+    if (absl::Status s = CheckKeys(e, at, {"name", "source", "target", "path", "compute_dtype"});
+        !s.ok()) {
+      return s;
+    }
     TranslatorEntry t;
+    size_t compute = static_cast<size_t>(t.compute_dtype);
     absl::Status s = ReadString(e, "name", at, &t.name);
+    if (s.ok()) s = ReadChoice(e, "compute_dtype", at, kTranslateDtypeNames, &compute);
+    t.compute_dtype = static_cast<TranslateDtype>(compute);
     if (s.ok()) s = ReadRequiredString(e, "source", at, &t.source);
     if (s.ok()) s = ReadRequiredString(e, "target", at, &t.target);
     if (s.ok()) s = ReadRequiredString(e, "path", at, &t.path);
@@ -391,7 +399,7 @@ absl::Status ParseRouting(const Json& j, const std::string& path,
   if (absl::Status s = CheckKeys(
           j, path,
           {"policy", "default_model", "strategy", "models", "rules", "cascade_max_entropy",
-           "cascade_min_mean_logprob"});
+           "cascade_min_mean_logprob", "native_tail_tokens"});
       !s.ok()) {
     return s;
   }
@@ -409,6 +417,7 @@ absl::Status ParseRouting(const Json& j, const std::string& path,
     s = ReadNumber(j, "cascade_min_mean_logprob", path, -std::numeric_limits<double>::max(), 0,
                    &out->cascade_min_mean_logprob);
   }
+  if (s.ok()) s = ReadInt(j, "native_tail_tokens", path, 0, 1 << 20, &out->native_tail_tokens);
   if (!s.ok()) return s;
   out->policy = static_cast<RoutingPolicy>(policy);
   out->strategy = static_cast<SwitchStrategy>(strategy);
@@ -462,6 +471,9 @@ absl::string_view LogLevelName(LogLevel level) {
   return kLogLevelNames.begin()[static_cast<int>(level)];
 }
 absl::string_view DtypeName(Dtype dtype) { return kDtypeNames.begin()[static_cast<int>(dtype)]; }
+absl::string_view TranslateDtypeName(TranslateDtype dtype) {
+  return kTranslateDtypeNames.begin()[static_cast<int>(dtype)];
+}
 absl::string_view RoutingPolicyName(RoutingPolicy policy) {
   return kPolicyNames.begin()[static_cast<int>(policy)];
 }

@@ -88,6 +88,7 @@ router::RoutingConfig ToRoutingConfig(const ServerConfig& config) {
   }
   r.cascade_max_entropy = s.cascade_max_entropy;
   r.cascade_min_mean_logprob = s.cascade_min_mean_logprob;
+  r.native_tail_tokens = s.native_tail_tokens;
   return r;
 }
 
@@ -134,9 +135,19 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> LoadModelRuntime(const ServerConfi
     expect.target_identity = identities[target];
     expect.source_tokenizer_hash = tokenizer_hashes[source];
     expect.target_tokenizer_hash = tokenizer_hashes[target];
-    absl::StatusOr<std::unique_ptr<Translator>> loaded = Translator::Load(t.path, expect);
+    const DType compute = t.compute_dtype == TranslateDtype::kFloat32    ? DType::kFloat32
+                          : t.compute_dtype == TranslateDtype::kBFloat16 ? DType::kBFloat16
+                                                                         : FastestTranslateDtype();
+    if (compute == DType::kBFloat16 && FastestTranslateDtype() != DType::kBFloat16) {
+      spdlog::warn("translator {}: bfloat16 on a CPU without bfloat16 dot-product instructions "
+                   "(AVX512-BF16, AMX-BF16) is emulated and may be slower than float32",
+                   t.name);
+    }
+    absl::StatusOr<std::unique_ptr<Translator>> loaded = Translator::Load(t.path, expect, compute);
     if (!loaded.ok()) return Annotate(loaded.status(), where);
-    spdlog::info("loaded translator {} ({} -> {}) from {}", t.name, t.source, t.target, t.path);
+    spdlog::info("loaded translator {} ({} -> {}) from {}, computing in {}{}", t.name, t.source,
+                 t.target, t.path, DTypeName(compute),
+                 t.compute_dtype == TranslateDtype::kAuto ? " (auto)" : "");
     translators.push_back({t.name, t.path, source, target, *std::move(loaded)});
   }
   auto runtime = std::make_unique<ModelRuntime>();

@@ -429,6 +429,7 @@ grpc::ServerUnaryReactor* ModelServiceImpl::ListTranslators(
       info->set_n_params(static_cast<uint64_t>(n_params));
       info->set_training(spec.training.method);
       info->set_path(t.path);
+      info->set_compute_dtype(DTypeName(t.translator->compute_dtype()));
     }
   }
   return FinishUnary(context, deps_.metrics, RpcMethod::kListTranslators, absl::OkStatus());

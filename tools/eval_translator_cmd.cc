@@ -19,7 +19,9 @@ constexpr char kUsage[] =
     "                           [--max-windows 64] [--first-k 32]\n"
     "                           [--suites S1.jsonl,S2.jsonl,...] [--limit 50] [--max-new-tokens 64]\n"
     "                           [--multi-turn FORWARD,REVERSE] [--switches 8] [--turn-len 64]\n"
-    "                           [--multi-turn-runs 16] [--json FILE] [--threads N] [--quiet]\n"
+    "                           [--multi-turn-runs 16] [--translate-dtype auto|float32|bfloat16]\n"
+    "                           [--native-tail 0]\n"
+    "                           [--json FILE] [--threads N] [--quiet]\n"
     "Translators go from --source to --target (closed-form and distilled side by\n"
     "side). On windows of prefix + continuation + 1 tokens of --data, the target\n"
     "predicts the continuation after processing the held-back last prefix token:\n"
@@ -30,7 +32,13 @@ constexpr char kUsage[] =
     "--multi-turn (source->target and target->source files): runs of switches + 1\n"
     "turns of --turn-len tokens, the models alternating from the source; the NLL of\n"
     "each turn under (a) span-wise translation, (b) whole-prefix re-translation,\n"
-    "(c) re-prefill. Prints a table; --json also writes the JSON report.\n";
+    "(c) re-prefill. --translate-dtype: the translators' arithmetic (default\n"
+    "float32; auto: bfloat16 where the CPU has bfloat16 dot products, as the\n"
+    "server's default). --native-tail W: in the translated conditions and multi-turn (a)\n"
+    "the target prefills the last W prefix/prompt/history tokens itself,\n"
+    "attending to the translation of the rest (the server's\n"
+    "routing.native_tail_tokens). Prints a table; --json also writes the JSON\n"
+    "report.\n";
 
 int Fail(const std::string& message, int code = 1) {
   std::fprintf(stderr, "kvl eval-translator: %s\n", message.c_str());
@@ -48,7 +56,7 @@ int RunEvalTranslator(const Args& args) {
       args,
       {"source", "target", "translator", "data", "prefix", "continuation", "max-windows",
        "first-k", "suites", "limit", "max-new-tokens", "multi-turn", "switches", "turn-len",
-       "multi-turn-runs", "json", "threads"},
+       "multi-turn-runs", "json", "threads", "translate-dtype", "native-tail"},
       {"quiet"});
   if (!flags.ok()) return Fail(std::string(flags.status().message()) + " (see --help)", 2);
   if (flags->help) {
@@ -70,6 +78,15 @@ int RunEvalTranslator(const Args& args) {
     o.multi_turn_forward = pair[0];
     o.multi_turn_reverse = pair[1];
   }
+  if (flags->Has("translate-dtype")) {
+    const std::string& name = flags->values.at("translate-dtype");
+    absl::StatusOr<DType> dtype =
+        name == "auto" ? absl::StatusOr<DType>(FastestTranslateDtype()) : ParseDType(name);
+    if (!dtype.ok() || *dtype == DType::kFloat16) {
+      return Fail("--translate-dtype takes auto, float32 or bfloat16, got '" + name + "'", 2);
+    }
+    o.translate_dtype = *dtype;
+  }
   int64_t threads = 0;
   for (absl::Status s :
        {FlagInt(*flags, "prefix", &o.prefix), FlagInt(*flags, "continuation", &o.continuation),
@@ -78,7 +95,7 @@ int RunEvalTranslator(const Args& args) {
         FlagInt(*flags, "max-new-tokens", &o.max_new_tokens),
         FlagInt(*flags, "switches", &o.n_switches), FlagInt(*flags, "turn-len", &o.turn_len),
         FlagInt(*flags, "multi-turn-runs", &o.multi_turn_runs),
-        FlagInt(*flags, "threads", &threads)}) {
+        FlagInt(*flags, "threads", &threads), FlagInt(*flags, "native-tail", &o.native_tail)}) {
     if (!s.ok()) return Fail(std::string(s.message()), 2);
   }
   o.n_threads = static_cast<int>(threads);

@@ -25,12 +25,14 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: kvl logits --model DIR --ids 1,2,3 [--dtype float32|bfloat16] [--threads N]\n"
-    "       [--prefix-from SOURCE_DIR --translator FILE --prefix-len N]\n"
+    "       [--prefix-from SOURCE_DIR --translator FILE --prefix-len N\n"
+    "        [--translate-dtype auto|float32|bfloat16]]\n"
     "Prints {\"logits\": [[...], ...]}: one row of float32 logits per position.\n"
     "With --prefix-from, SOURCE prefills the first N ids, its cache is translated\n"
     "into --model's cache by FILE (checked against both models), and --model\n"
     "processes the rest: the rows are positions N..end (1 <= N < number of ids),\n"
-    "and the JSON adds \"first_position\": N.\n";
+    "and the JSON adds \"first_position\": N. --translate-dtype: the translator's\n"
+    "arithmetic (default float32; auto as the server's compute_dtype default).\n";
 
 int Fail(const std::string& message, int code = 1) {
   std::fprintf(stderr, "kvl logits: %s\n", message.c_str());
@@ -58,7 +60,8 @@ int RunLogits(const Args& args) {
       return Fail("flag --" + key + " needs a value", 2);
     }
     if (key != "model" && key != "ids" && key != "dtype" && key != "threads" &&
-        key != "prefix-from" && key != "translator" && key != "prefix-len") {
+        key != "prefix-from" && key != "translator" && key != "prefix-len" &&
+        key != "translate-dtype") {
       return Fail("unknown flag --" + key, 2);
     }
     flags[key] = value;
@@ -90,6 +93,17 @@ int RunLogits(const Args& args) {
   if (n_translation_flags != 0 && n_translation_flags != 3) {
     return Fail("--prefix-from, --translator and --prefix-len go together", 2);
   }
+  DType compute = DType::kFloat32;
+  if (flags.count("translate-dtype")) {
+    const std::string name = flags["translate-dtype"];
+    absl::StatusOr<DType> d =
+        name == "auto" ? absl::StatusOr<DType>(FastestTranslateDtype()) : ParseDType(name);
+    if (n_translation_flags != 3) return Fail("--translate-dtype needs --translator", 2);
+    if (!d.ok() || *d == DType::kFloat16) {
+      return Fail("--translate-dtype takes auto, float32 or bfloat16", 2);
+    }
+    compute = *d;
+  }
   int64_t prefix_len = 0;
   if (n_translation_flags == 3 &&
       (!absl::SimpleAtoi(flags["prefix-len"], &prefix_len) || prefix_len < 1 ||
@@ -111,7 +125,7 @@ int RunLogits(const Args& args) {
     absl::StatusOr<TranslatorModel> target = LoadTranslatorModel(flags["model"], options);
     if (!target.ok()) return Fail(std::string(target.status().message()));
     absl::StatusOr<std::unique_ptr<Translator>> translator =
-        Translator::Load(flags["translator"], ExpectationFor(*source, *target));
+        Translator::Load(flags["translator"], ExpectationFor(*source, *target), compute);
     if (!translator.ok()) return Fail(std::string(translator.status().message()));
     const std::vector<int64_t> prefix(ids.begin(), ids.begin() + prefix_len);
     const std::vector<int64_t> rest(ids.begin() + prefix_len, ids.end());

@@ -104,6 +104,9 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
         "need prefix, continuation, first-k, max-new-tokens >= 1, switches >= 1, turn-len >= 2 "
         "and non-negative max-windows, limit, multi-turn-runs");
   }
+  if (o.native_tail < 0 || o.native_tail >= o.prefix) {
+    return absl::InvalidArgumentError("native-tail must be in [0, prefix)");
+  }
   if (o.multi_turn_forward.empty() != o.multi_turn_reverse.empty()) {
     return absl::InvalidArgumentError("multi-turn needs a forward and a reverse translator");
   }
@@ -121,17 +124,17 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
   std::vector<LoadedTranslator> translators;
   for (const std::string& file : o.translators) {
     absl::StatusOr<std::unique_ptr<Translator>> t =
-        Translator::Load(file, ExpectationFor(*source, *target));
+        Translator::Load(file, ExpectationFor(*source, *target), o.translate_dtype);
     if (!t.ok()) return absl::Status(t.status().code(), absl::StrCat(file, ": ", t.status().message()));
     translators.push_back({file, *std::move(t)});
   }
   std::unique_ptr<Translator> forward, reverse;
   if (!o.multi_turn_forward.empty()) {
     absl::StatusOr<std::unique_ptr<Translator>> f =
-        Translator::Load(o.multi_turn_forward, ExpectationFor(*source, *target));
+        Translator::Load(o.multi_turn_forward, ExpectationFor(*source, *target), o.translate_dtype);
     if (!f.ok()) return f.status();
     absl::StatusOr<std::unique_ptr<Translator>> r =
-        Translator::Load(o.multi_turn_reverse, ExpectationFor(*target, *source));
+        Translator::Load(o.multi_turn_reverse, ExpectationFor(*target, *source), o.translate_dtype);
     if (!r.ok()) return r.status();
     forward = *std::move(f);
     reverse = *std::move(r);
@@ -179,8 +182,9 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
     for (size_t w = 0; w < windows.size(); ++w) {
       const std::vector<int64_t>& ids = windows[w];
       const std::vector<int64_t> labels = Slice(ids, o.prefix + 1, window);
-      const std::vector<int64_t> prefix = Slice(ids, 0, o.prefix);
       const std::vector<int64_t> rest = Slice(ids, o.prefix, window - 1);
+      // Translated: the last native_tail prefix tokens are the target's own.
+      const int64_t cut = o.prefix - o.native_tail;
       for (size_t c = 0; c < 3; ++c) {
         Engine& e = c == 2 ? se : te;
         std::unique_ptr<KvCache> cache = e.NewCache();
@@ -192,11 +196,11 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
       }
       for (size_t i = 0; i < translators.size(); ++i) {
         absl::StatusOr<std::unique_ptr<KvCache>> cache =
-            TranslatedCache(se, te, *translators[i].translator, prefix);
+            TranslatedCache(se, te, *translators[i].translator, Slice(ids, 0, cut));
         if (!cache.ok()) return cache.status();
-        absl::StatusOr<at::Tensor> logits = te.Prefill(**cache, rest, true);
+        absl::StatusOr<at::Tensor> logits = te.Prefill(**cache, Slice(ids, cut, window - 1), true);
         if (!logits.ok()) return logits.status();
-        AddTo(sums[3 + i], TokenNll(*logits, labels));
+        AddTo(sums[3 + i], TokenNll(logits->narrow(0, o.native_tail, o.continuation), labels));
       }
       bar.Update(static_cast<int64_t>(w + 1));
     }
@@ -240,8 +244,11 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
       const SuiteItem& item = items[n];
       const std::vector<int32_t> ids32 = target->tokenizer->Encode(SuitePrompt(item), true);
       const std::vector<int64_t> prompt(ids32.begin(), ids32.end());
-      const bool over = static_cast<int64_t>(prompt.size()) + o.max_new_tokens > max_pos ||
-                        prompt.size() < 2;
+      const int64_t n_prompt = static_cast<int64_t>(prompt.size());
+      const bool over = n_prompt + o.max_new_tokens > max_pos || n_prompt < 2;
+      // Translated: the source's share of the prompt (none when the native tail
+      // covers all but the last token: then the target reads it all itself).
+      const int64_t cut = std::max<int64_t>(0, n_prompt - 1 - o.native_tail);
       for (size_t c = 0; c < report.accuracy_conditions.size(); ++c) {
         bool correct = false;
         if (!over) {
@@ -250,12 +257,14 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
             Engine& e = c == 0 ? te : se;
             std::unique_ptr<KvCache> cache = e.NewCache();
             out = e.Generate(*cache, prompt, c == 0 ? target_gen : source_gen);
+          } else if (cut == 0) {
+            std::unique_ptr<KvCache> cache = te.NewCache();
+            out = te.Generate(*cache, prompt, target_gen);
           } else {
             absl::StatusOr<std::unique_ptr<KvCache>> cache =
-                TranslatedCache(se, te, *translators[c - 2].translator,
-                                Slice(prompt, 0, static_cast<int64_t>(prompt.size()) - 1));
+                TranslatedCache(se, te, *translators[c - 2].translator, Slice(prompt, 0, cut));
             if (!cache.ok()) return cache.status();
-            out = te.Generate(**cache, {prompt.back()}, target_gen);
+            out = te.Generate(**cache, Slice(prompt, cut, n_prompt), target_gen);
           }
           if (!out.ok()) return out.status();
           const std::string text = target->tokenizer->Decode(
@@ -314,17 +323,26 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
         MultiTurnRow& row = rows[static_cast<size_t>(k - 1)];
         row.turn = k;
         row.model = m == 0 ? "source" : "target";
-        // (a) translate only the span the other model wrote natively.
-        absl::StatusOr<Kv> span = TranslateKv(*into[m], last_native[other]);
-        if (!span.ok()) return span.status();
-        cache_a[m] = Cat(cache_a[m], *span);
-        if (cache_a[m].Length() != b - 1) {
+        // (a) translate only the span the other model wrote natively, but its
+        // last `tail` tokens, which the model reads itself with the turn.
+        const int64_t tail = std::min(o.native_tail, last_native[other].Length());
+        const int64_t n_span = last_native[other].Length() - tail;
+        if (n_span > 0) {
+          absl::StatusOr<Kv> span =
+              TranslateKv(*into[m], {last_native[other].keys.narrow(2, 0, n_span),
+                                     last_native[other].values.narrow(2, 0, n_span)});
+          if (!span.ok()) return span.status();
+          cache_a[m] = Cat(cache_a[m], *span);
+        }
+        if (cache_a[m].Length() != b - 1 - tail) {
           return absl::InternalError("multi-turn: span bookkeeping is inconsistent");
         }
-        auto [logits_a, kv_a] = RunWithPrefix(*models[m], cache_a[m], inputs);
-        row.span_wise += MeanOf(TokenNll(logits_a, labels));
+        auto [logits_a, kv_a] =
+            RunWithPrefix(*models[m], cache_a[m], Slice(ids, b - 1 - tail, b + len - 1));
+        row.span_wise += MeanOf(TokenNll(logits_a.narrow(0, tail, len), labels));
         cache_a[m] = Cat(cache_a[m], kv_a);
-        last_native[m] = kv_a;
+        // What the other model lacks: [b - 1, b + len - 1).
+        last_native[m] = {kv_a.keys.narrow(2, tail, len), kv_a.values.narrow(2, tail, len)};
         // (b) translate the other model's whole line.
         absl::StatusOr<Kv> whole = TranslateKv(*into[m], cache_b[other]);
         if (!whole.ok()) return whole.status();
@@ -347,6 +365,8 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
     }
     report.multi_turn = rows;
   }
+  report.translate_dtype = o.translate_dtype;
+  report.native_tail = o.native_tail;
   report.wall_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   return report;
@@ -355,7 +375,9 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
 json TranslatorEvalJson(const TranslatorEvalOptions& o, const TranslatorEvalReport& r) {
   json j = {{"source", o.source_dir},    {"target", o.target_dir},     {"data", o.data_path},
             {"prefix", r.prefix},        {"continuation", r.continuation},
-            {"first_k", r.first_k},      {"windows", r.n_windows},     {"wall_s", r.wall_s}};
+            {"first_k", r.first_k},      {"windows", r.n_windows},     {"wall_s", r.wall_s},
+            {"translate_dtype", DTypeName(o.translate_dtype)},
+            {"native_tail", o.native_tail}};
   json ppl = json::object();
   for (const PplCondition& c : r.conditions) {
     ppl[c.name] = {{"log_ppl", c.log_ppl}, {"log_ppl_first", c.log_ppl_first}};
@@ -407,9 +429,11 @@ json TranslatorEvalJson(const TranslatorEvalOptions& o, const TranslatorEvalRepo
 
 std::string TranslatorEvalTable(const TranslatorEvalReport& r) {
   std::string out = absl::StrFormat(
-      "continuation log-perplexity (nats/token), %d windows, prefix %d, continuation %d\n"
+      "continuation log-perplexity (nats/token), %d windows, prefix %d, continuation %d, "
+      "translated in %s, native tail %d\n"
       "%-44s %9s %9s %9s %9s %9s %9s\n",
-      r.n_windows, r.prefix, r.continuation, "condition", "all",
+      r.n_windows, r.prefix, r.continuation, DTypeName(r.translate_dtype), r.native_tail,
+      "condition", "all",
       absl::StrCat("first", r.first_k), "gap", absl::StrCat("gap", r.first_k), "recov",
       absl::StrCat("recov", r.first_k));
   for (const PplCondition& c : r.conditions) {

@@ -23,7 +23,9 @@
 //    (teacher forcing); we report its mean NLL over the turn's tokens, per
 //    turn, for three ways of obtaining that cache:
 //      (a) span-wise: keep its own cache line and translate only the span the
-//          other model wrote natively since (never a translation of a translation);
+//          other model wrote natively since (never a translation of a
+//          translation), but for the last native_tail tokens of the history,
+//          which it processes itself with the turn (as the router does);
 //      (b) whole prefix: translate the other model's entire current cache
 //          line (translated spans included) at each switch;
 //      (c) re-prefill: the model's native cache of the whole history.
@@ -40,6 +42,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/config.h"
 #include "nlohmann/json_fwd.hpp"
 
 namespace kvl::tools {
@@ -61,6 +64,14 @@ struct TranslatorEvalOptions {
   int64_t n_switches = 8;
   int64_t turn_len = 64;
   int64_t multi_turn_runs = 16;
+  // The translators' arithmetic (Translator::Translate): float32 or bfloat16.
+  DType translate_dtype = DType::kFloat32;
+  // Translated conditions of 1. and 2., and multi-turn (a): the target
+  // prefills the last native_tail prefix (prompt, span) tokens itself, on top
+  // of the translation of the ones before (0: the plain switch; the router's
+  // routing.native_tail_tokens); a prompt no longer than the tail plus its
+  // last token is all the target's own. Multi-turn (b) ignores it.
+  int64_t native_tail = 0;
   int n_threads = 0;
   bool progress = true;
 };
@@ -92,6 +103,8 @@ struct MultiTurnRow {
 
 struct TranslatorEvalReport {
   int64_t n_windows = 0, prefix = 0, continuation = 0, first_k = 0;
+  DType translate_dtype = DType::kFloat32;
+  int64_t native_tail = 0;
   std::vector<PplCondition> conditions;
   std::vector<TranslatedPpl> translated;
   // condition -> task -> cell ("all" included); conditions in column order.

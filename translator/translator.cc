@@ -198,7 +198,12 @@ TranslatorEndpoint EndpointOf(const ModelConfig& config, std::string identity,
 
 absl::StatusOr<std::unique_ptr<Translator>> Translator::Create(TranslatorSpec spec,
                                                                TranslatorMaps keys,
-                                                               TranslatorMaps values) {
+                                                               TranslatorMaps values,
+                                                               DType compute) {
+  if (compute != DType::kFloat32 && compute != DType::kBFloat16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "translators compute in float32 or bfloat16, not ", DTypeName(compute)));
+  }
   if (absl::Status s = CheckEndpoint(spec.source, "source"); !s.ok()) return s;
   if (absl::Status s = CheckEndpoint(spec.target, "target"); !s.ok()) return s;
   for (const auto& [lists, side] :
@@ -217,31 +222,39 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Create(TranslatorSpec sp
     t->spec_ = std::move(spec);
     t->keys_ = std::move(keys);
     t->values_ = std::move(values);
+    t->compute_ = compute;
     const int64_t out = t->spec_.target.n_head_kv * t->spec_.target.head_dim;
-    for (const auto& [lists, maps, stacked] :
-         {std::tuple{&t->spec_.assignment.keys, &t->keys_, &t->stacked_keys_},
-          {&t->spec_.assignment.values, &t->values_, &t->stacked_values_}}) {
-      stacked->shared = std::all_of(lists->begin(), lists->end(),
-                                    [&](const auto& l) { return l == lists->front(); });
-      if (stacked->shared) {
+    // Copies in the compute dtype (none for float32: the maps are shared).
+    auto in_compute = [compute](const at::Tensor& x) {
+      return x.defined() && compute == DType::kBFloat16 ? x.to(at::kBFloat16).contiguous() : x;
+    };
+    for (const auto& [lists, maps, prepared] :
+         {std::tuple{&t->spec_.assignment.keys, &t->keys_, &t->prepared_keys_},
+          {&t->spec_.assignment.values, &t->values_, &t->prepared_values_}}) {
+      Stacked& stacked = prepared->stacked;
+      stacked.shared = std::all_of(lists->begin(), lists->end(),
+                                   [&](const auto& l) { return l == lists->front(); });
+      if (stacked.shared) {
         // Rows of layer il's map land at columns [il*out, (il+1)*out).
-        stacked->shared_weight_t = at::cat(maps->weight, 0).t().contiguous();
-        stacked->shared_bias = maps->bias.empty()
-                                   ? at::zeros({t->spec_.target.n_layer * out}, at::kFloat)
-                                   : at::cat(maps->bias, 0).contiguous();
+        stacked.shared_weight_t = in_compute(at::cat(maps->weight, 0).t().contiguous());
+        stacked.shared_bias = in_compute(
+            maps->bias.empty() ? at::zeros({t->spec_.target.n_layer * out}, at::kFloat)
+                               : at::cat(maps->bias, 0).contiguous());
         continue;  // Apply uses the shared product only
       }
+      for (const at::Tensor& w : maps->weight) prepared->maps.weight.push_back(in_compute(w));
+      for (const at::Tensor& b : maps->bias) prepared->maps.bias.push_back(in_compute(b));
       const size_t band = lists->front().size();
-      stacked->uniform = std::all_of(lists->begin(), lists->end(),
-                                     [band](const auto& l) { return l.size() == band; });
-      if (!stacked->uniform) continue;
+      stacked.uniform = std::all_of(lists->begin(), lists->end(),
+                                    [band](const auto& l) { return l.size() == band; });
+      if (!stacked.uniform) continue;
       std::vector<int64_t> flat;
       for (const auto& l : *lists) flat.insert(flat.end(), l.begin(), l.end());
-      stacked->index = at::tensor(flat, at::kLong);
-      stacked->weight_t = at::stack(maps->weight).transpose(1, 2).contiguous();
-      stacked->bias = maps->bias.empty()
-                          ? at::zeros({t->spec_.target.n_layer, 1, out}, at::kFloat)
-                          : at::stack(maps->bias).unsqueeze(1).contiguous();
+      stacked.index = at::tensor(flat, at::kLong);
+      stacked.weight_t = in_compute(at::stack(maps->weight).transpose(1, 2).contiguous());
+      stacked.bias = in_compute(maps->bias.empty()
+                                    ? at::zeros({t->spec_.target.n_layer, 1, out}, at::kFloat)
+                                    : at::stack(maps->bias).unsqueeze(1).contiguous());
     }
     return t;
   } catch (const c10::Error& e) {
@@ -251,22 +264,36 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Create(TranslatorSpec sp
 
 at::Tensor Translator::Apply(const at::Tensor& source,
                              const std::vector<std::vector<int64_t>>& lists,
-                             const TranslatorMaps& maps, const Stacked& stacked) const {
+                             const Prepared& prepared) const {
+  const TranslatorMaps& maps = prepared.maps;
+  const Stacked& stacked = prepared.stacked;
   const int64_t n_layer_source = source.size(0), n_tokens = source.size(2);
   const int64_t in_per_layer = source.size(1) * source.size(3);
   const int64_t n_layer_target = spec_.target.n_layer;
-  // [L_s, H_s, T, D_s] -> [L_s, T, H_s*D_s]: head-major rows, as the maps expect.
-  const at::Tensor x = source.to(at::kFloat).permute({0, 2, 1, 3}).reshape(
-      {n_layer_source, n_tokens, in_per_layer});
+  // The maps' dtype is the compute dtype; the result is float32 (the permuting
+  // copy at the end converts).
+  const at::ScalarType compute = stacked.shared ? stacked.shared_weight_t.scalar_type()
+                                                : maps.weight.front().scalar_type();
+  // [L_s, H_s, T, D_s] -> [L_s, T, H_s*D_s]: head-major rows, as the maps
+  // expect; one copy that also converts to the compute dtype.
+  const at::Tensor x = at::empty({n_layer_source, n_tokens, source.size(1), source.size(3)},
+                                 source.options().dtype(compute))
+                           .copy_(source.permute({0, 2, 1, 3}))
+                           .view({n_layer_source, n_tokens, in_per_layer});
+  // A permuted view of the product, copied into [L_t, H_t, T, D_t] order as
+  // float32 (one copy that also converts).
+  auto to_output = [](const at::Tensor& view) {
+    return at::empty(view.sizes(), view.options().dtype(at::kFloat)).copy_(view);
+  };
   if (stacked.shared) {
     std::vector<at::Tensor> parts;
     for (int64_t s : lists.front()) parts.push_back(x[s]);
     const at::Tensor xs = parts.size() == 1 ? parts[0] : at::cat(parts, 1);  // [T, ν*in]
     // [T, L_t*H_t*D_t] -> [L_t, H_t, T, D_t]
-    return at::addmm(stacked.shared_bias, xs, stacked.shared_weight_t)
-        .view({n_tokens, n_layer_target, spec_.target.n_head_kv, spec_.target.head_dim})
-        .permute({1, 2, 0, 3})
-        .contiguous();
+    return to_output(
+        at::addmm(stacked.shared_bias, xs, stacked.shared_weight_t)
+            .view({n_tokens, n_layer_target, spec_.target.n_head_kv, spec_.target.head_dim})
+            .permute({1, 2, 0, 3}));
   }
   at::Tensor y;  // [L_t, T, H_t*D_t]
   if (stacked.uniform && n_tokens <= kBatchedMaxTokens) {
@@ -292,9 +319,19 @@ at::Tensor Translator::Apply(const at::Tensor& source,
       }
     }
   }
-  return y.view({n_layer_target, n_tokens, spec_.target.n_head_kv, spec_.target.head_dim})
-      .permute({0, 2, 1, 3})
-      .contiguous();
+  return to_output(
+      y.view({n_layer_target, n_tokens, spec_.target.n_head_kv, spec_.target.head_dim})
+          .permute({0, 2, 1, 3}));
+}
+
+DType FastestTranslateDtype() {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512bf16") || __builtin_cpu_supports("amx-bf16")) {
+    return DType::kBFloat16;
+  }
+#endif
+  return DType::kFloat32;
 }
 
 absl::StatusOr<KvTaps> Translator::Translate(const KvTaps& source) const {
@@ -313,9 +350,8 @@ absl::StatusOr<KvTaps> Translator::Translate(const KvTaps& source) const {
   try {
     c10::InferenceMode guard;
     KvTaps out;
-    out.keys = Apply(source.keys.to(at::kCPU), spec_.assignment.keys, keys_, stacked_keys_);
-    out.values =
-        Apply(source.values.to(at::kCPU), spec_.assignment.values, values_, stacked_values_);
+    out.keys = Apply(source.keys.to(at::kCPU), spec_.assignment.keys, prepared_keys_);
+    out.values = Apply(source.values.to(at::kCPU), spec_.assignment.values, prepared_values_);
     return out;
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("translate: ", e.what_without_backtrace()));
@@ -349,7 +385,8 @@ absl::Status Translator::Save(const std::string& path) const {
 }
 
 absl::StatusOr<std::unique_ptr<Translator>> Translator::Load(const std::string& path,
-                                                             const TranslatorExpectation& expect) {
+                                                             const TranslatorExpectation& expect,
+                                                             DType compute) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) {
     return absl::NotFoundError(absl::StrCat("translator file not found: ", path));
@@ -418,7 +455,7 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Load(const std::string& 
     }
   }
   absl::StatusOr<std::unique_ptr<Translator>> t =
-      Create(std::move(spec), std::move(keys), std::move(values));
+      Create(std::move(spec), std::move(keys), std::move(values), compute);
   if (!t.ok()) return bad(std::string(t.status().message()));
   return t;
 }

@@ -93,32 +93,48 @@ struct TranslatorExpectation {
   std::string source_tokenizer_hash, target_tokenizer_hash;
 };
 
+// The compute dtype that translates fastest on this CPU: bfloat16 where it has
+// bfloat16 dot-product instructions (AVX512-BF16 or AMX-BF16, which oneDNN's
+// bfloat16 GEMM uses), float32 elsewhere (bfloat16 products without them are
+// emulated, no faster than float32 or much slower).
+DType FastestTranslateDtype();
+
 class Translator {
  public:
   // Validates the spec (assignment lists in range, one list per target layer)
   // and the map shapes; InvalidArgument naming what is wrong. Weights are
-  // converted to contiguous float32 CPU tensors.
-  static absl::StatusOr<std::unique_ptr<Translator>> Create(TranslatorSpec spec,
-                                                            TranslatorMaps keys,
-                                                            TranslatorMaps values);
+  // converted to contiguous float32 CPU tensors. `compute`: the arithmetic of
+  // Translate, float32 or bfloat16 (else InvalidArgument). bfloat16 rounds the
+  // rows, maps and bias to bfloat16 (the maps once, here; oneDNN accumulates
+  // in float32 and rounds the result to bfloat16) and is faster on CPUs with
+  // bfloat16 dot products: docs/translators.md measures both speed and
+  // quality.
+  static absl::StatusOr<std::unique_ptr<Translator>> Create(
+      TranslatorSpec spec, TranslatorMaps keys, TranslatorMaps values,
+      DType compute = DType::kFloat32);
   // Reads a translator file. InvalidArgument for a file that is not a valid
   // translator (corrupt or truncated safetensors, missing or malformed
-  // metadata, unsupported format version, missing tensor, wrong shape);
-  // NotFound when the file does not exist; FailedPrecondition naming the model
-  // or tokenizer that differs from `expect`.
+  // metadata, unsupported format version, missing tensor, wrong shape) or an
+  // unsupported `compute`; NotFound when the file does not exist;
+  // FailedPrecondition naming the model or tokenizer that differs from
+  // `expect`.
   static absl::StatusOr<std::unique_ptr<Translator>> Load(const std::string& path,
-                                                          const TranslatorExpectation& expect);
+                                                          const TranslatorExpectation& expect,
+                                                          DType compute = DType::kFloat32);
   // Writes the file (safetensors, metadata under __metadata__["kvlingo_translator"]).
   absl::Status Save(const std::string& path) const;
 
   const TranslatorSpec& spec() const { return spec_; }
+  // The maps as created or loaded, float32 whatever the compute dtype.
   const TranslatorMaps& key_maps() const { return keys_; }
   const TranslatorMaps& value_maps() const { return values_; }
+  DType compute_dtype() const { return compute_; }
 
   // source: keys/values [L_s, H_s, T, D_s] before k-norm/RoPE (KvCache::Taps),
-  // any float dtype. Returns float32 [L_t, H_t, T, D_t] keys and values for
-  // KvCache::Accept of the target. Runs under c10::InferenceMode (the result is
-  // an inference tensor). InvalidArgument on shape mismatch.
+  // any float dtype. Returns contiguous float32 [L_t, H_t, T, D_t] keys and
+  // values for KvCache::Accept of the target, computed in compute_dtype().
+  // Runs under c10::InferenceMode (the result is an inference tensor).
+  // InvalidArgument on shape mismatch.
   absl::StatusOr<KvTaps> Translate(const KvTaps& source) const;
 
  private:
@@ -137,13 +153,19 @@ class Translator {
     at::Tensor shared_weight_t;  // [ν*H_s*D_s, L_t*H_t*D_t]
     at::Tensor shared_bias;      // [L_t*H_t*D_t] (zeros when !spec.bias)
   };
+  // The maps of one side as Apply reads them, in the compute dtype.
+  struct Prepared {
+    TranslatorMaps maps;  // per-layer path (only when !stacked.shared)
+    Stacked stacked;
+  };
   Translator() = default;
   at::Tensor Apply(const at::Tensor& source, const std::vector<std::vector<int64_t>>& lists,
-                   const TranslatorMaps& maps, const Stacked& stacked) const;
+                   const Prepared& prepared) const;
 
   TranslatorSpec spec_;
-  TranslatorMaps keys_, values_;
-  Stacked stacked_keys_, stacked_values_;
+  TranslatorMaps keys_, values_;  // float32, as created or loaded
+  DType compute_ = DType::kFloat32;
+  Prepared prepared_keys_, prepared_values_;
 };
 
 }  // namespace kvl

@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "model/chat_template.h"
 #include "router/planner.h"
+#include "tests/model/test_models.h"
 #include "tests/router/model_fixture.h"
 #include "tests/testing/temp_dir.h"
 
@@ -90,6 +91,41 @@ TEST(PlannerTest, AnEvictedWriterFallsBackToPrefillAndSaysSo) {
   EXPECT_EQ(p.tokens_translated, 9);
 }
 
+TEST(PlannerTest, ANativeTailPrefillsTheLastTokensOfTheHistoryInsteadOfTranslatingThem) {
+  // A wrote [0,10), B [10,30) and answered last (holds [0,29), [29,30) unrun);
+  // C switches in with nothing.
+  const std::vector<LedgerSpan> ledger = {{0, 10, 0}, {10, 30, 1}};
+  const std::vector<std::vector<KvSpan>> lines = {Native(10), {{0, 10, false}, {10, 29, true}}, {}};
+  for (int64_t tail : {0, 5, 19, 20, 25, 40}) {
+    PlannerInput in = Input(2, Strategy::kTranslate, ledger, lines, 1, 29);
+    in.native_tail_tokens = tail;
+    HandoverPlan p = PlanHandover(in);
+    // Translated: A's [0,10) and B's held [10,29), both cut at 30 - tail.
+    const int64_t limit = std::max<int64_t>(0, 30 - tail);
+    const int64_t from_a = std::min<int64_t>(10, limit);
+    const int64_t from_b = std::max<int64_t>(0, std::min<int64_t>(29, limit) - 10);
+    EXPECT_EQ(p.tokens_translated, from_a + from_b) << tail;
+    EXPECT_EQ(p.tokens_reprefilled, 30 - from_a - from_b) << tail;
+    EXPECT_EQ(p.spans_translated, (from_a > 0) + (from_b > 0)) << tail;
+    EXPECT_EQ(p.path, from_a + from_b > 0 ? CachePath::kTranslated : CachePath::kReprefill);
+    // Steps cover [0, 30) in order, every translated token before `limit`,
+    // every token from `limit` on prefilled; no fallback notes.
+    int64_t at = 0;
+    for (const PlanStep& step : p.steps) {
+      EXPECT_EQ(step.begin, at) << tail;
+      if (step.kind == PlanStep::kTranslate) {
+        EXPECT_LE(step.end, limit) << tail;
+      }
+      if (step.end > limit) {
+        EXPECT_EQ(step.kind, PlanStep::kPrefill) << tail;
+      }
+      at = step.end;
+    }
+    EXPECT_EQ(at, 30) << tail;
+    EXPECT_THAT(p.notes, ::testing::IsEmpty()) << tail;
+  }
+}
+
 TEST(PlannerTest, StrategiesReprefillAndReprefillMissing) {
   const std::vector<LedgerSpan> ledger = {{0, 10, 0}, {10, 20, 1}};
   std::vector<std::vector<KvSpan>> lines = {Native(9), Native(19), {}};
@@ -119,7 +155,8 @@ class RouterTest : public ::testing::Test {
   }
   static void TearDownTestSuite() { delete dir_; }
 
-  void MakeRouter(RoutingConfig routing, int64_t budget = int64_t{1} << 30) {
+  void MakeRouter(RoutingConfig routing, int64_t budget = int64_t{1} << 30,
+                  DType translate_dtype = DType::kFloat32) {
     std::vector<LoadedModel> models;
     std::vector<std::string> identity;
     RuntimeOptions options;
@@ -142,7 +179,7 @@ class RouterTest : public ::testing::Test {
         const std::string path =
             testing::TranslatorPath(dir_->path(), models[s].name, models[t].name);
         if (s == t || !std::filesystem::exists(path)) continue;
-        auto tr = Translator::Load(path, {identity[s], identity[t], hash, hash});
+        auto tr = Translator::Load(path, {identity[s], identity[t], hash, hash}, translate_dtype);
         ASSERT_TRUE(tr.ok()) << tr.status();
         translators.push_back({models[s].name + "->" + models[t].name, path, s, t, *std::move(tr)});
       }
@@ -189,6 +226,90 @@ class RouterTest : public ::testing::Test {
     return r.ok() ? r->tokens : std::vector<int64_t>{};
   }
 
+  // A small -> large switch under the translate strategy (router made with
+  // Explicit() and `native_tail` tokens of native tail), checked against the
+  // same switch driven by hand with the router's own small -> large translator,
+  // which computes in `compute`; the router must translate all but the last
+  // native_tail tokens of the history.
+  void ExpectTranslateSwitchEqualsHandDriven(DType compute, int64_t native_tail = 0) {
+    ASSERT_TRUE(store_->Create("s", router_->RenderPreamble("Be brief.")).ok());
+    auto t1 = Turn("s", "Hello there, how are you?", 0);
+    ASSERT_TRUE(t1.ok()) << t1.status();
+    EXPECT_EQ(t1->routing.path, CachePath::kNative);
+    const ConversationState after1 = store_->View("s")->state;
+    EXPECT_EQ(after1.ledger.size(), 1u);
+
+    auto t2 = Turn("s", "Tell me about caches.", 2);
+    ASSERT_TRUE(t2.ok()) << t2.status();
+    EXPECT_TRUE(t2->routing.switched);
+    EXPECT_EQ(t2->routing.path, CachePath::kTranslated);
+    // small holds [0, tail_begin) natively; the rest of the history is its
+    // unrun tail.
+    const int64_t n_history = static_cast<int64_t>(after1.history.size());
+    const int64_t n_held = std::min(after1.tail_begin, n_history - native_tail);
+    ASSERT_GT(n_held, 0);
+    EXPECT_EQ(t2->routing.spans_translated, 1);
+    EXPECT_EQ(t2->routing.tokens_translated, n_held);
+    EXPECT_GT(t2->routing.translation_seconds, 0);
+
+    // By hand: small prefills what it held natively, the translator moves the
+    // part before the native tail to large, large runs the rest of the history
+    // plus the new turn and decodes.
+    Engine& small = *engines_[0];
+    Engine& large = *engines_[2];
+    auto small_line = small.NewCache();
+    const std::vector<int64_t> held(after1.history.begin(), after1.history.begin() + n_held);
+    ASSERT_TRUE(small.Prefill(*small_line, held).ok());
+    auto taps = small_line->Taps(0, n_held);
+    ASSERT_TRUE(taps.ok());
+    std::unique_ptr<KvCache> large_line = large.NewCache();
+    {
+      SerialIntraOpScope serial;  // the router translates on one intra-op thread
+      const Translator* translator = router_->FindTranslator(0, 2);
+      ASSERT_EQ(translator->compute_dtype(), compute);
+      auto moved = translator->Translate(*taps);
+      ASSERT_TRUE(moved.ok());
+      ASSERT_TRUE(large_line->Accept(moved->keys, moved->values).ok());
+    }
+    std::vector<int64_t> prompt(after1.history.begin() + n_held, after1.history.end());
+    for (int64_t id : TurnTokens("Tell me about caches.")) prompt.push_back(id);
+    EXPECT_EQ(t2->tokens, Generate(large, *large_line, prompt));
+    EXPECT_FALSE(t2->tokens.empty());
+
+    // The router's line of large holds the hand-made translation, and not the
+    // one of the other dtype (relative Frobenius distance per layer).
+    const DType other = compute == DType::kFloat32 ? DType::kBFloat16 : DType::kFloat32;
+    const Translator& own = *router_->FindTranslator(0, 2);
+    auto other_translator = Translator::Create(own.spec(), own.key_maps(), own.value_maps(), other);
+    ASSERT_TRUE(other_translator.ok()) << other_translator.status();
+    auto moved_other = (*other_translator)->Translate(*taps);
+    ASSERT_TRUE(moved_other.ok());
+    auto other_line = large.NewCache();
+    ASSERT_TRUE(other_line->Accept(moved_other->keys, moved_other->values).ok());
+    auto lease = store_->Begin("s");
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    KvCache* routed = (*lease)->line(2);
+    ASSERT_NE(routed, nullptr);
+    for (int64_t il = 0; il < routed->n_layer(); ++il) {
+      const at::Tensor keys = routed->Keys(il).narrow(1, 0, n_held);
+      const at::Tensor values = routed->Values(il).narrow(1, 0, n_held);
+      auto rel = [](const at::Tensor& a, const at::Tensor& b) {
+        return ((a - b).norm() / b.norm()).item<double>();
+      };
+      const double same_k = rel(keys, large_line->Keys(il).narrow(1, 0, n_held));
+      const double same_v = rel(values, large_line->Values(il).narrow(1, 0, n_held));
+      const double other_v = rel(values, other_line->Values(il));
+      // Same dtype: the router's small line decoded its reply token by token,
+      // the hand-made one prefilled it, so the taps differ by float32 rounding
+      // (1e-6), which may flip a bfloat16 rounding here and there (measured
+      // <= 3e-4). The other dtype is bfloat16 rounding everywhere (measured
+      // 3.6e-3 to 3.9e-3).
+      EXPECT_LT(same_k, 1e-3) << il;
+      EXPECT_LT(same_v, 1e-3) << il;
+      EXPECT_GT(other_v, 1.5e-3) << il;
+    }
+  }
+
   static testing::TempDir* dir_;
   std::unique_ptr<CacheStore> store_;
   std::unique_ptr<Router> router_;
@@ -205,38 +326,19 @@ RoutingConfig Explicit() {
 
 TEST_F(RouterTest, TranslateSwitchEqualsAnEngineDrivenByHandFromTheTranslatedState) {
   MakeRouter(Explicit());
-  ASSERT_TRUE(store_->Create("s", router_->RenderPreamble("Be brief.")).ok());
-  auto t1 = Turn("s", "Hello there, how are you?", 0);
-  ASSERT_TRUE(t1.ok()) << t1.status();
-  EXPECT_EQ(t1->routing.path, CachePath::kNative);
-  const ConversationState after1 = store_->View("s")->state;
-  EXPECT_EQ(after1.ledger.size(), 1u);
+  ExpectTranslateSwitchEqualsHandDriven(DType::kFloat32);
+}
 
-  auto t2 = Turn("s", "Tell me about caches.", 2);
-  ASSERT_TRUE(t2.ok()) << t2.status();
-  EXPECT_TRUE(t2->routing.switched);
-  EXPECT_EQ(t2->routing.path, CachePath::kTranslated);
-  EXPECT_EQ(t2->routing.spans_translated, 1);
-  EXPECT_EQ(t2->routing.tokens_translated, after1.tail_begin);
-  EXPECT_GT(t2->routing.translation_seconds, 0);
+TEST_F(RouterTest, ABfloat16TranslatorTranslatesTheSwitchInBfloat16) {
+  MakeRouter(Explicit(), int64_t{1} << 30, DType::kBFloat16);
+  ExpectTranslateSwitchEqualsHandDriven(DType::kBFloat16);
+}
 
-  // By hand: small prefills what it held natively, the translator moves it to
-  // large, large runs small's unrun tail plus the new turn and decodes.
-  Engine& small = *engines_[0];
-  Engine& large = *engines_[2];
-  auto small_line = small.NewCache();
-  const std::vector<int64_t> held(after1.history.begin(), after1.history.begin() + after1.tail_begin);
-  ASSERT_TRUE(small.Prefill(*small_line, held).ok());
-  auto taps = small_line->Taps(0, after1.tail_begin);
-  ASSERT_TRUE(taps.ok());
-  auto moved = router_->FindTranslator(0, 2)->Translate(*taps);
-  ASSERT_TRUE(moved.ok());
-  auto large_line = large.NewCache();
-  ASSERT_TRUE(large_line->Accept(moved->keys, moved->values).ok());
-  std::vector<int64_t> prompt(after1.history.begin() + after1.tail_begin, after1.history.end());
-  for (int64_t id : TurnTokens("Tell me about caches.")) prompt.push_back(id);
-  EXPECT_EQ(t2->tokens, Generate(large, *large_line, prompt));
-  EXPECT_FALSE(t2->tokens.empty());
+TEST_F(RouterTest, ANativeTailIsPrefilledByTheTargetAfterTheTranslatedHead) {
+  RoutingConfig routing = Explicit();
+  routing.native_tail_tokens = 6;
+  MakeRouter(routing);
+  ExpectTranslateSwitchEqualsHandDriven(DType::kFloat32, 6);
 }
 
 TEST_F(RouterTest, ReprefillOutputEqualsTheTargetsNativeOutput) {

@@ -42,6 +42,7 @@ TEST(ConfigTest, EmptyObjectGivesDocumentedDefaults) {
   EXPECT_TRUE(c->translators.empty());
   EXPECT_EQ(c->routing.policy, RoutingPolicy::kFixed);
   EXPECT_EQ(c->routing.strategy, SwitchStrategy::kTranslate);
+  EXPECT_EQ(c->routing.native_tail_tokens, 16);
   EXPECT_EQ(c->routing.cascade_max_entropy, 3.0);
   EXPECT_EQ(c->routing.cascade_min_mean_logprob, -std::numeric_limits<double>::infinity());
   EXPECT_EQ(c->sessions.idle_timeout_seconds, 3600);
@@ -61,11 +62,13 @@ TEST(ConfigTest, FullConfigWithCommentsAndRelativePaths) {
     "runtime": {"threads": 4, "dtype": "bfloat16"},
     "models": [{"name": "small", "path": "models/small"},
                {"name": "large", "path": "models/large", "dtype": "float32"}],
-    "translators": [{"source": "small", "target": "large", "path": "translators/s2l.kvlt"}],
+    "translators": [{"source": "small", "target": "large", "path": "translators/s2l.kvlt",
+                     "compute_dtype": "bfloat16"}],
     "routing": {"policy": "rules", "default_model": "small", "strategy": "reprefill-missing",
                 "models": ["small", "large"],
                 "rules": [{"model": "large", "contains": ["prove", "derive"], "min_bytes": 10}],
-                "cascade_max_entropy": 2.5, "cascade_min_mean_logprob": -0.5},
+                "cascade_max_entropy": 2.5, "cascade_min_mean_logprob": -0.5,
+                "native_tail_tokens": 16},
     "sessions": {"idle_timeout_seconds": 0, "memory_budget_bytes": 1048576}
   })";
   absl::StatusOr<ServerConfig> c = ParseConfig(text, dir.path());
@@ -86,6 +89,7 @@ TEST(ConfigTest, FullConfigWithCommentsAndRelativePaths) {
   ASSERT_EQ(c->translators.size(), 1u);
   EXPECT_EQ(c->translators[0].name, "small->large");
   EXPECT_EQ(c->translators[0].path, dir.Path("translators/s2l.kvlt"));
+  EXPECT_EQ(c->translators[0].compute_dtype, TranslateDtype::kBFloat16);
   EXPECT_EQ(c->routing.policy, RoutingPolicy::kRules);
   EXPECT_EQ(c->routing.strategy, SwitchStrategy::kReprefillMissing);
   ASSERT_EQ(c->routing.rules.size(), 1u);
@@ -94,6 +98,7 @@ TEST(ConfigTest, FullConfigWithCommentsAndRelativePaths) {
   EXPECT_EQ(c->routing.rules[0].min_bytes, 10);
   EXPECT_EQ(c->routing.cascade_max_entropy, 2.5);
   EXPECT_EQ(c->routing.cascade_min_mean_logprob, -0.5);
+  EXPECT_EQ(c->routing.native_tail_tokens, 16);
   EXPECT_EQ(c->sessions.idle_timeout_seconds, 0);
   EXPECT_EQ(c->sessions.memory_budget_bytes, 1048576);
 }
@@ -208,6 +213,13 @@ TEST(ConfigTest, CrossReferencesAreChecked) {
       HasSubstr("config: translators[0].target: equals source 'a'"));
   EXPECT_THAT(
       parse(
+          R"(, "routing": {"default_model": "a"}, "translators": [{"source": "a", "target": "b", "path": "t.kvlt", "compute_dtype": "float16"}])")
+          .message(),
+      HasSubstr("config: translators[0].compute_dtype: expected one of auto, float32, bfloat16"));
+  EXPECT_THAT(parse(R"(, "routing": {"default_model": "a", "native_tail_tokens": -1})").message(),
+              HasSubstr("config: routing.native_tail_tokens"));
+  EXPECT_THAT(
+      parse(
           R"(, "routing": {"default_model": "a"}, "translators": [{"source": "a", "target": "b", "path": "t.kvlt"}, {"name": "x", "source": "a", "target": "b", "path": "t.kvlt"}])")
           .message(),
       HasSubstr("config: translators[1]: a second translator from 'a' to 'b'"));
@@ -277,6 +289,8 @@ TEST(ConfigTest, TheShippedExampleConfigIsValid) {
   EXPECT_EQ(c->routing.policy, RoutingPolicy::kCascade);
   EXPECT_EQ(c->routing.rules[1].pattern, "^(Thanks|Thank you)");
   EXPECT_EQ(c->routing.rules[1].min_turn, 5);
+  EXPECT_EQ(c->translators[0].compute_dtype, TranslateDtype::kAuto);
+  EXPECT_EQ(c->translators[1].compute_dtype, TranslateDtype::kAuto);  // the default
 }
 
 TEST(ConfigTest, RuleTurnBoundsAndPatternsAreValidated) {

@@ -33,6 +33,8 @@ def main():
                 session_pb2.Session)
     list_models = unary("/kvlingo.v1.ModelService/ListModels", model_pb2.ListModelsRequest,
                         model_pb2.ListModelsResponse)
+    list_translators = unary("/kvlingo.v1.ModelService/ListTranslators",
+                             model_pb2.ListTranslatorsRequest, model_pb2.ListTranslatorsResponse)
     chat_call = channel.unary_stream("/kvlingo.v1.ChatService/Chat",
                                      request_serializer=chat_pb2.ChatRequest.SerializeToString,
                                      response_deserializer=chat_pb2.ChatResponse.FromString)
@@ -82,6 +84,9 @@ def main():
     result = {}
     if scenario == "policies":
         result["models"] = [m.name for m in list_models(model_pb2.ListModelsRequest(), timeout=10).models]
+        result["translators"] = {
+            t.name: t.compute_dtype
+            for t in list_translators(model_pb2.ListTranslatorsRequest(), timeout=10).translators}
         runs = {}
         # Every policy, three turns; every strategy under explicit A->B->C->A.
         plans = {

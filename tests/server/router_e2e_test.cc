@@ -73,6 +73,7 @@ class RouterE2eTest : public ::testing::Test {
       translators.push_back(
           {{"source", s}, {"target", t}, {"path", testing::TranslatorPath(dir_->path(), s, t)}});
     }
+    translators[0]["compute_dtype"] = "float32";  // the others: "auto"
     Json config = {
         {"server", {{"max_turn_bytes", 2000}, {"max_new_tokens_limit", 2000},
                     {"drain_timeout_seconds", 5}}},
@@ -169,6 +170,13 @@ TEST_F(RouterE2eTest, EveryPolicyAndStrategyAcrossThreeModelsThenMetrics) {
   Running server = Start(Config(int64_t{1} << 30));
   const Json seen = Client(server, "policies");
   EXPECT_EQ(seen["models"], Json({"small", "small-b", "large"}));
+  // ListTranslators reports each translator's arithmetic, "auto" resolved.
+  const std::string automatic = kvl::DTypeName(kvl::FastestTranslateDtype());
+  ASSERT_EQ(seen["translators"].size(), std::size(kPairs));
+  for (size_t i = 0; i < std::size(kPairs); ++i) {
+    const std::string name = std::string(kPairs[i].first) + "->" + kPairs[i].second;
+    EXPECT_EQ(seen["translators"][name], i == 0 ? "float32" : automatic) << name;
+  }
   const Json& runs = seen["runs"];
   for (const auto& [name, turns] : runs.items()) {
     if (name.find(':') != std::string::npos) continue;

@@ -22,6 +22,7 @@
 #include "tests/tools/translator_fixture.h"
 #include "tools/translator_eval.h"
 #include "tools/translator_tools.h"
+#include "translator/translator.h"
 
 namespace kvl {
 namespace {
@@ -79,6 +80,27 @@ class TranslatorToolsTest : public ::testing::Test {
       sum += at::cross_entropy_loss(logits, labels).item<double>();
     }
     return sum / static_cast<double>(n_windows);
+  }
+
+  // a -> b with both translators for a short multi-turn run (4 switches of
+  // 8-token turns, 2 runs) and one 16 + 8 perplexity window.
+  tools::TranslatorEvalOptions AToBWithMultiTurn() const {
+    tools::TranslatorEvalOptions o;
+    o.source_dir = a_;
+    o.target_dir = b_;
+    o.translators = {a_to_b_};
+    o.data_path = data_;
+    o.prefix = 16;
+    o.continuation = 8;
+    o.max_windows = 1;
+    o.multi_turn_forward = a_to_b_;
+    o.multi_turn_reverse = b_to_a_;
+    o.n_switches = 4;
+    o.turn_len = 8;
+    o.multi_turn_runs = 2;
+    o.n_threads = 1;
+    o.progress = false;
+    return o;
   }
 
   TempDir dir_{"translator-tools"};
@@ -210,21 +232,7 @@ TEST_F(TranslatorToolsTest, EvalOfAnIdentityTranslatorMatchesNativeAndTheReferen
 }
 
 TEST_F(TranslatorToolsTest, MultiTurnStrategiesAgreeAtTheFirstSwitchOnly) {
-  tools::TranslatorEvalOptions o;
-  o.source_dir = a_;
-  o.target_dir = b_;
-  o.translators = {a_to_b_};
-  o.data_path = data_;
-  o.prefix = 16;
-  o.continuation = 8;
-  o.max_windows = 1;
-  o.multi_turn_forward = a_to_b_;
-  o.multi_turn_reverse = b_to_a_;
-  o.n_switches = 4;
-  o.turn_len = 8;
-  o.multi_turn_runs = 2;
-  o.n_threads = 1;
-  o.progress = false;
+  tools::TranslatorEvalOptions o = AToBWithMultiTurn();
   absl::StatusOr<tools::TranslatorEvalReport> r = tools::RunTranslatorEval(o);
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->multi_turn.size(), 4u);
@@ -239,6 +247,99 @@ TEST_F(TranslatorToolsTest, MultiTurnStrategiesAgreeAtTheFirstSwitchOnly) {
   o.translators = {b_to_a_};
   absl::StatusOr<tools::TranslatorEvalReport> bad = tools::RunTranslatorEval(o);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(TranslatorToolsTest, EvalWithANativeTailMatchesTheReferenceOnTheTranslatedHead) {
+  // a -> b, prefix 16 of which the target reads the last 5 itself: per window,
+  // the reference forward of a captures the taps of tokens [0, 11), the
+  // translator moves them, and the reference forward of b runs [11, 24) on
+  // that prefix; its NLL over the 8 continuation tokens is the oracle.
+  constexpr int64_t kPrefix = 16, kContinuation = 8, kTail = 5, kWindows = 2;
+  tools::TranslatorEvalOptions o;
+  o.source_dir = a_;
+  o.target_dir = b_;
+  o.translators = {a_to_b_};
+  o.data_path = data_;
+  o.prefix = kPrefix;
+  o.continuation = kContinuation;
+  o.max_windows = kWindows;
+  o.native_tail = kTail;
+  o.n_threads = 1;
+  o.progress = false;
+  absl::StatusOr<tools::TranslatorEvalReport> r = tools::RunTranslatorEval(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->translated.size(), 1u);
+
+  c10::InferenceMode guard;
+  auto a = LoadCheckpoint(a_);
+  auto b = LoadCheckpoint(b_);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto tok = Tokenizer::FromFile(a_ + "/tokenizer.json");
+  auto translator = Translator::Load(a_to_b_, {ModelIdentity(a->config, a->weights),
+                                               ModelIdentity(b->config, b->weights),
+                                               (*tok)->content_hash(), (*tok)->content_hash()});
+  ASSERT_TRUE(translator.ok()) << translator.status();
+  std::ifstream in(data_);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::vector<int32_t> stream = (*tok)->Encode(text, true);
+  const int64_t window = kPrefix + kContinuation + 1, cut = kPrefix - kTail;
+  double sum = 0;
+  for (int64_t w = 0; w < kWindows; ++w) {
+    const std::vector<int64_t> ids(stream.begin() + w * window, stream.begin() + (w + 1) * window);
+    auto ids_of = [&](int64_t from, int64_t to) {
+      return at::tensor(std::vector<int64_t>(ids.begin() + from, ids.begin() + to)).unsqueeze(0);
+    };
+    ReferenceOptions capture;
+    capture.capture_kv = true;
+    const ReferenceOutput head = ReferenceForward(a->config, a->weights, ids_of(0, cut), capture);
+    auto moved = (*translator)->Translate(
+        {at::stack(head.keys_prenorm).squeeze(1), at::stack(head.values).squeeze(1)});
+    ASSERT_TRUE(moved.ok()) << moved.status();
+    ReferenceOptions on_prefix;
+    for (int64_t il = 0; il < b->config.n_layer; ++il) {
+      on_prefix.prefix_keys.push_back(moved->keys[il].unsqueeze(0));
+      on_prefix.prefix_values.push_back(moved->values[il].unsqueeze(0));
+    }
+    const at::Tensor logits =
+        ReferenceForward(b->config, b->weights, ids_of(cut, window - 1), on_prefix).logits[0];
+    const at::Tensor labels =
+        at::tensor(std::vector<int64_t>(ids.end() - kContinuation, ids.end()));
+    sum += at::cross_entropy_loss(logits.narrow(0, kTail, kContinuation), labels).item<double>();
+  }
+  EXPECT_NEAR(r->translated[0].log_ppl, sum / kWindows, 1e-4);
+  EXPECT_EQ(r->native_tail, kTail);
+
+  // Without the tail the same translator reads differently (the oracle above
+  // is not the plain switch), and a tail as long as the prefix is refused.
+  o.native_tail = 0;
+  absl::StatusOr<tools::TranslatorEvalReport> plain = tools::RunTranslatorEval(o);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_GT(std::abs(plain->translated[0].log_ppl - r->translated[0].log_ppl), 1e-4);
+  o.native_tail = kPrefix;
+  EXPECT_EQ(tools::RunTranslatorEval(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(TranslatorToolsTest, MultiTurnWithANativeTailAsLongAsATurnTranslatesNothing) {
+  // With a tail of a whole turn, each model reads the other's last turn
+  // itself, on top of its own native cache: span-wise equals re-prefill. A
+  // shorter tail translates the rest of the span, so it does not.
+  tools::TranslatorEvalOptions o = AToBWithMultiTurn();
+  std::vector<std::vector<tools::MultiTurnRow>> by_tail;
+  for (int64_t tail : {0, 3, 8}) {
+    o.native_tail = tail;
+    absl::StatusOr<tools::TranslatorEvalReport> r = tools::RunTranslatorEval(o);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->multi_turn.size(), 4u);
+    by_tail.push_back(r->multi_turn);
+  }
+  for (size_t k = 0; k < 4; ++k) {
+    EXPECT_NEAR(by_tail[2][k].span_wise, by_tail[2][k].reprefill, 1e-4) << "turn " << k + 1;
+    EXPECT_GT(std::abs(by_tail[1][k].span_wise - by_tail[1][k].reprefill), 1e-4) << k + 1;
+    EXPECT_GT(std::abs(by_tail[1][k].span_wise - by_tail[0][k].span_wise), 1e-4) << k + 1;
+    // (b) and (c) do not depend on the tail.
+    EXPECT_EQ(by_tail[1][k].whole_prefix, by_tail[0][k].whole_prefix);
+    EXPECT_EQ(by_tail[1][k].reprefill, by_tail[0][k].reprefill);
+  }
 }
 
 }  // namespace

@@ -181,6 +181,70 @@ TEST(TranslateTest, MatchesTheOracleWhenEveryLayerReadsTheSameSourceLayers) {
   }
 }
 
+// The same maps with every weight and bias rounded to bfloat16 (and back).
+TranslatorMaps RoundedToBf16(const TranslatorMaps& maps) {
+  TranslatorMaps r;
+  for (const at::Tensor& w : maps.weight) r.weight.push_back(w.to(at::kBFloat16).to(at::kFloat));
+  for (const at::Tensor& b : maps.bias) r.bias.push_back(b.to(at::kBFloat16).to(at::kFloat));
+  return r;
+}
+
+double RelativeError(const at::Tensor& got, const at::Tensor& want) {
+  const at::Tensor w = want.to(at::kDouble);
+  return ((got.to(at::kDouble) - w).norm() / w.norm()).item<double>();
+}
+
+TEST(TranslateTest, Bfloat16TranslatorsMatchTheOracleOnRoundedInputsOnEveryPath) {
+  // Batched (short, equal bands), per-layer (long or unequal bands) and one
+  // product (every layer reads the same source layers), with and without bias.
+  const std::vector<std::pair<Lists, Lists>> assignments = {
+      {{{2, 0}, {1, 2}}, {{1}, {0}}},
+      {{{2}, {0, 1, 2}}, {{1}, {0}}},
+      {{{0, 1, 2}, {0, 1, 2}}, {{2}, {2}}}};
+  for (const auto& [key_lists, value_lists] : assignments) {
+    for (bool bias : {true, false}) {
+      TranslatorSpec spec = MixedSpec(bias);
+      spec.assignment.keys = key_lists;
+      spec.assignment.values = value_lists;
+      auto tr = RandomTranslator(spec, 21);
+      auto half = Translator::Create(spec, tr->key_maps(), tr->value_maps(), DType::kBFloat16);
+      ASSERT_TRUE(half.ok()) << half.status();
+      EXPECT_EQ((*half)->compute_dtype(), DType::kBFloat16);
+      EXPECT_EQ(tr->compute_dtype(), DType::kFloat32);
+      for (int64_t n : {5, 300}) {
+        const KvTaps src = RandomTaps(spec.source, n, 22);
+        auto out = (*half)->Translate(src);
+        ASSERT_TRUE(out.ok()) << out.status();
+        EXPECT_EQ(out->keys.scalar_type(), at::kFloat);
+        EXPECT_EQ(out->keys.sizes(), at::IntArrayRef({2, 3, n, 2}));
+        auto exact = tr->Translate(src);
+        ASSERT_TRUE(exact.ok());
+        for (const auto& [got, full, taps, lists, maps] :
+             {std::tuple{&out->keys, &exact->keys, &src.keys, &spec.assignment.keys,
+                         &tr->key_maps()},
+              {&out->values, &exact->values, &src.values, &spec.assignment.values,
+               &tr->value_maps()}}) {
+          // The oracle on bfloat16-rounded taps and maps, in float64: what is
+          // left is the rounding of the result to bfloat16, once or (small
+          // products, where LibTorch adds the bias to the rounded product)
+          // twice, at most 2^-8 relative per element; a layout error is ~1.
+          const at::Tensor oracle =
+              OracleSide(taps->to(at::kBFloat16).to(at::kFloat), *lists, RoundedToBf16(*maps),
+                         spec.target);
+          EXPECT_LT(RelativeError(*got, oracle), 1e-2) << n << " tokens, bias " << bias;
+          // And the arithmetic really was bfloat16: float32 is 1e-6 away.
+          EXPECT_GT(RelativeError(*got, *full), 5e-4) << n << " tokens, bias " << bias;
+        }
+      }
+    }
+  }
+  auto tr = RandomTranslator(MixedSpec(), 24);
+  EXPECT_EQ(Translator::Create(MixedSpec(), tr->key_maps(), tr->value_maps(), DType::kFloat16)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(TranslateTest, SpanEqualsTokenByToken) {
   auto tr = RandomTranslator(MixedSpec(), 3);
   // Long spans take the per-layer path, single tokens the batched one.
