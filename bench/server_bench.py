@@ -74,12 +74,13 @@ def load_line():
     return f"loadavg {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} CPUs"
 
 
-def write_config(directory, threads):
+def write_config(directory, threads, translate_dtype, native_tail):
     models = [{"name": m, "path": os.path.join(ROOT, "models", m)} for m in (SMALL, SMALL_B, LARGE)]
     translators = []
     for src, dst in ((SMALL, LARGE), (LARGE, SMALL), (SMALL, SMALL_B), (SMALL_B, SMALL)):
         path = os.path.join(ROOT, "models", "translators", f"{src}__{dst}.safetensors")
-        translators.append({"source": src, "target": dst, "path": path})
+        translators.append({"source": src, "target": dst, "path": path,
+                            "compute_dtype": translate_dtype})
     config = {
         "server": {"listen_address": "127.0.0.1:0", "metrics_address": "127.0.0.1:0",
                    "drain_timeout_seconds": 5, "max_turn_bytes": 65536,
@@ -89,7 +90,7 @@ def write_config(directory, threads):
         "models": models,
         "translators": translators,
         "routing": {"policy": "explicit", "default_model": SMALL, "strategy": "translate",
-                    "models": [SMALL, LARGE]},
+                    "models": [SMALL, LARGE], "native_tail_tokens": native_tail},
         "sessions": {"idle_timeout_seconds": 0, "memory_budget_bytes": 8 << 30},
     }
     path = os.path.join(directory, "server.json")
@@ -367,6 +368,10 @@ def main():
                     help="words per history-building turn")
     ap.add_argument("--chat-words", type=int, default=40, help="words per concurrent-part turn")
     ap.add_argument("--threads", type=int, default=0, help="server runtime.threads (0: all)")
+    ap.add_argument("--translate-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                    help="translators[].compute_dtype (default: the server's default, auto)")
+    ap.add_argument("--native-tail", type=int, default=16,
+                    help="routing.native_tail_tokens (default: the server's default, 16)")
     ap.add_argument("--cxx-client",
                     help="bench/ttft_client binary (default: bench/ttft_client of the server's "
                          "build directory, when it exists)")
@@ -395,7 +400,7 @@ def main():
         subprocess.run(["protoc", f"--proto_path={ROOT}/proto", f"--python_out={stubs}",
                         "kvlingo/v1/chat.proto", "kvlingo/v1/session.proto",
                         "kvlingo/v1/model.proto"], check=True)
-        config = write_config(tmp, args.threads)
+        config = write_config(tmp, args.threads, args.translate_dtype, args.native_tail)
         proc, target, log_path = start_server(os.path.abspath(args.server), config, tmp)
         wall_start = time.perf_counter()
         try:
@@ -406,7 +411,8 @@ def main():
             emit(f"date: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}  host: {platform.node()}  "
                  f"python {platform.python_version()}  grpcio {grpc.__version__}")
             emit(f"server: {args.server}  runtime.threads={args.threads}  dtype float32  "
-                 f"models {SMALL}, {SMALL_B}, {LARGE}")
+                 f"models {SMALL}, {SMALL_B}, {LARGE}  translators compute_dtype "
+                 f"{args.translate_dtype}  routing.native_tail_tokens {args.native_tail}")
             emit(f"load at start: {load_line()}")
             emit()
             emit(f"== 1. TTFT of the first turn after a switch {SMALL} -> {LARGE} "

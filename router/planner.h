@@ -9,7 +9,7 @@
 //              line that holds only the start of the span gives that part, the
 //              rest is prefilled);
 //   prefill    the span with the target itself (every other case, and the
-//              last `native_tail` tokens of the history whoever wrote them:
+//              last `native_tail_tokens` of the history whoever wrote them:
 //              the target reads the most recent tokens itself, on top of the
 //              translation of the ones before, docs/translators.md).
 // Steps are in token order, so each translated span is accepted by a line that
@@ -71,7 +71,7 @@ struct PlannerInput {
   std::function<bool(int source, int target)> has_translator;
   // Tokens at the end of the history [0, n) prefilled rather than translated
   // (RoutingConfig::native_tail_tokens); 0: translate up to n. The last
-  // model's unrun tail is within them (it is prefilled whatever this is).
+  // model's unrun tail, prefilled in any case, counts toward them.
   int64_t native_tail_tokens = 0;
   std::vector<std::string> model_names;  // for notes
 };
