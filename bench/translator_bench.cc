@@ -12,7 +12,8 @@
 //
 // For a context of T tokens:
 //   (a) translate: taps of the source's [0, T-1) -> Translate -> Accept into a
-//       fresh target line -> target decodes token T-1 (next-token logits);
+//       fresh target line, sized once for T tokens as the router sizes a line
+//       for its whole turn -> target decodes token T-1 (next-token logits);
 //   (b) re-prefill: the target prefills [0, T) into a fresh line;
 //   (c) span: the target line already holds [0, T) natively; the source wrote
 //       [T, T+256): translate [T, T+255) and decode token T+255;
@@ -226,6 +227,7 @@ int main(int argc, char** argv) {
         kvl::KvTaps taps = Check(source_cache->Taps(0, t - 1));
         kvl::KvTaps out = Check(tr->Translate(taps));
         std::unique_ptr<kvl::KvCache> cache = dir.target->NewCache();
+        Check(cache->Reserve(t));  // sized once for the turn, as the router does
         Check(cache->Accept(out.keys, out.values));
         Check(dir.target->Decode(*cache, ids[t - 1]).status());
       });
@@ -256,9 +258,11 @@ int main(int argc, char** argv) {
       const kvl::KvTaps out_a = Check(tr->Translate(taps_a));
       const double accept_s = Best(runs + 2, [&] {
         std::unique_ptr<kvl::KvCache> cache = dir.target->NewCache();
+        Check(cache->Reserve(t));
         Check(cache->Accept(out_a.keys, out_a.values));
       });
       std::unique_ptr<kvl::KvCache> accepted = dir.target->NewCache();
+      Check(accepted->Reserve(t));
       Check(accepted->Accept(out_a.keys, out_a.values));
       const double decode_s = Best(runs + 2, [&] {
         Check(dir.target->Decode(*accepted, ids[t - 1]).status());
@@ -268,6 +272,7 @@ int main(int argc, char** argv) {
         kvl::KvTaps tail_taps = Check(source_cache->Taps(0, t - kTail));
         kvl::KvTaps out = Check(tr->Translate(tail_taps));
         std::unique_ptr<kvl::KvCache> cache = dir.target->NewCache();
+        Check(cache->Reserve(t));
         Check(cache->Accept(out.keys, out.values));
         Check(dir.target->Prefill(*cache, slice(t - kTail, t)).status());
       });

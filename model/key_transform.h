@@ -29,19 +29,30 @@ class KeyTransform {
   ops::RopeTable Rope(int64_t pos0, int64_t n_tokens) const;
 
   // k: [T, H, D] before k-norm/RoPE; writes the attention keys into out
-  // ([T, H, D], may be a strided view into a cache line) and, when defined and
+  // ([T, H, D], may be a strided view into a cache line, must not overlap k)
+  // and, when defined and
   // the model has k-norm, the float32 1/rms of each (token, head) into
   // inv_rms_out [T, H].
   void Apply(int64_t il, const at::Tensor& k, const ops::RopeTable& rope, const at::Tensor& out,
              const at::Tensor& inv_rms_out) const;
 
   // The inverse: attention keys [T, H, D] (+ inv_rms [T, H] with k-norm) ->
-  // keys before k-norm/RoPE, [T, H, D] in the cache dtype. Computed in float32;
-  // see docs/model-runtime.md for its accuracy.
-  at::Tensor Invert(int64_t il, const at::Tensor& k_post, const at::Tensor& inv_rms,
-                    const ops::RopeTable& rope) const;
+  // keys before k-norm/RoPE, written into out ([T, H, D] in the cache dtype,
+  // may be a strided view, must not overlap k_post). Computed in float32; see
+  // docs/model-runtime.md for its accuracy.
+  void Invert(int64_t il, const at::Tensor& k_post, const at::Tensor& inv_rms,
+              const ops::RopeTable& rope, const at::Tensor& out) const;
 
  private:
+  // Apply and Invert for float32 head-contiguous tensors: one pass per head
+  // vector, no temporaries.
+  void ApplyFloat(int64_t il, const at::Tensor& k, const ops::RopeTable& rope,
+                  const at::Tensor& out, const at::Tensor& inv_rms_out) const;
+  void InvertFloat(int64_t il, const at::Tensor& k_post, const at::Tensor& inv_rms,
+                   const ops::RopeTable& rope, const at::Tensor& out) const;
+  // The layer's k-norm weight, if any, is float32 (the loops read it as such).
+  bool FloatNorm(int64_t il) const { return !qk_norm_ || k_norm_[il].scalar_type() == at::kFloat; }
+
   bool qk_norm_;
   double eps_;
   std::vector<at::Tensor> k_norm_;  // L x [D]

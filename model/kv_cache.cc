@@ -129,7 +129,7 @@ KvTaps KvCache::TapsUnchecked(int64_t t0, int64_t t1) const {
   for (int64_t il = 0; il < n_layer_; ++il) {
     const at::Tensor post = keys_[il].narrow(1, t0, n).transpose(0, 1);  // [T, H, D]
     const at::Tensor inv = keep_inv_rms_ ? inv_rms_[il].narrow(1, t0, n).t() : at::Tensor();
-    taps.keys[il].copy_(transform_->Invert(il, post, inv, rope).transpose(0, 1));
+    transform_->Invert(il, post, inv, rope, taps.keys[il].transpose(0, 1));
   }
   return taps;
 }

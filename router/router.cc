@@ -16,6 +16,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Generated tokens a turn's cache line has room for from the start; past them
+// the line grows (geometrically) while decoding, after the first token. Not
+// max_tokens itself: the server defaults it to its limit (4096 tokens), and
+// idle sessions are charged for their lines' capacity.
+constexpr int64_t kDecodeRoom = 256;
+
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
@@ -113,7 +119,8 @@ std::vector<int64_t> Router::RenderPreamble(const std::string& system_prompt) co
 }
 
 absl::Status Router::Handover(Work& work, int model, Strategy strategy, int64_t upto,
-                              int64_t extra_tokens, HandoverPlan* plan_out) {
+                              int64_t extra_tokens, int64_t line_tokens, HandoverPlan* plan_out,
+                              int64_t* run_from) {
   TurnLease& lease = *work.lease;
   Engine& engine = *models_[model]->loaded.engine;
   const ConversationState& committed = lease.state();
@@ -146,9 +153,33 @@ absl::Status Router::Handover(Work& work, int model, Strategy strategy, int64_t 
   }
   TORCH_CHECK(line->Length() == plan.keep, "line of ", names_[model], " holds ", line->Length(),
               " tokens, plan keeps ", plan.keep);
+  // Room up front for what the turn runs before its first token and a
+  // little decoding. A line grows by copying what it holds, and a fresh line
+  // that a switch translated into would otherwise grow at the very next
+  // prefill (the native tail or the turn): at ~3.8k tokens, 23 MB of
+  // kvl-large's keys and values copied inside the first token
+  // (docs/server-bench.md).
+  if (absl::Status s = line->Reserve(line_tokens); !s.ok()) return s;
+
+  // A last prefill step left to the caller (see router.h). Under the reprefill
+  // strategies a hand-over prefill stays here, so that switch_seconds keeps
+  // reporting what re-prefilling cost.
+  size_t n_steps = plan.steps.size();
+  int64_t stop = upto;
+  if (run_from != nullptr && n_steps > 0) {
+    const PlanStep& last = plan.steps.back();
+    if (last.end == upto &&
+        (last.kind == PlanStep::kNativePrefill ||
+         (last.kind == PlanStep::kPrefill && strategy == Strategy::kTranslate))) {
+      --n_steps;
+      stop = last.begin;
+    }
+  }
+  if (run_from != nullptr) *run_from = stop;
 
   RoutingEvent& ev = work.result.routing;
-  for (const PlanStep& step : plan.steps) {
+  for (size_t i = 0; i < n_steps; ++i) {
+    const PlanStep& step = plan.steps[i];
     if (work.Cancelled()) return absl::CancelledError("the client cancelled the turn");
     const Clock::time_point t0 = Clock::now();
     if (step.kind == PlanStep::kTranslate) {
@@ -177,7 +208,7 @@ absl::Status Router::Handover(Work& work, int model, Strategy strategy, int64_t 
   ev.spans_translated += plan.spans_translated;
   ev.tokens_translated += plan.tokens_translated;
   ev.tokens_reprefilled += plan.tokens_reprefilled;
-  TORCH_CHECK(line->Length() == upto);
+  TORCH_CHECK(line->Length() == stop);
   *plan_out = std::move(plan);
   return absl::OkStatus();
 }
@@ -240,7 +271,12 @@ absl::StatusOr<TurnResult> Router::RunTurn(const std::string& session_id,
         // before the turn only; the turn's tokens stay attributed to the first
         // model that ran them.
         const int64_t upto = static_cast<int64_t>(committed.history.size());
-        if (absl::Status h = Handover(work, m, strategy, upto, fresh.size(), &plan); !h.ok()) {
+        // Room for the turn and, should this level answer, its first
+        // kDecodeRoom tokens: the answering hand-over then finds it sized.
+        const int64_t n_fresh = static_cast<int64_t>(fresh.size());
+        const int64_t line_tokens = upto + n_fresh + std::min(options.max_tokens, kDecodeRoom);
+        if (absl::Status h = Handover(work, m, strategy, upto, n_fresh, line_tokens, &plan);
+            !h.ok()) {
           return h;
         }
         // Score all of the turn but its last token (which the answering model
@@ -338,11 +374,17 @@ absl::StatusOr<TurnResult> Router::RunTurn(const std::string& session_id,
 
   lock_model(model);
   absl::Status status = [&]() -> absl::Status {
-    if (absl::Status h = Handover(work, model, strategy, upto,
-                                  static_cast<int64_t>(prompt.size()) + max_tokens, &plan);
+    int64_t run_from = upto;
+    const int64_t n_prompt = static_cast<int64_t>(prompt.size());
+    if (absl::Status h =
+            Handover(work, model, strategy, upto, n_prompt + max_tokens,
+                     upto + n_prompt + std::min(max_tokens, kDecodeRoom), &plan, &run_from);
         !h.ok()) {
       return h;
     }
+    // The history's last tokens the hand-over left to run with the prompt.
+    std::vector<int64_t> to_run(work.history.begin() + run_from, work.history.begin() + upto);
+    to_run.insert(to_run.end(), prompt.begin(), prompt.end());
     if (work.Cancelled()) return absl::CancelledError("the client cancelled the turn");
     ev.path = plan.path;
     if (!plan.notes.empty()) absl::StrAppend(&ev.reason, "; ", absl::StrJoin(plan.notes, "; "));
@@ -381,7 +423,7 @@ absl::StatusOr<TurnResult> Router::RunTurn(const std::string& session_id,
       if (callbacks.on_token) callbacks.on_token(id, text);
       return !work.Cancelled();
     };
-    absl::StatusOr<GenerateResult> gen = engine.Generate(*work.lease->line(model), prompt, g);
+    absl::StatusOr<GenerateResult> gen = engine.Generate(*work.lease->line(model), to_run, g);
     if (!gen.ok()) return gen.status();
     const Clock::time_point t_end = Clock::now();
     if (gen->finish_reason == FinishReason::kCancelled || work.Cancelled()) {
@@ -394,8 +436,8 @@ absl::StatusOr<TurnResult> Router::RunTurn(const std::string& session_id,
     } else {
       work.result.decode_seconds = Seconds(t_first, t_end);
     }
-    work.result.prefill_tokens += static_cast<int64_t>(prompt.size());
-    observer_->OnPrefillTokens(model, static_cast<int64_t>(prompt.size()));
+    work.result.prefill_tokens += static_cast<int64_t>(to_run.size());
+    observer_->OnPrefillTokens(model, static_cast<int64_t>(to_run.size()));
     observer_->OnGeneratedTokens(model, static_cast<int64_t>(gen->tokens.size()));
     if (ev.switched) observer_->OnSwitch(committed.last_model, model, strategy);
 

@@ -166,8 +166,16 @@ class Router {
   Router() = default;
   // Brings `model`'s line to hold work.history[0, upto) per `strategy`;
   // accumulates counts and timings into work. Caller holds the model's mutex.
+  // extra_tokens: tokens the turn may add to the line, admitted against the
+  // memory budget; line_tokens: the capacity the line gets before any step.
+  // With run_from, a plan that ends by prefilling the history's last tokens
+  // (the model's own unrun tail; with strategy translate, also the native tail
+  // or a span that could not be translated) stops before them: *run_from is
+  // where they begin (upto when nothing is left), and the caller runs them
+  // together with the turn's prompt, in one pass over the line instead of two.
   absl::Status Handover(Work& work, int model, Strategy strategy, int64_t upto,
-                        int64_t extra_tokens, HandoverPlan* plan_out);
+                        int64_t extra_tokens, int64_t line_tokens, HandoverPlan* plan_out,
+                        int64_t* run_from = nullptr);
 
   std::vector<std::unique_ptr<Slot>> models_;
   std::vector<std::string> names_;

@@ -10,6 +10,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -156,7 +157,7 @@ class RouterTest : public ::testing::Test {
   static void TearDownTestSuite() { delete dir_; }
 
   void MakeRouter(RoutingConfig routing, int64_t budget = int64_t{1} << 30,
-                  DType translate_dtype = DType::kFloat32) {
+                  DType translate_dtype = DType::kFloat32, TurnObserver* observer = nullptr) {
     std::vector<LoadedModel> models;
     std::vector<std::string> identity;
     RuntimeOptions options;
@@ -186,7 +187,7 @@ class RouterTest : public ::testing::Test {
     }
     store_ = std::make_unique<CacheStore>(CacheStoreOptions{3, budget});
     auto r = Router::Create(std::move(models), std::move(translators), *std::move(tokenizer),
-                            std::move(routing), store_.get(), nullptr);
+                            std::move(routing), store_.get(), observer);
     ASSERT_TRUE(r.ok()) << r.status();
     router_ = *std::move(r);
   }
@@ -339,6 +340,63 @@ TEST_F(RouterTest, ANativeTailIsPrefilledByTheTargetAfterTheTranslatedHead) {
   routing.native_tail_tokens = 6;
   MakeRouter(routing);
   ExpectTranslateSwitchEqualsHandDriven(DType::kFloat32, 6);
+}
+
+struct PrefillCalls : TurnObserver {
+  void OnPrefillTokens(int model, int64_t n) override { calls.emplace_back(model, n); }
+  std::vector<std::pair<int, int64_t>> calls;
+};
+
+TEST_F(RouterTest, ASwitchSizesTheTargetsLineOnceAndRunsItsNativeTailWithTheTurn) {
+  // A line grows by copying what it holds, and each prefill call reads all of
+  // it: a translated switch must neither grow the fresh line again at the next
+  // prefill nor run the native tail and the turn in two passes.
+  RoutingConfig routing = Explicit();
+  routing.native_tail_tokens = 4;
+  PrefillCalls prefills;
+  MakeRouter(routing, int64_t{1} << 30, DType::kFloat32, &prefills);
+  ASSERT_TRUE(store_->Create("s", {}).ok());
+  std::string long_turn;
+  for (int i = 0; i < 80; ++i) long_turn += absl::StrFormat("word%d ", i);
+  ASSERT_TRUE(Turn("s", long_turn, 0).ok());
+  const int64_t n_history = static_cast<int64_t>(store_->View("s")->state.history.size());
+  ASSERT_GT(n_history, 2 * 64);  // past the line's minimum capacity
+
+  prefills.calls.clear();
+  const std::string ask = "Tell me about caches.";
+  const int64_t n_ask = static_cast<int64_t>(TurnTokens(ask).size());
+  auto t2 = Turn("s", ask, 2);
+  ASSERT_TRUE(t2.ok()) << t2.status();
+  EXPECT_EQ(t2->routing.path, CachePath::kTranslated);
+  EXPECT_EQ(t2->routing.tokens_reprefilled, 4);
+  EXPECT_EQ(t2->routing.tokens_translated, n_history - 4);
+  // One prefill: the native tail with the turn's tokens.
+  EXPECT_THAT(prefills.calls, ::testing::ElementsAre(std::make_pair(2, 4 + n_ask)));
+  EXPECT_EQ(t2->prefill_tokens, 4 + n_ask);
+
+  {
+    auto lease = store_->Begin("s");
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    const KvCache* line = (*lease)->line(2);
+    ASSERT_NE(line, nullptr);
+    // The history, the turn's tokens and its max_tokens (6, under the
+    // router's 256 tokens of decoding room), allocated once.
+    EXPECT_EQ(line->Capacity(), n_history + n_ask + 6);
+    EXPECT_LE(line->Length(), line->Capacity());
+  }
+
+  // The next turn on the same model: its own unrun tail (last sampled token,
+  // closing template) goes with the prompt too.
+  const ConversationState after2 = store_->View("s")->state;
+  const int64_t unrun = static_cast<int64_t>(after2.history.size()) - after2.tail_begin;
+  ASSERT_GT(unrun, 0);
+  prefills.calls.clear();
+  auto t3 = Turn("s", "And then?", 2);
+  ASSERT_TRUE(t3.ok()) << t3.status();
+  EXPECT_EQ(t3->routing.path, CachePath::kNative);
+  EXPECT_THAT(prefills.calls,
+              ::testing::ElementsAre(std::make_pair(
+                  2, unrun + static_cast<int64_t>(TurnTokens("And then?").size()))));
 }
 
 TEST_F(RouterTest, ReprefillOutputEqualsTheTargetsNativeOutput) {
