@@ -399,6 +399,44 @@ TEST_F(RouterTest, ASwitchSizesTheTargetsLineOnceAndRunsItsNativeTailWithTheTurn
                   2, unrun + static_cast<int64_t>(TurnTokens("And then?").size()))));
 }
 
+TEST_F(RouterTest, AnUntranslatableSpanRunsWithTheTurnWhileAReprefillStaysInTheSwitch) {
+  PrefillCalls prefills;
+  MakeRouter(Explicit(), int64_t{1} << 30, DType::kFloat32, &prefills);
+  const std::string ask = "Over to you.";
+  const int64_t n_ask = static_cast<int64_t>(TurnTokens(ask).size());
+
+  // No small-b -> small translator: under strategy translate, small prefills
+  // the history itself, in the same pass as the turn, and the switch took no
+  // time of its own.
+  ASSERT_TRUE(store_->Create("a", {}).ok());
+  ASSERT_TRUE(Turn("a", "Hello from the other small model.", 1).ok());
+  const int64_t n_a = static_cast<int64_t>(store_->View("a")->state.history.size());
+  prefills.calls.clear();
+  auto ta = Turn("a", ask, 0);
+  ASSERT_TRUE(ta.ok()) << ta.status();
+  EXPECT_EQ(ta->routing.path, CachePath::kReprefill);
+  EXPECT_EQ(ta->routing.tokens_reprefilled, n_a);
+  EXPECT_THAT(ta->routing.reason, ::testing::HasSubstr("no translator"));
+  EXPECT_THAT(prefills.calls, ::testing::ElementsAre(std::make_pair(0, n_a + n_ask)));
+  EXPECT_EQ(ta->switch_seconds, 0);
+  EXPECT_GT(ta->prefill_seconds, 0);
+
+  // Strategy reprefill: the history is prefilled by the hand-over, reported
+  // as switch time, and the turn runs after it.
+  ASSERT_TRUE(store_->Create("b", {}).ok());
+  ASSERT_TRUE(Turn("b", "Hello from the other small model.", 1).ok());
+  const int64_t n_b = static_cast<int64_t>(store_->View("b")->state.history.size());
+  prefills.calls.clear();
+  auto tb = Turn("b", ask, 0, Strategy::kReprefill);
+  ASSERT_TRUE(tb.ok()) << tb.status();
+  EXPECT_EQ(tb->routing.path, CachePath::kReprefill);
+  EXPECT_THAT(prefills.calls,
+              ::testing::ElementsAre(std::make_pair(0, n_b), std::make_pair(0, n_ask)));
+  EXPECT_GT(tb->switch_seconds, 0);
+  // Same history, same tokens either way.
+  EXPECT_EQ(ta->tokens, tb->tokens);
+}
+
 TEST_F(RouterTest, ReprefillOutputEqualsTheTargetsNativeOutput) {
   MakeRouter(Explicit());
   ASSERT_TRUE(store_->Create("s", {}).ok());
