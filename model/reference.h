@@ -29,6 +29,16 @@ struct ReferenceOptions {
   bool capture_kv = false;
   // Compute logits only for the last position (a [B, 1, V] result).
   bool last_logits_only = false;
+  // Attention for training and evaluation: each kv head's query group as one
+  // batched product with the scale and the causal mask folded in (baddbmm over
+  // an additive -inf bias), queries in blocks of grouped_attention_block tokens
+  // against only the keys they may see, softmax in the compute dtype (bfloat16
+  // under autocast). Same function: in float32 it agrees with the default to
+  // rounding, under bf16 autocast to bf16 rounding of the probabilities (the
+  // default keeps Hugging Face's float32 softmax, and stays the oracle). Faster
+  // per training step: bench/train_step_bench, docs/training.md.
+  bool grouped_attention = false;
+  int64_t grouped_attention_block = 128;
 };
 
 struct ReferenceOutput {

@@ -184,8 +184,10 @@ absl::StatusOr<NllResult> MeanNll(const ModelConfig& config, const ModelWeights&
     std::vector<at::Tensor> rows;
     for (size_t w = i; w < j; ++w) rows.push_back(all.narrow(0, windows[w].first, len + 1));
     const at::Tensor ids = at::stack(rows).to(at::kLong);  // [B, T+1]
+    ReferenceOptions forward;
+    forward.grouped_attention = true;  // the fast attention (model/reference.h)
     const at::Tensor logits =
-        ReferenceForward(config, weights, ids.narrow(1, 0, len)).logits;  // [B, T, V]
+        ReferenceForward(config, weights, ids.narrow(1, 0, len), forward).logits;  // [B, T, V]
     const at::Tensor nll = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}),
                                                   ids.narrow(1, 1, len).reshape({-1}), {},
                                                   at::Reduction::Sum);

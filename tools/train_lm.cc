@@ -573,18 +573,20 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
     const at::Tensor inputs = window.narrow(1, 0, o.seq_len);   // [B, T]
     const at::Tensor targets = window.narrow(1, 1, o.seq_len);  // [B, T]
 
+    ReferenceOptions forward;
+    forward.grouped_attention = true;  // the fast attention (model/reference.h)
     at::Tensor logits;
     if (o.bf16) {
       at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
       at::autocast::set_cpu_enabled(true);
-      logits = ReferenceForward(config, weights, inputs).logits;  // [B, T, V] float32
+      logits = ReferenceForward(config, weights, inputs, forward).logits;  // [B, T, V] float32
       at::autocast::set_cpu_enabled(false);
       // The cache holds bf16 copies of this step's weights; the update below
       // makes them stale.
       at::autocast::clear_cache();
       at::autocast::set_autocast_cpu_dtype(autocast_dtype_before);
     } else {
-      logits = ReferenceForward(config, weights, inputs).logits;
+      logits = ReferenceForward(config, weights, inputs, forward).logits;
     }
     at::Tensor loss;
     if (train_weights.defined()) {

@@ -130,17 +130,19 @@ at::Tensor DistillKl(const ModelConfig& source_config, const ModelWeights& sourc
   TORCH_CHECK(n_prefix >= 1 && n_cont >= 1, "DistillKl needs a prefix and a continuation");
   at::Tensor teacher_logp;
   ReferenceOutput source_out;
+  ReferenceOptions plain;
+  plain.grouped_attention = true;  // the fast attention (model/reference.h), in all three
   {
     c10::AutoGradMode no_grad(false);
-    const at::Tensor teacher =
-        ReferenceForward(target_config, target_weights, ids).logits.narrow(1, n_prefix, n_cont);
+    const at::Tensor teacher = ReferenceForward(target_config, target_weights, ids, plain)
+                                   .logits.narrow(1, n_prefix, n_cont);
     teacher_logp = at::log_softmax(teacher, -1);  // [B, C, V]
-    ReferenceOptions so;
+    ReferenceOptions so = plain;
     so.capture_kv = true;
     so.last_logits_only = true;
     source_out = ReferenceForward(source_config, source_weights, ids.narrow(1, 0, n_prefix), so);
   }
-  ReferenceOptions to;
+  ReferenceOptions to = plain;
   to.prefix_keys = TranslateBatch(source_out.keys_prenorm, spec.assignment.keys, keys, spec.target);
   to.prefix_values =
       TranslateBatch(source_out.values, spec.assignment.values, values, spec.target);

@@ -1,0 +1,188 @@
+// train_step_bench: one training step of `kvl train-lm` (ReferenceForward,
+// cross-entropy, backward) on the house model shapes, with the eager attention
+// and with ReferenceOptions::grouped_attention, alternating in one run so that
+// the ratio between them comes from the same moment. Also times the float32
+// forward that `kvl eval` and `kvl distill` run without a gradient. Random
+// weights (InitWeights) and random tokens: the time does not depend on them.
+//
+//   train_step_bench [--threads 2] [--batch 8] [--seq-len 512] [--rounds 5]
+//                    [--block 128] [--config models/configs/kvl-large.json ...]
+//                    [--out FILE]
+// --block: ReferenceOptions::grouped_attention_block (its default: 128).
+// --trace PREFIX: also one bf16-autocast step of each kind under LibTorch's
+// profiler, written as Chrome traces PREFIX.<model>.{eager,grouped}.json
+// (per-operator self times: scripts/trace_ops.py FILE).
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <malloc.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench/bench_timing.h"
+#include "model/checkpoint.h"
+#include "model/config.h"
+#include "model/engine.h"
+#include "model/omp_wait.h"
+#include "model/reference.h"
+#include "tools/train_lm.h"
+
+namespace {
+
+using kvl::bench::Seconds;
+
+enum class Mode { kBf16Step, kFloat32Step, kFloat32Forward };
+
+const char* ModeName(Mode m) {
+  switch (m) {
+    case Mode::kBf16Step:
+      return "bf16-autocast step";
+    case Mode::kFloat32Step:
+      return "float32 step";
+    case Mode::kFloat32Forward:
+      return "float32 forward";
+  }
+  return "?";
+}
+
+// One step as train-lm runs it: autocast on for the forward only, float32
+// logits into the cross-entropy, backward into float32 master weights.
+double Step(const kvl::ModelConfig& config, const kvl::ModelWeights& weights,
+            const std::vector<at::Tensor>& params, const at::Tensor& inputs,
+            const at::Tensor& targets, Mode mode, bool grouped, int64_t block) {
+  kvl::ReferenceOptions options;
+  options.grouped_attention = grouped;
+  options.grouped_attention_block = block;
+  return Seconds([&] {
+    if (mode == Mode::kFloat32Forward) {
+      at::NoGradGuard no_grad;
+      kvl::ReferenceForward(config, weights, inputs, options);
+      return;
+    }
+    at::Tensor logits;
+    if (mode == Mode::kBf16Step) {
+      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+      at::autocast::set_cpu_enabled(true);
+      logits = kvl::ReferenceForward(config, weights, inputs, options).logits;
+      at::autocast::set_cpu_enabled(false);
+      at::autocast::clear_cache();
+    } else {
+      logits = kvl::ReferenceForward(config, weights, inputs, options).logits;
+    }
+    at::cross_entropy_loss(logits.reshape({-1, config.vocab_size}), targets.reshape({-1}))
+        .backward();
+    for (const at::Tensor& p : params) p.mutable_grad().reset();
+  });
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  kvl::ReexecWithPassiveOpenMpWait(argv);
+  int n_threads = 2, rounds = 5;
+  int64_t batch = 8, seq_len = 512, block = kvl::ReferenceOptions{}.grouped_attention_block;
+  std::vector<std::string> configs;
+  std::string out_path, trace_prefix;
+  for (int i = 1; i < argc; ++i) {
+    const bool has_value = i + 1 < argc;
+    if (std::strcmp(argv[i], "--threads") == 0 && has_value) {
+      n_threads = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--batch") == 0 && has_value) {
+      batch = std::atoll(argv[++i]);
+    } else if (std::strcmp(argv[i], "--seq-len") == 0 && has_value) {
+      seq_len = std::atoll(argv[++i]);
+    } else if (std::strcmp(argv[i], "--rounds") == 0 && has_value) {
+      rounds = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--block") == 0 && has_value) {
+      block = std::atoll(argv[++i]);
+    } else if (std::strcmp(argv[i], "--config") == 0 && has_value) {
+      configs.push_back(argv[++i]);
+    } else if (std::strcmp(argv[i], "--trace") == 0 && has_value) {
+      trace_prefix = argv[++i];
+    } else if (std::strcmp(argv[i], "--out") == 0 && has_value) {
+      out_path = argv[++i];
+    } else {
+      std::fprintf(stderr,
+                   "usage: train_step_bench [--threads N] [--batch B] [--seq-len T] "
+                   "[--rounds R] [--block N] [--config FILE ...] [--out FILE] [--trace PREFIX]\n");
+      return 2;
+    }
+  }
+  if (configs.empty()) configs = {"models/configs/kvl-small.json", "models/configs/kvl-large.json"};
+  if (batch < 1 || seq_len < 2 || rounds < 1 || block < 1) {
+    std::fprintf(stderr,
+                 "train_step_bench: --batch, --seq-len, --rounds and --block must be positive\n");
+    return 2;
+  }
+  // As train-lm sets them up (tools/train_lm.cc).
+  n_threads = kvl::tools::SetIntraOpThreads(n_threads);
+  kvl::TuneMallocForTensors();
+  mallopt(M_MMAP_MAX, 0);
+
+  std::ostringstream report;
+  auto emit = [&](const std::string& line) {
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+    report << line << "\n";
+  };
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "# train_step_bench: batch %lld x %lld tokens, %d intra-op threads, %d rounds "
+                "(eager and grouped alternating; 1 warm-up each), grouped in query blocks of %lld",
+                static_cast<long long>(batch), static_cast<long long>(seq_len), n_threads, rounds,
+                static_cast<long long>(block));
+  emit(buf);
+  emit("| model | what | eager s median (min) | grouped s median (min) | speed-up (medians) |");
+  emit("|---|---|---|---|---|");
+  for (const std::string& path : configs) {
+    const absl::StatusOr<kvl::ModelConfig> config = kvl::ModelConfig::FromFile(path);
+    if (!config.ok()) {
+      std::fprintf(stderr, "train_step_bench: %s\n", config.status().ToString().c_str());
+      return 1;
+    }
+    const kvl::ModelWeights weights = kvl::InitWeights(*config, 1);
+    std::vector<at::Tensor> params = weights.All();
+    for (at::Tensor& p : params) p.requires_grad_(true);
+    const at::Tensor window = at::randint(0, config->vocab_size, {batch, seq_len + 1}, at::kLong);
+    const at::Tensor inputs = window.narrow(1, 0, seq_len);
+    const at::Tensor targets = window.narrow(1, 1, seq_len);
+    const std::string name = std::filesystem::path(path).stem().string();
+    for (Mode mode : {Mode::kBf16Step, Mode::kFloat32Step, Mode::kFloat32Forward}) {
+      std::vector<double> eager, grouped;
+      Step(*config, weights, params, inputs, targets, mode, false, block);
+      Step(*config, weights, params, inputs, targets, mode, true, block);
+      for (int r = 0; r < rounds; ++r) {
+        eager.push_back(Step(*config, weights, params, inputs, targets, mode, false, block));
+        grouped.push_back(Step(*config, weights, params, inputs, targets, mode, true, block));
+      }
+      std::snprintf(buf, sizeof buf, "| %s | %s | %.3f (%.3f) | %.3f (%.3f) | %.2fx |",
+                    name.c_str(), ModeName(mode), Median(eager),
+                    *std::min_element(eager.begin(), eager.end()), Median(grouped),
+                    *std::min_element(grouped.begin(), grouped.end()),
+                    Median(eager) / Median(grouped));
+      emit(buf);
+    }
+    for (bool grouped : {false, true}) {
+      if (trace_prefix.empty()) break;
+      const std::string file =
+          trace_prefix + "." + name + (grouped ? ".grouped" : ".eager") + ".json";
+      torch::autograd::profiler::RecordProfile profile(file);
+      Step(*config, weights, params, inputs, targets, Mode::kBf16Step, grouped, block);
+    }
+  }
+  if (!out_path.empty()) std::ofstream(out_path) << report.str();
+  return 0;
+}
