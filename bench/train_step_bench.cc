@@ -2,8 +2,10 @@
 // cross-entropy, backward) on the house model shapes, with the eager attention
 // and with ReferenceOptions::grouped_attention, alternating in one run so that
 // the ratio between them comes from the same moment. Also times the float32
-// forward that `kvl eval` and `kvl distill` run without a gradient. Random
-// weights (InitWeights) and random tokens: the time does not depend on them.
+// forward that `kvl eval` runs, and a step shaped like `kvl distill`'s (the
+// model as its own source: 255 prefix + 128 continuation tokens, frozen weights,
+// the gradient into the prefix keys and values). Random weights (InitWeights)
+// and random tokens: the time does not depend on them.
 //
 //   train_step_bench [--threads 2] [--batch 8] [--seq-len 512] [--rounds 5]
 //                    [--block 128] [--config models/configs/kvl-large.json ...]
@@ -23,8 +25,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/bench_timing.h"
@@ -39,7 +43,7 @@ namespace {
 
 using kvl::bench::Seconds;
 
-enum class Mode { kBf16Step, kFloat32Step, kFloat32Forward };
+enum class Mode { kBf16Step, kFloat32Step, kFloat32Forward, kDistillStep };
 
 const char* ModeName(Mode m) {
   switch (m) {
@@ -49,19 +53,64 @@ const char* ModeName(Mode m) {
       return "float32 step";
     case Mode::kFloat32Forward:
       return "float32 forward";
+    case Mode::kDistillStep:
+      return "distill step (float32)";
   }
   return "?";
+}
+
+constexpr int64_t kDistillPrefix = 255, kDistillContinuation = 128;  // kvl distill's defaults
+
+// A copy of weights that does not require gradients (kvl distill's models).
+kvl::ModelWeights Frozen(const kvl::ModelConfig& config, const kvl::ModelWeights& weights) {
+  std::map<std::string, at::Tensor> named = weights.Named(config);
+  for (auto& [name, t] : named) t = t.detach().clone();
+  return kvl::ModelWeights::FromNamed(config, std::move(named)).value();
+}
+
+// kvl distill's DistillKl with the model as source and target and no maps
+// (their products are small next to the three forwards): the teacher on the
+// window and the source on the prefix without a gradient, then the student on
+// the continuation from the source's prefix, backward into that prefix.
+void DistillStep(const kvl::ModelConfig& config, const kvl::ModelWeights& frozen,
+                 const at::Tensor& inputs, const kvl::ReferenceOptions& options) {
+  const int64_t n_prefix = kDistillPrefix, n_cont = kDistillContinuation;
+  const at::Tensor ids = inputs.narrow(1, 0, n_prefix + n_cont);
+  at::Tensor teacher_logp;
+  kvl::ReferenceOutput source;
+  {
+    at::NoGradGuard no_grad;
+    teacher_logp = at::log_softmax(
+        kvl::ReferenceForward(config, frozen, ids, options).logits.narrow(1, n_prefix, n_cont), -1);
+    kvl::ReferenceOptions capture = options;
+    capture.capture_kv = true;
+    capture.last_logits_only = true;
+    source = kvl::ReferenceForward(config, frozen, ids.narrow(1, 0, n_prefix), capture);
+  }
+  kvl::ReferenceOptions student = options;
+  for (size_t il = 0; il < source.keys_prenorm.size(); ++il) {
+    student.prefix_keys.push_back(source.keys_prenorm[il].detach().requires_grad_(true));
+    student.prefix_values.push_back(source.values[il].detach().requires_grad_(true));
+  }
+  const at::Tensor student_logp = at::log_softmax(
+      kvl::ReferenceForward(config, frozen, ids.narrow(1, n_prefix, n_cont), student).logits, -1);
+  (teacher_logp.exp() * (teacher_logp - student_logp)).sum(-1).mean().backward();
 }
 
 // One step as train-lm runs it: autocast on for the forward only, float32
 // logits into the cross-entropy, backward into float32 master weights.
 double Step(const kvl::ModelConfig& config, const kvl::ModelWeights& weights,
-            const std::vector<at::Tensor>& params, const at::Tensor& inputs,
-            const at::Tensor& targets, Mode mode, bool grouped, int64_t block) {
+            const kvl::ModelWeights& frozen, const std::vector<at::Tensor>& params,
+            const at::Tensor& inputs, const at::Tensor& targets, Mode mode, bool grouped,
+            int64_t block) {
   kvl::ReferenceOptions options;
   options.grouped_attention = grouped;
   options.grouped_attention_block = block;
   return Seconds([&] {
+    if (mode == Mode::kDistillStep) {
+      DistillStep(config, frozen, inputs, options);
+      return;
+    }
     if (mode == Mode::kFloat32Forward) {
       at::NoGradGuard no_grad;
       kvl::ReferenceForward(config, weights, inputs, options);
@@ -154,19 +203,24 @@ int main(int argc, char** argv) {
       return 1;
     }
     const kvl::ModelWeights weights = kvl::InitWeights(*config, 1);
+    const kvl::ModelWeights frozen = Frozen(*config, weights);
     std::vector<at::Tensor> params = weights.All();
     for (at::Tensor& p : params) p.requires_grad_(true);
     const at::Tensor window = at::randint(0, config->vocab_size, {batch, seq_len + 1}, at::kLong);
     const at::Tensor inputs = window.narrow(1, 0, seq_len);
     const at::Tensor targets = window.narrow(1, 1, seq_len);
     const std::string name = std::filesystem::path(path).stem().string();
-    for (Mode mode : {Mode::kBf16Step, Mode::kFloat32Step, Mode::kFloat32Forward}) {
+    for (Mode mode :
+         {Mode::kBf16Step, Mode::kFloat32Step, Mode::kFloat32Forward, Mode::kDistillStep}) {
+      if (mode == Mode::kDistillStep && seq_len < kDistillPrefix + kDistillContinuation) continue;
       std::vector<double> eager, grouped;
-      Step(*config, weights, params, inputs, targets, mode, false, block);
-      Step(*config, weights, params, inputs, targets, mode, true, block);
+      Step(*config, weights, frozen, params, inputs, targets, mode, false, block);
+      Step(*config, weights, frozen, params, inputs, targets, mode, true, block);
       for (int r = 0; r < rounds; ++r) {
-        eager.push_back(Step(*config, weights, params, inputs, targets, mode, false, block));
-        grouped.push_back(Step(*config, weights, params, inputs, targets, mode, true, block));
+        eager.push_back(
+            Step(*config, weights, frozen, params, inputs, targets, mode, false, block));
+        grouped.push_back(
+            Step(*config, weights, frozen, params, inputs, targets, mode, true, block));
       }
       std::snprintf(buf, sizeof buf, "| %s | %s | %.3f (%.3f) | %.3f (%.3f) | %.2fx |",
                     name.c_str(), ModeName(mode), Median(eager),
@@ -180,7 +234,7 @@ int main(int argc, char** argv) {
       const std::string file =
           trace_prefix + "." + name + (grouped ? ".grouped" : ".eager") + ".json";
       torch::autograd::profiler::RecordProfile profile(file);
-      Step(*config, weights, params, inputs, targets, Mode::kBf16Step, grouped, block);
+      Step(*config, weights, frozen, params, inputs, targets, Mode::kBf16Step, grouped, block);
     }
   }
   if (!out_path.empty()) std::ofstream(out_path) << report.str();
