@@ -15,7 +15,6 @@
 // profiler, written as Chrome traces PREFIX.<model>.{eager,grouped}.json
 // (per-operator self times: scripts/trace_ops.py FILE).
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <malloc.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
 
@@ -118,11 +117,8 @@ double Step(const kvl::ModelConfig& config, const kvl::ModelWeights& weights,
     }
     at::Tensor logits;
     if (mode == Mode::kBf16Step) {
-      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-      at::autocast::set_cpu_enabled(true);
+      kvl::tools::Bf16AutocastScope autocast;
       logits = kvl::ReferenceForward(config, weights, inputs, options).logits;
-      at::autocast::set_cpu_enabled(false);
-      at::autocast::clear_cache();
     } else {
       logits = kvl::ReferenceForward(config, weights, inputs, options).logits;
     }

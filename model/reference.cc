@@ -70,7 +70,8 @@ at::Tensor EagerAttention(const at::Tensor& q, at::Tensor k, at::Tensor v, const
 // on, else q's. Queries go in blocks of `block` tokens, each against only the
 // keys it may see (the prefix and ids up to its last token), so that most of the
 // causal mask's upper triangle is never computed: at T = 512 in blocks of 128,
-// 62.5% of the full [T, T] scores. Same arguments and result as EagerAttention.
+// 62.5% of the full [T, T] scores. Takes q, k, v, the mask and the scale as
+// EagerAttention does, and returns the same [B, T, Hq*D].
 at::Tensor GroupedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& masked, double scale, int64_t n_head_kv,
                             int64_t block) {
@@ -78,6 +79,7 @@ at::Tensor GroupedAttention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t n_keys = k.size(2), n_group = n_head / n_head_kv;
   const int64_t n_prefix = n_keys - n_tokens, n_bh = n_batch * n_head_kv;  // (batch, kv head) pairs
   TORCH_CHECK(block >= 1, "grouped attention needs a positive block size");
+  TORCH_CHECK(n_tokens >= 1, "grouped attention needs at least one query token");
   const at::ScalarType compute =
       at::autocast::is_cpu_enabled() ? at::autocast::get_autocast_cpu_dtype() : q.scalar_type();
   // One cast-and-copy each into [B, H(q), T, D] order; the views below are free.

@@ -32,11 +32,12 @@ struct ReferenceOptions {
   // Attention for training and evaluation: each kv head's query group as one
   // batched product with the scale and the causal mask folded in (baddbmm over
   // an additive -inf bias), queries in blocks of grouped_attention_block tokens
-  // against only the keys they may see, softmax in the compute dtype (bfloat16
-  // under autocast). Same function: in float32 it agrees with the default to
-  // rounding, under bf16 autocast to bf16 rounding of the probabilities (the
-  // default keeps Hugging Face's float32 softmax, and stays the oracle). Faster
-  // per training step: bench/train_step_bench, docs/training.md.
+  // against only the keys they may see, softmax in the compute dtype (the
+  // autocast dtype under autocast, else the queries' dtype). Same function: in
+  // float32 it agrees with the default to rounding, in bf16 to bf16 rounding of
+  // the probabilities (the default keeps Hugging Face's float32 softmax, and
+  // stays the oracle). Faster per training step: bench/train_step_bench,
+  // docs/training.md.
   bool grouped_attention = false;
   int64_t grouped_attention_block = 128;
 };

@@ -196,6 +196,17 @@ int SetIntraOpThreads(int n_threads) {
   return n_threads;
 }
 
+Bf16AutocastScope::Bf16AutocastScope() : dtype_before_(at::autocast::get_autocast_cpu_dtype()) {
+  at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+  at::autocast::set_cpu_enabled(true);
+}
+
+Bf16AutocastScope::~Bf16AutocastScope() {
+  at::autocast::set_cpu_enabled(false);
+  at::autocast::clear_cache();
+  at::autocast::set_autocast_cpu_dtype(dtype_before_);
+}
+
 double LearningRate(const TrainOptions& o, int64_t step) {
   if (o.warmup > 0 && step <= o.warmup) {
     return o.lr * static_cast<double>(step) / static_cast<double>(o.warmup);
@@ -557,7 +568,6 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
   ProgressBar bar(popts, start_step);
 
   const int64_t tokens_per_step = o.batch * o.seq_len;
-  const at::ScalarType autocast_dtype_before = at::autocast::get_autocast_cpu_dtype();
   double step_seconds = 0;
   int64_t n_timed_steps = 0;
   double last_valid = -1;
@@ -575,16 +585,10 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
 
     ReferenceOptions forward;
     forward.grouped_attention = true;  // the fast attention (model/reference.h)
-    at::Tensor logits;
+    at::Tensor logits;                 // [B, T, V] float32
     if (o.bf16) {
-      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-      at::autocast::set_cpu_enabled(true);
-      logits = ReferenceForward(config, weights, inputs, forward).logits;  // [B, T, V] float32
-      at::autocast::set_cpu_enabled(false);
-      // The cache holds bf16 copies of this step's weights; the update below
-      // makes them stale.
-      at::autocast::clear_cache();
-      at::autocast::set_autocast_cpu_dtype(autocast_dtype_before);
+      Bf16AutocastScope autocast;
+      logits = ReferenceForward(config, weights, inputs, forward).logits;
     } else {
       logits = ReferenceForward(config, weights, inputs, forward).logits;
     }

@@ -13,6 +13,8 @@
 // and autocast state; run one training per process.
 #pragma once
 
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -94,6 +96,21 @@ struct TrainResult {
 // were 2-3x slower than 1-thread ones). n_threads <= 0: all cores. Returns
 // the count set. Process-wide.
 int SetIntraOpThreads(int n_threads);
+
+// bf16 CPU autocast for the forward of one training step: on for the scope's
+// lifetime, then off, with the autocast weight cache cleared (it holds bf16
+// copies of this step's weights, which the optimizer step makes stale) and the
+// previous autocast dtype restored. Not nestable.
+class Bf16AutocastScope {
+ public:
+  Bf16AutocastScope();
+  ~Bf16AutocastScope();
+  Bf16AutocastScope(const Bf16AutocastScope&) = delete;
+  Bf16AutocastScope& operator=(const Bf16AutocastScope&) = delete;
+
+ private:
+  at::ScalarType dtype_before_;
+};
 
 // The learning rate at 1-based step s: lr * s / warmup during warm-up, then
 // cosine from lr down to min_lr_ratio * lr at n_steps.

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -397,9 +398,14 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
         weights.push_back(train_weights.narrow(0, off + o.prefix + 1, o.continuation));
       }
     }
-    const at::Tensor loss = DistillKl(source->config(), source->weights32, target->config(),
-                                      target->weights32, spec, keys, values, at::stack(rows),
-                                      o.prefix, weights.empty() ? at::Tensor() : at::stack(weights));
+    at::Tensor loss;
+    {
+      std::optional<Bf16AutocastScope> autocast;
+      if (o.bf16) autocast.emplace();
+      loss = DistillKl(source->config(), source->weights32, target->config(), target->weights32,
+                       spec, keys, values, at::stack(rows), o.prefix,
+                       weights.empty() ? at::Tensor() : at::stack(weights));
+    }
     loss.backward();
     DistillRecord rec;
     rec.step = step;
@@ -472,6 +478,7 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
       {"lr", o.lr},                    {"min_lr", o.min_lr},
       {"warmup", o.warmup},            {"weight_decay", o.weight_decay},
       {"clip", o.clip},                {"seed", o.seed},
+      {"bf16_autocast", o.bf16},
       {"valid_windows", result.n_valid_windows},
       {"initial_valid_kl", result.initial_valid_kl},
       {"best_valid_kl", result.best_valid_kl},

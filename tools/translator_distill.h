@@ -115,6 +115,9 @@ struct DistillOptions {
   int64_t valid_windows = 64;
   uint64_t seed = 0;
   int n_threads = 0;        // 0: all cores
+  // bf16 CPU autocast for the training steps' forwards (the maps stay float32
+  // master weights; the validation KL is always float32). Off by default.
+  bool bf16 = false;
   bool progress = true;
   bool plot = true;         // needs gnuplot
 };

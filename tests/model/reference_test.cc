@@ -112,19 +112,24 @@ TEST_P(GroupedAttentionTest, Bf16AutocastAgreesToBf16Rounding) {
   const ModelConfig config = TinyConfig(GetParam());
   const ModelWeights weights = RandomWeights(config, 12);
   const at::Tensor ids = RandomIds(config.vocab_size, {2, 33}, 4);
-  const StepResult eager = Step(config, weights, ids, 0, false, true);
-  const StepResult grouped = Step(config, weights, ids, 0, true, true, /*block=*/8);
-  const StepResult exact = Step(config, weights, ids, 0, false, false);
-  const double loss = exact.loss.item<double>();
-  // bf16 keeps 8 bits of mantissa: both autocast losses sit within 1% of the
-  // float32 loss, and the grouped one no further from it than twice the eager's
-  // distance (plus 0.2%, for when the eager one happens to land on it).
-  const double eager_error = std::abs(eager.loss.item<double>() - loss);
-  const double grouped_error = std::abs(grouped.loss.item<double>() - loss);
-  EXPECT_LT(eager_error, 0.01 * loss);
-  EXPECT_LT(grouped_error, 2 * eager_error + 0.002 * loss);
-  for (size_t i = 0; i < exact.grads.size(); ++i) {
-    EXPECT_GT(Cosine(grouped.grads[i], exact.grads[i]), 0.99) << "leaf " << i;
+  // With a prefix, keys and values reach the attention in float32 (the prefix
+  // is float32), without one the values are bf16 (autocast's projection).
+  for (int64_t n_prefix : {0, 5}) {
+    SCOPED_TRACE("prefix " + std::to_string(n_prefix));
+    const StepResult eager = Step(config, weights, ids, n_prefix, false, true);
+    const StepResult grouped = Step(config, weights, ids, n_prefix, true, true, /*block=*/8);
+    const StepResult exact = Step(config, weights, ids, n_prefix, false, false);
+    const double loss = exact.loss.item<double>();
+    // bf16 keeps 8 bits of mantissa: both autocast losses sit within 1% of the
+    // float32 loss, and the grouped one no further from it than twice the
+    // eager's distance (plus 0.2%, for when the eager one happens to land on it).
+    const double eager_error = std::abs(eager.loss.item<double>() - loss);
+    const double grouped_error = std::abs(grouped.loss.item<double>() - loss);
+    EXPECT_LT(eager_error, 0.01 * loss);
+    EXPECT_LT(grouped_error, 2 * eager_error + 0.002 * loss);
+    for (size_t i = 0; i < exact.grads.size(); ++i) {
+      EXPECT_GT(Cosine(grouped.grads[i], exact.grads[i]), 0.99) << "leaf " << i;
+    }
   }
 }
 

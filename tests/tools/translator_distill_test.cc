@@ -1,8 +1,8 @@
 // Stage-2 distillation (tools/translator_distill.h): the differentiable
 // translation equals the inference one, the KL objective is zero exactly when
 // the translated cache is the native one, a short run lowers the
-// validation KL and keeps the best maps, and windows can be placed so that the
-// prefix ends where a chat hands over.
+// validation KL and keeps the best maps (also with bf16 autocast steps), and
+// windows can be placed so that the prefix ends where a chat hands over.
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
@@ -354,6 +354,50 @@ TEST(DistillTest, ShortRunLowersValidationKlAndKeepsTheBestMaps) {
   o.source_dir = b;
   o.target_dir = a;
   EXPECT_EQ(tools::Distill(o).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(DistillTest, Bf16AutocastStepsTrainLikeFloat32AndValidateInFloat32) {
+  TempDir dir("distill_bf16");
+  const std::string a = testing::WriteRandomModel(dir, "a", 2, 2, 41, 0.12);
+  const std::string b = testing::WriteRandomModel(dir, "b", 3, 1, 42, 0.12);
+  const std::string train = dir.WriteFile("train.txt", testing::TinyChatCorpus(8000, 80));
+  const std::string valid = dir.WriteFile("valid.txt", testing::TinyChatCorpus(908000, 20));
+  const std::string init = dir.Path("init.safetensors");
+  ASSERT_TRUE(testing::MakeTranslator(a, b, /*identity=*/false, 5)->Save(init).ok());
+  auto run = [&](bool bf16) {
+    tools::DistillOptions o = QuietOptions(a, b, init, train, valid,
+                                           dir.Path(bf16 ? "bf16.safetensors" : "f32.safetensors"));
+    o.prefix = 32;
+    o.continuation = 16;
+    o.batch = 4;
+    o.steps = 40;
+    o.lr = 1e-2;
+    o.min_lr = 1e-3;
+    o.warmup = 5;
+    o.eval_every = 10;
+    o.valid_windows = 8;
+    o.bf16 = bf16;
+    return tools::Distill(o);
+  };
+  auto f32 = run(false);
+  auto bf16 = run(true);
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  // Validation is float32 either way: the same starting value.
+  EXPECT_DOUBLE_EQ(bf16->initial_valid_kl, f32->initial_valid_kl);
+  // The first step's training KL (same batch, same maps) agrees to bf16
+  // rounding, and differs (autocast engaged).
+  ASSERT_FALSE(f32->log.empty());
+  ASSERT_FALSE(bf16->log.empty());
+  EXPECT_NEAR(bf16->log[0].kl, f32->log[0].kl, 0.03 * f32->log[0].kl);
+  EXPECT_NE(bf16->log[0].kl, f32->log[0].kl);
+  // And bf16 steps lower the validation KL as float32 ones do.
+  EXPECT_LT(f32->best_valid_kl, 0.85 * f32->initial_valid_kl);
+  EXPECT_LT(bf16->best_valid_kl, 0.85 * bf16->initial_valid_kl);
+  EXPECT_LT(bf16->best_valid_kl, 1.2 * f32->best_valid_kl);
+  std::ifstream summary(dir.Path("bf16.distill.json"));
+  ASSERT_TRUE(summary.good());
+  EXPECT_EQ(nlohmann::json::parse(summary).at("bf16_autocast"), true);
 }
 
 }  // namespace
