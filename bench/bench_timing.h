@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <functional>
+#include <string>
 
 namespace kvl::bench {
 
@@ -16,6 +18,21 @@ inline double Seconds(const std::function<void()>& f) {
   f();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+// A driver's output: each line printed (and flushed) as it comes, and kept so
+// that the whole report can also be written to --out at the end.
+class Report {
+ public:
+  void operator()(const std::string& line) {
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+    text_ += line + "\n";
+  }
+  const std::string& text() const { return text_; }
+
+ private:
+  std::string text_;
+};
 
 // The fastest of n calls: on a shared machine the minimum is the least noisy.
 inline double Best(int n, const std::function<void()>& f) {

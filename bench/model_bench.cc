@@ -21,7 +21,6 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -106,12 +105,7 @@ int main(int argc, char** argv) {
   }
   at::set_num_threads(n_threads);
   c10::InferenceMode inference;
-  std::ostringstream report;
-  auto emit = [&](const std::string& line) {
-    std::printf("%s\n", line.c_str());
-    std::fflush(stdout);
-    report << line << "\n";
-  };
+  kvl::bench::Report emit;
   char buf[512];
 
   const kvl::ModelConfig config = BenchConfig();
@@ -324,7 +318,7 @@ int main(int argc, char** argv) {
 
   if (!out_path.empty()) {
     std::ofstream f(out_path);
-    f << report.str();
+    f << emit.text();
     if (!f) {
       std::fprintf(stderr, "model_bench: cannot write %s\n", out_path.c_str());
       return 1;

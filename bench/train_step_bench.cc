@@ -25,7 +25,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -177,12 +176,7 @@ int main(int argc, char** argv) {
   kvl::TuneMallocForTensors();
   mallopt(M_MMAP_MAX, 0);
 
-  std::ostringstream report;
-  auto emit = [&](const std::string& line) {
-    std::printf("%s\n", line.c_str());
-    std::fflush(stdout);
-    report << line << "\n";
-  };
+  kvl::bench::Report emit;
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "# train_step_bench: batch %lld x %lld tokens, %d intra-op threads, %d rounds "
@@ -233,6 +227,6 @@ int main(int argc, char** argv) {
       Step(*config, weights, frozen, params, inputs, targets, Mode::kBf16Step, grouped, block);
     }
   }
-  if (!out_path.empty()) std::ofstream(out_path) << report.str();
+  if (!out_path.empty()) std::ofstream(out_path) << emit.text();
   return 0;
 }

@@ -44,7 +44,6 @@
 #include <fstream>
 #include <functional>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -157,12 +156,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  std::ostringstream report;
-  auto emit = [&](const std::string& line) {
-    std::printf("%s\n", line.c_str());
-    std::fflush(stdout);
-    report << line << "\n";
-  };
+  kvl::bench::Report emit;
   char buf[512];
 
   kvl::Checkpoint small, large;
@@ -302,7 +296,7 @@ int main(int argc, char** argv) {
        "square 2048 torch::mm in the translation's dtype, measured right after each row.");
   if (!out_path.empty()) {
     std::ofstream f(out_path);
-    f << report.str();
+    f << emit.text();
     if (!f) {
       std::fprintf(stderr, "translator_bench: cannot write %s\n", out_path.c_str());
       return 1;
