@@ -197,6 +197,7 @@ int SetIntraOpThreads(int n_threads) {
 }
 
 Bf16AutocastScope::Bf16AutocastScope() : dtype_before_(at::autocast::get_autocast_cpu_dtype()) {
+  TORCH_CHECK(!at::autocast::is_cpu_enabled(), "Bf16AutocastScope: autocast is already on");
   at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
   at::autocast::set_cpu_enabled(true);
 }

@@ -4,6 +4,7 @@
 // validation KL and keeps the best maps (also with bf16 autocast steps), and
 // windows can be placed so that the prefix ends where a chat hands over.
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 
@@ -379,12 +380,14 @@ TEST(DistillTest, Bf16AutocastStepsTrainLikeFloat32AndValidateInFloat32) {
     o.bf16 = bf16;
     return tools::Distill(o);
   };
-  auto f32 = run(false);
+  // bf16 first, so that autocast left on would also change the float32 run.
   auto bf16 = run(true);
+  EXPECT_FALSE(at::autocast::is_cpu_enabled());
+  auto f32 = run(false);
   ASSERT_TRUE(f32.ok()) << f32.status();
   ASSERT_TRUE(bf16.ok()) << bf16.status();
   // Validation is float32 either way: the same starting value.
-  EXPECT_DOUBLE_EQ(bf16->initial_valid_kl, f32->initial_valid_kl);
+  EXPECT_NEAR(bf16->initial_valid_kl, f32->initial_valid_kl, 1e-9 * f32->initial_valid_kl);
   // The first step's training KL (same batch, same maps) agrees to bf16
   // rounding, and differs (autocast engaged).
   ASSERT_FALSE(f32->log.empty());
@@ -395,6 +398,20 @@ TEST(DistillTest, Bf16AutocastStepsTrainLikeFloat32AndValidateInFloat32) {
   EXPECT_LT(f32->best_valid_kl, 0.85 * f32->initial_valid_kl);
   EXPECT_LT(bf16->best_valid_kl, 0.85 * bf16->initial_valid_kl);
   EXPECT_LT(bf16->best_valid_kl, 1.2 * f32->best_valid_kl);
+  EXPECT_GT(bf16->best_step, 0);
+  // The later validations were float32 too: the saved best maps give the
+  // recorded best KL when recomputed in float32.
+  auto source = tools::LoadTranslatorModel(a);
+  auto target = tools::LoadTranslatorModel(b);
+  ASSERT_TRUE(source.ok() && target.ok());
+  auto saved = Translator::Load(dir.Path("bf16.safetensors"), tools::ExpectationFor(*source, *target));
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  auto vstream = tools::ReadTokenStream(valid, *source->tokenizer);
+  ASSERT_TRUE(vstream.ok());
+  std::vector<at::Tensor> rows;
+  for (const auto& w : tools::ConsecutiveWindows(*vstream, 48, 8)) rows.push_back(at::tensor(w));
+  const double kl = MeanKlOf(*source, *target, **saved, rows, 32);
+  EXPECT_NEAR(kl, bf16->best_valid_kl, 1e-5 * std::max(1.0, kl));
   std::ifstream summary(dir.Path("bf16.distill.json"));
   ASSERT_TRUE(summary.good());
   EXPECT_EQ(nlohmann::json::parse(summary).at("bf16_autocast"), true);
