@@ -586,13 +586,11 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
 
     ReferenceOptions forward;
     forward.grouped_attention = true;  // the fast attention (model/reference.h)
-    at::Tensor logits;                 // [B, T, V] float32
-    if (o.bf16) {
-      Bf16AutocastScope autocast;
-      logits = ReferenceForward(config, weights, inputs, forward).logits;
-    } else {
-      logits = ReferenceForward(config, weights, inputs, forward).logits;
-    }
+    std::optional<Bf16AutocastScope> autocast;
+    if (o.bf16) autocast.emplace();
+    const at::Tensor logits =
+        ReferenceForward(config, weights, inputs, forward).logits;  // [B, T, V]
+    autocast.reset();  // the loss, backward and update run without autocast
     at::Tensor loss;
     if (train_weights.defined()) {
       std::vector<at::Tensor> weight_rows;
