@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Compares layer assignments for the cross-layer house pair in both
-# directions: closed-form fits (kvl fit, the committed translators' corpus and
-# sizes) with relative_depth at band 1, relative_depth, top_r2 and greedy at
-# band 2, and every source layer (--band all), printing the mean
+# Compares layer assignments for both house pairs in both directions:
+# closed-form fits (kvl fit, the committed translators' corpus and sizes).
+# Cross-layer pair: relative_depth at band 1, relative_depth, top_r2 and
+# greedy at band 2, and every source layer (--band all); shape-preserving
+# pair: same_index (one source layer), relative_depth band 2 and every source
+# layer. Prints the mean
 # per-target-layer R² of keys and values (in-sample over ~40k tokens; at most
 # 769 inputs per map, so overfitting is small).
 #   scripts/assignment_compare.sh [WORK_DIR]   # default build/house; needs WORK_DIR/data
@@ -14,9 +16,11 @@ work=${1:-build/house}
 out="$work/assignments"
 mkdir -p "$out"
 printf '%-24s %-15s %5s %12s %12s %8s\n' direction assignment band mean_r2_keys mean_r2_vals fit_s
-for pair in kvl-small:kvl-large kvl-large:kvl-small; do
+for pair in kvl-small:kvl-large kvl-large:kvl-small kvl-small:kvl-small-b kvl-small-b:kvl-small; do
   s=${pair%%:*}; t=${pair##*:}
-  for spec in relative_depth:1 relative_depth:2 top_r2:2 greedy:2 relative_depth:all; do
+  specs="relative_depth:1 relative_depth:2 top_r2:2 greedy:2 relative_depth:all"
+  case "$pair" in *kvl-small-b*) specs="same_index:1 relative_depth:2 relative_depth:all" ;; esac
+  for spec in $specs; do
     kind=${spec%%:*}; band=${spec##*:}
     f="$out/${s}__${t}.$kind.$band.safetensors"
     t0=$(date +%s.%N)

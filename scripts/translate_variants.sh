@@ -9,6 +9,8 @@
 #   routing.native_tail_tokens), in float32.
 # Needs the corpus of scripts/train_house_models.sh.
 #   scripts/translate_variants.sh [WORK_DIR]   # default build/house; needs WORK_DIR/data
+#   KVL_VARIANT_PAIRS="kvl-small:kvl-small-b" scripts/translate_variants.sh build/house2
+#     reruns only those directions (the table is made from every JSON in the folder).
 # Output: one JSON per run in docs/results/translate_variants/<S>__<T>.<dtype>.tail<W>.json
 # and the summary table docs/results/translate_variants.txt.
 set -euo pipefail
@@ -26,7 +28,7 @@ run() {  # source target dtype tail
     --multi-turn "models/translators/${1}__${2}.safetensors,models/translators/${2}__${1}.safetensors" \
     --threads "${KVL_TRAIN_THREADS:-2}" --quiet --json "$dir/${1}__${2}.$3.tail$4.json" > /dev/null
 }
-for pair in kvl-small:kvl-large kvl-large:kvl-small kvl-small:kvl-small-b kvl-small-b:kvl-small; do
+for pair in ${KVL_VARIANT_PAIRS:-kvl-small:kvl-large kvl-large:kvl-small kvl-small:kvl-small-b kvl-small-b:kvl-small}; do
   s=${pair%%:*}; t=${pair##*:}
   for tail in 0 4 16 32; do run "$s" "$t" float32 "$tail"; done
   run "$s" "$t" bfloat16 0
