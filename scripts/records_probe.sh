@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Can a drill round of record lookups teach a trained house model the kv task
+# (multi-token keys such as key-7g7g, docs/data.md), which every committed model
+# answers at chance? From the weights of FROM (a model directory):
+#   1. DRILL_STEPS steps on 40k drills, half of them record documents
+#      (scripts/retrieval_drills.py kinds records,records,copy,recall), lr 3e-3;
+#   2. TASK_STEPS steps of the task corpus from those weights (the house
+#      recipe's task stage: lr 3e-3, warm-up 50, windows at conversation starts);
+#      with KVL_RECORDS_IN_TASKS=1 the task corpus has the first 20k drills of
+#      step 1's file appended (the model then goes to WORK/drills/NAME-mix);
+# then prints greedy accuracy on 300 held-out record drills, by number of
+# records in the document, for FROM and after step 1, and after step 2 the
+# test split's five suites, the record drills and log-perplexity (kvl eval),
+# the same evaluation as docs/results/house_models.md. DRILL_STEPS 0 is the
+# control: no drill round, the task stage starts from FROM.
+#   scripts/records_probe.sh WORK FROM NAME DRILL_STEPS TASK_STEPS
+# WORK holds data/ (kvl make-data) as for scripts/train_house_models.sh.
+# KVL_DRILL_CONFIG: the model shape (default models/configs/kvl-small.json);
+# KVL_TRAIN_THREADS: threads (default 2). Finished stages are not retrained.
+# Output: WORK/drills/NAME-tasks/probe.txt (NAME-mix/ with KVL_RECORDS_IN_TASKS=1;
+# docs/results/records_probe.txt collects runs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+KVL=${KVL_BIN:-build/tools/kvl}
+THREADS=${KVL_TRAIN_THREADS:-2}
+[ $# -eq 5 ] || { sed -n '2,/^set /p' "$0" | grep '^#'; exit 2; }
+work=$1 from=$2 name=$3 drill_steps=$4 task_steps=$5
+d="$work/drills"
+mkdir -p "$d"
+drills() {  # drills OUT N SEED KINDS
+  [ -f "$d/$1" ] || /usr/bin/python3 scripts/retrieval_drills.py "$work/data/train.txt" "$d/$1" "${@:2}"
+}
+drills records_mix.txt 40000 6 records,records,copy,recall
+drills records_valid.txt 500 7 records,records,copy,recall
+drills records_test.jsonl 300 8 records
+train() {  # train OUT INIT TRAIN VALID STEPS EVAL_EVERY SEED
+  grep -qs '"finished": true' "$1/summary.json" && return 0
+  local resume=()
+  if [ -f "$1/train_state/state.json" ]; then resume=(--resume); fi
+  "$KVL" train-lm --config "${KVL_DRILL_CONFIG:-models/configs/kvl-small.json}" \
+    --tokenizer models/tokenizer --train "$3" --valid "$4" --init-from "$2" --out "$1" \
+    --seed "$7" --steps "$5" --batch 8 --seq-len 512 --lr 3e-3 --warmup 50 --bf16 --threads "$THREADS" \
+    --eval-every "$6" --checkpoint-every 250 --no-plot --quiet ${resume[@]+"${resume[@]}"} > "$1.log" 2>&1
+}
+tasks="$d/$name-tasks" corpus="$work/data/train.txt"
+if [ "${KVL_RECORDS_IN_TASKS:-0}" = 1 ]; then
+  tasks="$d/$name-mix" corpus="$d/tasks_plus_records.txt"
+  [ -f "$corpus" ] || /usr/bin/python3 - "$work/data/train.txt" "$d/records_mix.txt" "$corpus" <<'PY'
+import sys
+# Each drill ends with "<|im_end|>\n\n" (a record drill's text may hold a
+# blank line of its own).
+end = "<|im_end|>\n\n"
+drills = open(sys.argv[2], encoding="utf-8").read().split(end)[:20000]
+body = open(sys.argv[1], encoding="utf-8").read().rstrip("\n")
+open(sys.argv[3], "w", encoding="utf-8").write(body + "\n\n" + "".join(d + end for d in drills))
+PY
+fi
+mkdir -p "$d/$name" "$tasks"
+drilled=$from
+if [ "$drill_steps" -gt 0 ]; then
+  train "$d/$name" "$from" "$d/records_mix.txt" "$d/records_valid.txt" "$drill_steps" 500 11
+  drilled="$d/$name"
+fi
+train "$tasks" "$drilled" "$corpus" "$work/data/valid.txt" "$task_steps" 400 1
+records() {  # records MODEL: held-out record drills answered, by records per document
+  local json="$d/$name/records_test.$(basename "$1").json"
+  "$KVL" eval --model "$1" --suite "$d/records_test.jsonl" --threads "$THREADS" \
+    --json "$json" --quiet > /dev/null
+  /usr/bin/python3 - "$d/records_test.jsonl" "$json" "$1" <<'PY'
+import json, re, sys
+suite = [json.loads(line) for line in open(sys.argv[1])]
+items = json.load(open(sys.argv[2]))["items"]
+bins = {"2-12": [0, 0], "13-30": [0, 0], "31-48": [0, 0]}
+record = re.compile(r"^[a-z]+-[a-z0-9]{4}: ", re.M)
+for s, it in zip(suite, items):
+    assert s["id"] == it["id"]
+    n = len(record.findall(s["messages"][0]["content"]))
+    b = "2-12" if n <= 12 else "13-30" if n <= 30 else "31-48"
+    bins[b][0] += it["correct"]
+    bins[b][1] += 1
+print(f"{sys.argv[3]}: held-out record drills correct by records per document: " +
+      ", ".join(f"{k}: {c}/{n}" for k, (c, n) in bins.items()) +
+      f"; all {sum(c for c, _ in bins.values())}/{len(items)}")
+PY
+}
+{
+  mix=""; [ "${KVL_RECORDS_IN_TASKS:-0}" = 1 ] && mix="KVL_RECORDS_IN_TASKS=1 "
+  echo "# ${mix}KVL_TRAIN_THREADS=$THREADS scripts/records_probe.sh $work $from $name $drill_steps $task_steps"
+  records "$from"
+  [ "$drilled" = "$from" ] || records "$drilled"
+  s="$work/data/suites"
+  echo "after the task stage ($tasks, test split):"
+  suites=()
+  for t in facts kv arith lists strings; do suites+=(--suite "$s/test_$t.jsonl"); done
+  "$KVL" eval --model "$tasks" "${suites[@]}" --suite "$d/records_test.jsonl" \
+    --text "$work/data/test.txt" --threads "$THREADS" --quiet | awk '/^\{/ { json = 1 } !json'
+} | tee "$tasks/probe.txt"
