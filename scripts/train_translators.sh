@@ -56,8 +56,9 @@ for pair in $PAIRS; do
   # Stage 2: self-distillation from the closed-form maps on windows that start
   # anywhere, 2400 steps (every direction's validation KL was still falling
   # after 900); 4800 for the cross-layer pair (the paper runs 5000), whose
-  # best validation KL is 7% lower at 4800 than at 2400 (docs/translators.md). kvl-large -> kvl-small reads 768 inputs per map
-  # (three times the others) and overshoots at 3e-3: 1e-3.
+  # best validation KL is 7% lower at 4800 than at 2400 (docs/translators.md).
+  # kvl-large -> kvl-small reads 768 inputs per map (three times the others)
+  # and overshoots at 3e-3: 1e-3.
   lr=$LR
   steps=2400
   case "$s:$t" in kvl-small:kvl-large|kvl-large:kvl-small) steps=4800 ;; esac
