@@ -11,8 +11,10 @@
 # then prints greedy accuracy on 300 held-out record drills, by number of
 # records in the document, for FROM and after step 1, and after step 2 the
 # test split's five suites, the record drills and log-perplexity (kvl eval),
-# the same evaluation as docs/results/house_models.md. DRILL_STEPS 0 is the
-# control: no drill round, the task stage starts from FROM.
+# the same evaluation as docs/results/house_models.md; for each model, the kv
+# suite's items answered by kind (forward lookups of words or numbers,
+# reverse lookups) and level. DRILL_STEPS 0 is the control: no drill round,
+# the task stage starts from FROM.
 #   scripts/records_probe.sh WORK FROM NAME DRILL_STEPS TASK_STEPS
 # WORK holds data/ (kvl make-data) as for scripts/train_house_models.sh.
 # KVL_DRILL_CONFIG: the model shape (default models/configs/kvl-small.json);
@@ -83,15 +85,43 @@ print(f"{sys.argv[3]}: held-out record drills correct by records per document: "
       f"; all {sum(c for c, _ in bins.values())}/{len(items)}")
 PY
 }
+kv_kinds() {  # kv_kinds MODEL: the test split's kv items answered, by kind and level
+  local json="$d/$name/test_kv.$(basename "$1").json"
+  "$KVL" eval --model "$1" --suite "$work/data/suites/test_kv.jsonl" --threads "$THREADS" \
+    --json "$json" --quiet > /dev/null
+  /usr/bin/python3 - "$work/data/suites/test_kv.jsonl" "$json" "$1" <<'PY'
+import collections, json, sys
+suite = [json.loads(line) for line in open(sys.argv[1])]
+items = json.load(open(sys.argv[2]))["items"]
+counts = collections.defaultdict(lambda: [0, 0])
+for s, it in zip(suite, items):
+    assert s["id"] == it["id"]
+    if s["answer"].startswith("key-"):
+        kind = "reverse"
+    else:
+        kind = "forward, numbers" if s["answer"].isdigit() else "forward, words"
+    for k in (kind, f"level {s['difficulty']}"):
+        counts[k][0] += it["correct"]
+        counts[k][1] += 1
+order = ["forward, words", "forward, numbers", "reverse", "level 1", "level 2", "level 3"]
+print(f"{sys.argv[3]}: kv items correct: " +
+      ", ".join(f"{k} {counts[k][0]}/{counts[k][1]}" for k in order if k in counts))
+PY
+}
 {
   mix=""; [ "${KVL_RECORDS_IN_TASKS:-0}" = 1 ] && mix="KVL_RECORDS_IN_TASKS=1 "
   echo "# ${mix}KVL_TRAIN_THREADS=$THREADS scripts/records_probe.sh $work $from $name $drill_steps $task_steps"
   records "$from"
-  [ "$drilled" = "$from" ] || records "$drilled"
+  kv_kinds "$from"
+  if [ "$drilled" != "$from" ]; then
+    records "$drilled"
+    kv_kinds "$drilled"
+  fi
   s="$work/data/suites"
   echo "after the task stage ($tasks, test split):"
   suites=()
   for t in facts kv arith lists strings; do suites+=(--suite "$s/test_$t.jsonl"); done
   "$KVL" eval --model "$tasks" "${suites[@]}" --suite "$d/records_test.jsonl" \
     --text "$work/data/test.txt" --threads "$THREADS" --quiet | awk '/^\{/ { json = 1 } !json'
+  kv_kinds "$tasks"
 } | tee "$tasks/probe.txt"
