@@ -64,64 +64,55 @@ if [ "$drill_steps" -gt 0 ]; then
   drilled="$d/$name"
 fi
 train "$tasks" "$drilled" "$corpus" "$work/data/valid.txt" "$task_steps" 400 1
-records() {  # records MODEL: held-out record drills answered, by records per document
-  local json="$d/$name/records_test.$(basename "$1").json"
-  "$KVL" eval --model "$1" --suite "$d/records_test.jsonl" --threads "$THREADS" \
-    --json "$json" --quiet > /dev/null
-  /usr/bin/python3 - "$d/records_test.jsonl" "$json" "$1" <<'PY'
-import json, re, sys
-suite = [json.loads(line) for line in open(sys.argv[1])]
-items = json.load(open(sys.argv[2]))["items"]
-bins = {"2-12": [0, 0], "13-30": [0, 0], "31-48": [0, 0]}
+breakdown() {  # breakdown JSON LABEL: kvl eval's items, record drills by size, kv by kind
+  /usr/bin/python3 - "$d/records_test.jsonl" "$work/data/suites/test_kv.jsonl" "$1" "$2" <<'PY'
+import collections, json, re, sys
+items = json.load(open(sys.argv[3]))["items"]
+def scored(path):  # (suite item, eval item) pairs of one suite, in order
+    suite = [json.loads(line) for line in open(path)]
+    got = [it for it in items if it["task"] == suite[0]["task"]]
+    assert [s["id"] for s in suite] == [it["id"] for it in got]
+    return zip(suite, got)
+def line(what, counts):
+    return f"{sys.argv[4]}: {what}: " + ", ".join(f"{k} {c}/{n}" for k, (c, n) in counts.items())
 record = re.compile(r"^[a-z]+-[a-z0-9]{4}: ", re.M)
-for s, it in zip(suite, items):
-    assert s["id"] == it["id"]
+bins = {"2-12": [0, 0], "13-30": [0, 0], "31-48": [0, 0], "all": [0, 0]}
+for s, it in scored(sys.argv[1]):
     n = len(record.findall(s["messages"][0]["content"]))
-    b = "2-12" if n <= 12 else "13-30" if n <= 30 else "31-48"
-    bins[b][0] += it["correct"]
-    bins[b][1] += 1
-print(f"{sys.argv[3]}: held-out record drills correct by records per document: " +
-      ", ".join(f"{k}: {c}/{n}" for k, (c, n) in bins.items()) +
-      f"; all {sum(c for c, _ in bins.values())}/{len(items)}")
-PY
-}
-kv_kinds() {  # kv_kinds MODEL: the test split's kv items answered, by kind and level
-  local json="$d/$name/test_kv.$(basename "$1").json"
-  "$KVL" eval --model "$1" --suite "$work/data/suites/test_kv.jsonl" --threads "$THREADS" \
-    --json "$json" --quiet > /dev/null
-  /usr/bin/python3 - "$work/data/suites/test_kv.jsonl" "$json" "$1" <<'PY'
-import collections, json, sys
-suite = [json.loads(line) for line in open(sys.argv[1])]
-items = json.load(open(sys.argv[2]))["items"]
-counts = collections.defaultdict(lambda: [0, 0])
-for s, it in zip(suite, items):
-    assert s["id"] == it["id"]
+    for k in ("2-12" if n <= 12 else "13-30" if n <= 30 else "31-48", "all"):
+        bins[k][0] += it["correct"]
+        bins[k][1] += 1
+print(line("held-out record drills correct by records per document", bins))
+kinds = collections.defaultdict(lambda: [0, 0])
+for s, it in scored(sys.argv[2]):
     if s["answer"].startswith("key-"):
         kind = "reverse"
     else:
         kind = "forward, numbers" if s["answer"].isdigit() else "forward, words"
     for k in (kind, f"level {s['difficulty']}"):
-        counts[k][0] += it["correct"]
-        counts[k][1] += 1
+        kinds[k][0] += it["correct"]
+        kinds[k][1] += 1
 order = ["forward, words", "forward, numbers", "reverse", "level 1", "level 2", "level 3"]
-print(f"{sys.argv[3]}: kv items correct: " +
-      ", ".join(f"{k} {counts[k][0]}/{counts[k][1]}" for k in order if k in counts))
+print(line("kv items correct", {k: kinds[k] for k in order if k in kinds}))
 PY
+}
+s="$work/data/suites"
+probe() {  # probe MODEL: the record drills and the kv suite
+  local json="$d/$name/probe.$(basename "$1").json"
+  "$KVL" eval --model "$1" --suite "$d/records_test.jsonl" --suite "$s/test_kv.jsonl" \
+    --threads "$THREADS" --json "$json" --quiet > /dev/null
+  breakdown "$json" "$1"
 }
 {
   mix=""; [ "${KVL_RECORDS_IN_TASKS:-0}" = 1 ] && mix="KVL_RECORDS_IN_TASKS=1 "
   echo "# ${mix}KVL_TRAIN_THREADS=$THREADS scripts/records_probe.sh $work $from $name $drill_steps $task_steps"
-  records "$from"
-  kv_kinds "$from"
-  if [ "$drilled" != "$from" ]; then
-    records "$drilled"
-    kv_kinds "$drilled"
-  fi
-  s="$work/data/suites"
+  probe "$from"
+  [ "$drilled" = "$from" ] || probe "$drilled"
   echo "after the task stage ($tasks, test split):"
   suites=()
   for t in facts kv arith lists strings; do suites+=(--suite "$s/test_$t.jsonl"); done
   "$KVL" eval --model "$tasks" "${suites[@]}" --suite "$d/records_test.jsonl" \
-    --text "$work/data/test.txt" --threads "$THREADS" --quiet | awk '/^\{/ { json = 1 } !json'
-  kv_kinds "$tasks"
+    --text "$work/data/test.txt" --threads "$THREADS" --json "$tasks/probe.json" --quiet |
+    awk '/^\{/ { json = 1 } !json'
+  breakdown "$tasks/probe.json" "$tasks"
 } | tee "$tasks/probe.txt"
