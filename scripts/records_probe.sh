@@ -65,16 +65,16 @@ if [ "$drill_steps" -gt 0 ]; then
 fi
 train "$tasks" "$drilled" "$corpus" "$work/data/valid.txt" "$task_steps" 400 1
 breakdown() {  # breakdown JSON LABEL: kvl eval's items, record drills by size, kv by kind
-  /usr/bin/python3 - "$d/records_test.jsonl" "$work/data/suites/test_kv.jsonl" "$1" "$2" <<'PY'
-import collections, json, re, sys
-items = json.load(open(sys.argv[3]))["items"]
+  /usr/bin/python3 - "$d/records_test.jsonl" "$1" "$2" <<'PY'
+import json, re, sys
+items = json.load(open(sys.argv[2]))["items"]
 def scored(path):  # (suite item, eval item) pairs of one suite, in order
     suite = [json.loads(line) for line in open(path)]
     got = [it for it in items if it["task"] == suite[0]["task"]]
     assert [s["id"] for s in suite] == [it["id"] for it in got]
     return zip(suite, got)
 def line(what, counts):
-    return f"{sys.argv[4]}: {what}: " + ", ".join(f"{k} {c}/{n}" for k, (c, n) in counts.items())
+    return f"{sys.argv[3]}: {what}: " + ", ".join(f"{k} {c}/{n}" for k, (c, n) in counts.items())
 record = re.compile(r"^[a-z]+-[a-z0-9]{4}: ", re.M)
 bins = {"2-12": [0, 0], "13-30": [0, 0], "31-48": [0, 0], "all": [0, 0]}
 for s, it in scored(sys.argv[1]):
@@ -83,18 +83,8 @@ for s, it in scored(sys.argv[1]):
         bins[k][0] += it["correct"]
         bins[k][1] += 1
 print(line("held-out record drills correct by records per document", bins))
-kinds = collections.defaultdict(lambda: [0, 0])
-for s, it in scored(sys.argv[2]):
-    if s["answer"].startswith("key-"):
-        kind = "reverse"
-    else:
-        kind = "forward, numbers" if s["answer"].isdigit() else "forward, words"
-    for k in (kind, f"level {s['difficulty']}"):
-        kinds[k][0] += it["correct"]
-        kinds[k][1] += 1
-order = ["forward, words", "forward, numbers", "reverse", "level 1", "level 2", "level 3"]
-print(line("kv items correct", {k: kinds[k] for k in order if k in kinds}))
 PY
+  /usr/bin/python3 scripts/kv_breakdown.py "$work/data/suites/test_kv.jsonl" "$1" "$2"
 }
 s="$work/data/suites"
 probe() {  # probe MODEL: the record drills and the kv suite
