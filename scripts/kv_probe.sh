@@ -3,14 +3,15 @@
 # committed model answers at chance? Fine-tunes FROM (default models/kvl-small)
 # for 1500 steps per run on one of these corpora:
 #   kv        24,133 extra kv conversations, levels 1-3
-#   kv1       the 8,067 of them at level 1 (documents of at most ~300 tokens)
+#   kv1       the 8,067 of them at level 1 (conversations of at most ~360 tokens)
 #   tasks     the task corpus (WORK/data/train.txt), as the house recipe's task stage
 #   tasks+kv  the task corpus with all the extra kv conversations appended
 #   tasks+kv12, tasks+kv1: ... with those at levels 1-2 (16,082), at level 1
 # The extra kv conversations are kvl make-data's (same knobs as the house
 # recipe, seed 2) train split, kv items only, less any whose document is one of
-# the seed-1 valid or test documents or suite prompts. Each run: lr 3e-3,
-# warm-up 50, cosine, batch 8 x 512, bf16, --assistant-weight W (the loss
+# the seed-1 valid or test documents or suite prompts (data2/ and the corpora,
+# ~0.6 GB, sit in WORK/kvprobe/, shared by every model). Each run: lr
+# KVL_KV_LR, warm-up 50, cosine, batch 8 x 512, bf16, --assistant-weight W (the loss
 # weight of assistant-written tokens; 1 is the house recipe). Then `kvl eval`
 # on the test split's five suites and test.txt, and the kv items answered by
 # kind and level (scripts/kv_breakdown.py).
@@ -19,7 +20,8 @@
 # KVL_KV_FROM / KVL_KV_CONFIG: the model and its shape (default kvl-small);
 # KVL_KV_LR: peak lr (default 3e-3, the small shapes' task stage; kvl-large's
 # is 2e-3); KVL_TRAIN_THREADS: threads (default 2). Finished runs are not
-# retrained. Output: WORK/kvprobe/MODEL/NAME/ per run (MODEL: FROM's folder
+# retrained (a finished run trained with another lr, weight, seed or start is
+# an error: remove its folder), an interrupted one resumes. Output: WORK/kvprobe/MODEL/NAME/ per run (MODEL: FROM's folder
 # name), WORK/kvprobe/MODEL/probe.txt (the table); docs/results/kv_probe.txt
 # collects runs.
 set -euo pipefail
@@ -46,11 +48,18 @@ l1_then_base l1aw10 tasks 10 24
 l1_then_kv12 l1aw10 tasks+kv12 10 24
 l1_then_kv1 l1aw10 tasks+kv1 10 24"
 
+for name in "$@"; do
+  cut -d" " -f1 <<< "$RUNS" | grep -qx "$name" || { echo "unknown run $name" >&2; exit 2; }
+done
+
 if [ ! -f "$d/corpora.done" ]; then
-  [ -f "$d/data2/train.jsonl" ] || "$KVL" make-data --out "$d/data2" --seed 2 \
-    --train-conversations 300000 --valid-conversations 10 --test-conversations 10 \
-    --facts-distractors 3 --facts-filler 4 --kv-max-bytes 2000 --arith-steps 5 --list-len 8 \
-    --string-len 10 > "$d/data2.log"
+  if [ ! -f "$d/data2.done" ]; then
+    "$KVL" make-data --out "$d/data2" --seed 2 \
+      --train-conversations 300000 --valid-conversations 10 --test-conversations 10 \
+      --facts-distractors 3 --facts-filler 4 --kv-max-bytes 2000 --arith-steps 5 --list-len 8 \
+      --string-len 10 > "$d/data2.log"
+    touch "$d/data2.done"
+  fi
   /usr/bin/python3 - "$work/data" "$d" <<'PY'
 import json, sys
 data, out = sys.argv[1:3]
@@ -89,7 +98,18 @@ run() {  # run NAME INIT CORPUS WEIGHT SEED
   [ "$2" = from ] || init="$r/$2"
   grep -qs '"finished": true' "$init/summary.json" || [ "$2" = from ] ||
     { echo "run $1 needs run $2 first" >&2; exit 1; }
-  if ! grep -qs '"finished": true' "$out/summary.json"; then
+  if grep -qs '"finished": true' "$out/summary.json"; then
+    /usr/bin/python3 - "$out/summary.json" "$init/model.safetensors" "$LR" "$4" "$5" <<'PY' || exit 1
+import hashlib, json, sys
+run = json.load(open(sys.argv[1]))["run"]
+sha = hashlib.sha256(open(sys.argv[2], "rb").read()).hexdigest()
+want = {"lr": float(sys.argv[3]), "assistant_weight": float(sys.argv[4]), "seed": int(sys.argv[5]),
+        "init_from_sha256": sha}
+bad = [f"{k} {run.get(k)} (now {v})" for k, v in want.items() if run.get(k) != v]
+if bad:
+    sys.exit(f"{sys.argv[1]}: trained with other settings: " + ", ".join(bad))
+PY
+  else
     local resume=()
     if [ -f "$out/train_state/state.json" ]; then resume=(--resume); fi
     "$KVL" train-lm --config "$CONFIG" --tokenizer models/tokenizer --train "$(corpus "$3")" \
@@ -108,9 +128,6 @@ evaluate() {  # evaluate MODEL JSON: the five test suites and test.txt, once
   mv "$2.tmp" "$2"
 }
 selected=("$@")
-for name in "$@"; do
-  cut -d" " -f1 <<< "$RUNS" | grep -qx "$name" || { echo "unknown run $name" >&2; exit 2; }
-done
 while read -r name init corpus weight seed; do
   if [ ${#selected[@]} -eq 0 ] || printf '%s\n' "${selected[@]}" | grep -qx "$name"; then
     run "$name" "$init" "$corpus" "$weight" "$seed"
