@@ -70,17 +70,31 @@ def times(work):
 STAGE_DATA = {
     "drills1": "retrieval drills (scripts/make_drills.sh)",
     "tasks": "the task corpus, from the last drill round's weights",
+    "kvdocs": "the 8,067 level-1 kv conversations (scripts/make_kv_corpora.sh), from the task "
+              "stage's weights",
+    "mix": "the task corpus plus the 16,082 level-1-2 kv conversations, from kvdocs' weights",
 }
+LATER_STAGES = ["tasks", "kvdocs"]  # summary_<stage>.json before the last stage's summary.json
 
 
 def stages_of(name, summary):
     """[(stage, summary.json of that stage)]: the curriculum's, or one stage."""
-    paths = glob.glob(os.path.join(ROOT, "models", name, "summary_drills*.json"))
+    d = os.path.join(ROOT, "models", name)
+    paths = glob.glob(os.path.join(d, "summary_drills*.json"))
     rounds = sorted(int(re.fullmatch(r"summary_drills(\d+)\.json", os.path.basename(p)).group(1))
                     for p in paths)
-    earlier = [(f"drills{r}", load(os.path.join(ROOT, "models", name, f"summary_drills{r}.json")))
-               for r in rounds]
-    return earlier + [("tasks" if earlier else "training", summary)]
+    earlier = [(f"drills{r}", load(os.path.join(d, f"summary_drills{r}.json"))) for r in rounds]
+    earlier += [(s, load(os.path.join(d, f"summary_{s}.json"))) for s in LATER_STAGES
+                if os.path.exists(os.path.join(d, f"summary_{s}.json"))]
+    if not earlier:
+        return [("training", summary)]
+    last = "mix" if earlier[-1][0] == "kvdocs" else "tasks"
+    return earlier + [(last, summary)]
+
+
+def weighted(run):
+    w = run.get("assistant_weight", 1)
+    return f", assistant tokens weighted {w:g}x" if w != 1 else ""
 
 
 def card(name, summary, stages, ev, t, chances, picks):
@@ -102,13 +116,15 @@ def card(name, summary, stages, ev, t, chances, picks):
         f"| parameters | {summary['parameters'] / 1e6:.2f} M (tied embeddings, vocabulary "
         f"{cfg['vocab_size']}) |",
     ]
-    lines.append(f"| seed | {run['seed']} |")
+    first = stages[0][1]["run"]["seed"]  # the initialisation's
+    other = [f"{stage} {st['run']['seed']}" for stage, st in stages if st["run"]["seed"] != first]
+    lines.append(f"| seed | {first}" + (f" (batch order: {', '.join(other)})" if other else "") + " |")
     for stage, st in stages:
         r = st["run"]
         what = STAGE_DATA.get(stage) or (f"retrieval drills, from drills{int(stage[6:]) - 1}'s weights"
                                          if stage.startswith("drills") else "the task corpus")
         lines.append(f"| {stage} | {r['steps']} steps x {r['batch']} x {r['seq_len']} tokens of "
-                     f"{what}; AdamW lr {r['lr']:g} (warm-up {r['warmup']}, cosine to "
+                     f"{what}{weighted(r)}; AdamW lr {r['lr']:g} (warm-up {r['warmup']}, cosine to "
                      f"{r['min_lr_ratio']:g}x), bf16 autocast; "
                      f"{st['mean_step_s']:.2f} s/step x {r['steps']} = "
                      f"{st['mean_step_s'] * r['steps']:.0f} s with {st.get('threads', 1)} thread(s) "
