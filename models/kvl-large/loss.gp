@@ -1,10 +1,10 @@
 set terminal pngcairo size 1000,600
-set output "/work/main/build/house2/curriculum/kvl-large/tasks/loss.png"
-set title "kvl train-lm: tasks" noenhanced
+set output "/work/main/build/house2/curriculum/kvl-large/mix/loss.png"
+set title "kvl train-lm: mix" noenhanced
 set xlabel "step" noenhanced
 set ylabel "cross-entropy (nats/token)" noenhanced
 set grid
 set key top right noenhanced
-plot "/work/main/build/house2/curriculum/kvl-large/tasks/loss.dat" index 0 using 1:2 with lines lw 2 title "train loss (per step)", \
-     "/work/main/build/house2/curriculum/kvl-large/tasks/loss.dat" index 1 using 1:2 with lines lw 2 title "train loss (trailing mean of 20)", \
-     "/work/main/build/house2/curriculum/kvl-large/tasks/loss.dat" index 2 using 1:2 with linespoints pt 7 ps 0.8 lw 2 title "valid loss (fp32)"
+plot "/work/main/build/house2/curriculum/kvl-large/mix/loss.dat" index 0 using 1:2 with lines lw 2 title "train loss (per step)", \
+     "/work/main/build/house2/curriculum/kvl-large/mix/loss.dat" index 1 using 1:2 with lines lw 2 title "train loss (trailing mean of 20)", \
+     "/work/main/build/house2/curriculum/kvl-large/mix/loss.dat" index 2 using 1:2 with linespoints pt 7 ps 0.8 lw 2 title "valid loss (fp32)"
