@@ -139,7 +139,9 @@ def card(name, summary, stages, ev, t, chances, picks):
         "time includes evaluations, checkpoints and any time a run was paused or shared the "
         "2-core machine) |",
         f"| final train / valid loss | {summary['final_train_loss']:.3f} / "
-        f"{summary['final_valid_loss']:.3f} nats/token |",
+        f"{summary['final_valid_loss']:.3f} nats/token"
+        + (" (the train loss with the assistant's tokens weighted as in training)"
+           if run.get("assistant_weight", 1) != 1 else "") + " |",
     ]
     if f"eval {name}" in t:
         lines.append(f"| eval time | {t[f'eval {name}']:.0f} s |")
