@@ -3,7 +3,7 @@
 # kv is 0 of 50 in every direction) because the translators never trained on
 # kv hand-overs? Continues the committed kvl-small -> kvl-large translator for
 # STEPS (default 400) steps of `kvl distill` on the 16,082 level-1-2 kv
-# conversations of scripts/make_kv_corpora.sh (WORK/kvextra/data2, held-out
+# conversations of scripts/make_kv_corpora.sh (WORK/kvextra/kv12.jsonl, held-out
 # documents removed; the last 200 for validation), prefixes of 383 tokens
 # ending at the reply, only the answer's positions scored, lr 1e-3, bf16;
 # then `kvl eval-translator` on the test split (64 windows, kv and facts
@@ -20,25 +20,8 @@ work=$1 steps=${2:-400}
 d="$work/kvhandover"
 mkdir -p "$d"
 scripts/make_kv_corpora.sh "$work"
-/usr/bin/python3 - "$work/data" "$work/kvextra/data2/train.jsonl" "$d" <<'PY'
-import json, sys
-data, extra, out = sys.argv[1:4]
-def document(item):  # a kv item's first user turn holds its records
-    return next(m["content"] for m in item["messages"] if m["role"] == "user")
-held_out = set()
-for path in (f"{data}/valid.jsonl", f"{data}/test.jsonl", f"{data}/suites/test_kv.jsonl"):
-    for line in open(path, encoding="utf-8"):
-        item = json.loads(line)
-        if item["task"] == "kv":
-            held_out.add(document(item))
-keep = []
-for line in open(extra, encoding="utf-8"):
-    item = json.loads(line)
-    if item["task"] == "kv" and item["difficulty"] <= 2 and document(item) not in held_out:
-        keep.append(line)
-open(f"{out}/train.jsonl", "w", encoding="utf-8").writelines(keep[:-200])
-open(f"{out}/valid.jsonl", "w", encoding="utf-8").writelines(keep[-200:])
-PY
+head -n -200 "$work/kvextra/kv12.jsonl" > "$d/train.jsonl"
+tail -n 200 "$work/kvextra/kv12.jsonl" > "$d/valid.jsonl"
 t=models/translators/kvl-small__kvl-large.safetensors
 "$KVL" distill --source models/kvl-small --target models/kvl-large --init "$t" \
   --data "$d/train.jsonl" --valid "$d/valid.jsonl" --out "$d/kvl-small__kvl-large.safetensors" \

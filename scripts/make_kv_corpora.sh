@@ -16,7 +16,7 @@ KVL=${KVL_BIN:-build/tools/kvl}
 work=$1
 d="$work/kvextra"
 mkdir -p "$d"
-[ -f "$d/corpora.done" ] && exit 0
+[ -f "$d/corpora.done" ] && [ -f "$d/kv12.jsonl" ] && exit 0
 if [ ! -f "$d/data2.done" ]; then
   "$KVL" make-data --out "$d/data2" --seed 2 \
     --train-conversations 300000 --valid-conversations 10 --test-conversations 10 \
@@ -38,10 +38,13 @@ for path in (f"{data}/valid.jsonl", f"{data}/test.jsonl", f"{data}/suites/test_k
         if item["task"] == "kv":
             held_out.add(document(item))
 extra = []  # (level, rendered)
-for line in open(f"{out}/data2/train.jsonl", encoding="utf-8"):
-    item = json.loads(line)
-    if item["task"] == "kv" and document(item) not in held_out:
-        extra.append((item["difficulty"], render(item["messages"])))
+with open(f"{out}/kv12.jsonl.tmp", "w", encoding="utf-8") as kv12:
+    for line in open(f"{out}/data2/train.jsonl", encoding="utf-8"):
+        item = json.loads(line)
+        if item["task"] == "kv" and document(item) not in held_out:
+            extra.append((item["difficulty"], render(item["messages"])))
+            if item["difficulty"] <= 2:
+                kv12.write(line)
 tasks = open(f"{data}/train.txt", encoding="utf-8").read().rstrip("\n") + "\n\n"
 CORPORA = (("kv", {1, 2, 3}, False), ("kv1", {1}, False), ("tasks+kv", {1, 2, 3}, True),
            ("tasks+kv12", {1, 2}, True), ("tasks+kv1", {1}, True))
@@ -50,6 +53,7 @@ for name, levels, with_tasks in CORPORA:  # each whole or not at all
         f.write((tasks if with_tasks else "") + "".join(t for level, t in extra if level in levels))
 for name, _, _ in CORPORA:
     os.replace(f"{out}/{name}.txt.tmp", f"{out}/{name}.txt")
+os.replace(f"{out}/kv12.jsonl.tmp", f"{out}/kv12.jsonl")
 print(f"{len(extra)} extra kv conversations in {out}")
 PY
 touch "$d/corpora.done"
