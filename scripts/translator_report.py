@@ -58,7 +58,8 @@ def main():
         "Maps: in both pairs each target layer reads every source layer (`kvl fit",
         "--assignment relative_depth --band all`), distilled on windows that start",
         "anywhere, then on windows that end where a chat hands over (`kvl distill",
-        "--hand-over chat`).",
+        "--hand-over chat`), then, where that moved the maps, 2000 steps back on windows",
+        "that start anywhere at lr 2e-4 → 2e-5.",
         "",
         f"| direction | windows | native | no prefix | closed-form gap (all / first {first_k}) | "
         f"distilled gap (all / first {first_k}) | recovered, closed-form (all / first {first_k}) | "
@@ -174,22 +175,34 @@ def main():
                "  source layer compound far more than one-layer maps: the shape-preserving pair",
                "  mapped layer to layer stayed 0.13–0.15 above re-prefill, docs/translators.md).",
                "  The router translates span-wise (DESIGN.md decision 1)."]
-    # Distillation runs: on windows that start anywhere (S__T.any.distill.json
-    # where a hand-over stage followed, else S__T.distill.json), and the
-    # hand-over stage (S__T.distill.json with a hand_over other than "any").
-    anywhere, hand_over = {}, {}
+    # Distillation runs, by stage: on windows that start anywhere
+    # (S__T.any.distill.json where later stages followed, else S__T.distill.json),
+    # at chat hand-overs (S__T.chat.distill.json where a low-lr pass followed,
+    # else S__T.distill.json with a hand_over other than "any"), and the low-lr
+    # pass back on windows that start anywhere (S__T.distill.json with
+    # hand_over "any" after the other two).
+    anywhere, hand_over, polish = {}, {}, {}
     for n in names:
-        last_path = os.path.join(ROOT, "models", "translators", n + ".distill.json")
-        any_path = os.path.join(ROOT, "models", "translators", n + ".any.distill.json")
-        last = json.load(open(last_path)) if os.path.exists(last_path) else None
-        if os.path.exists(any_path):
-            anywhere[n] = json.load(open(any_path))
-        elif last and last.get("hand_over", "any") == "any":
+        runs = {}
+        for stage in ("any.", "chat.", ""):
+            path = os.path.join(ROOT, "models", "translators", f"{n}.{stage}distill.json")
+            if os.path.exists(path):
+                runs[stage] = json.load(open(path))
+        last = runs.get("")
+        last_any = last is not None and last.get("hand_over", "any") == "any"
+        if "any." in runs:
+            anywhere[n] = runs["any."]
+        elif last_any:
             anywhere[n] = last
-        if last and last.get("hand_over", "any") != "any":
+        if "chat." in runs:
+            hand_over[n] = runs["chat."]
+        elif last and not last_any:
             hand_over[n] = last
+        if last_any and "any." in runs:
+            polish[n] = last
     for stage, runs in (("on windows that start anywhere", anywhere),
-                        ("at chat hand-overs", hand_over)):
+                        ("at chat hand-overs", hand_over),
+                        ("back on windows that start anywhere, at low lr", polish)):
         if not runs:
             continue
         steps = sorted({r["steps"] for r in runs.values()})
