@@ -58,7 +58,7 @@ def main():
         "Maps: in both pairs each target layer reads every source layer (`kvl fit",
         "--assignment relative_depth --band all`), distilled on windows that start",
         "anywhere, then on windows that end where a chat hands over (`kvl distill",
-        "--hand-over chat`), then, where that moved the maps, 2000 steps back on windows",
+        "--hand-over chat`), then, where that moved the maps, 4000 steps back on windows",
         "that start anywhere at lr 2e-4 → 2e-5.",
         "",
         f"| direction | windows | native | no prefix | closed-form gap (all / first {first_k}) | "
