@@ -40,6 +40,12 @@ TIMES="$WORK/translator_times.tsv"
 touch "$TIMES"
 
 source scripts/timed.sh
+# keep_logs FROM.safetensors TO_PREFIX EXT...: copies kvl distill's side files
+# FROM.<ext> to TO_PREFIX.<ext>.
+keep_logs() {
+  local from=${1%.safetensors} to=$2; shift 2
+  for f in "$@"; do cp "$from.$f" "$to.$f"; done
+}
 
 PAIRS=${KVL_TRANSLATOR_PAIRS:-kvl-small:kvl-large kvl-large:kvl-small kvl-small:kvl-small-b kvl-small-b:kvl-small}
 for pair in $PAIRS; do
@@ -83,9 +89,7 @@ for pair in $PAIRS; do
   # holds the best maps seen, so where no step beats the stage-2 maps at
   # hand-overs (kvl-small -> kvl-large after 4800 stage-2 steps) it holds
   # those.
-  for f in distill.json distill.jsonl distill.png; do
-    cp "${stage2%.safetensors}.$f" "$base.any.$f"
-  done
+  keep_logs "$stage2" "$base.any" distill.json distill.jsonl distill.png
   chat_lr=(--lr 1e-3)
   [ "$s:$t" = kvl-large:kvl-small ] && chat_lr=(--lr 3e-4 --min-lr 3e-5)
   stage3="$WORK/translators/${s}__${t}.chat.safetensors"
@@ -107,14 +111,10 @@ for pair in $PAIRS; do
     "${stage3%.safetensors}.distill.json")
   if [ "$chat_best" = 0 ]; then
     cp "$stage3" "$base.safetensors"
-    for f in distill.json distill.jsonl distill.png distill.dat distill.gp; do
-      cp "${stage3%.safetensors}.$f" "$base.$f"
-    done
+    keep_logs "$stage3" "$base" distill.json distill.jsonl distill.png distill.dat distill.gp
     rm -f "$base".chat.distill.*
   else
-    for f in distill.json distill.jsonl distill.png; do
-      cp "${stage3%.safetensors}.$f" "$base.chat.$f"
-    done
+    keep_logs "$stage3" "$base.chat" distill.json distill.jsonl distill.png
     timed "distill-polish $s->$t" "$KVL" distill --source "models/$s" --target "models/$t" \
       --init "$stage3" --data "$WORK/data/train.jsonl" --valid "$WORK/data/valid.jsonl" \
       --out "$base.safetensors" --steps "${KVL_POLISH_STEPS:-4000}" \
