@@ -28,11 +28,13 @@
 //
 //   translator_bench [--threads 2] [--configs models/configs] [--out FILE]
 //                    [--contexts 64,256,1024,4096,8192] [--repeat K] [--band N|all]
-//                    [--translate-dtype auto|float32|bfloat16]
+//                    [--translate-dtype auto|float32|bfloat16] [--inputs split|joint]
 // --repeat multiplies the number of runs each time is the best of (a busy
 // machine needs more to find a quiet moment). --translate-dtype: the
 // translator's arithmetic (default auto: what the server's "auto" picks on this
 // CPU, kvl::FastestTranslateDtype); the models run in float32 either way.
+// --inputs joint: maps that read the source's keys and values (twice the
+// inputs; translator/README.md).
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
@@ -78,7 +80,7 @@ T Check(absl::StatusOr<T> v) {
 // band 0: every source layer.
 std::unique_ptr<kvl::Translator> RandomTranslator(const kvl::ModelConfig& s,
                                                   const kvl::ModelConfig& t, int64_t band,
-                                                  kvl::DType compute) {
+                                                  kvl::MapInputs inputs, kvl::DType compute) {
   if (band == 0) band = s.n_layer;
   kvl::TranslatorSpec spec;
   spec.source = kvl::EndpointOf(s, "bench-source", "bench");
@@ -86,8 +88,10 @@ std::unique_ptr<kvl::Translator> RandomTranslator(const kvl::ModelConfig& s,
   spec.assignment_kind = "relative_depth";
   spec.band = band;
   spec.assignment = Check(kvl::RelativeDepthAssignment(s.n_layer, t.n_layer, band));
+  spec.inputs = inputs;
   spec.training.method = "random";
-  const int64_t in = band * s.n_head_kv * s.head_dim, out = t.n_head_kv * t.head_dim;
+  const int64_t blocks = inputs == kvl::MapInputs::kJoint ? 2 * band : band;
+  const int64_t in = blocks * s.n_head_kv * s.head_dim, out = t.n_head_kv * t.head_dim;
   kvl::TranslatorMaps keys, values;
   for (kvl::TranslatorMaps* m : {&keys, &values}) {
     for (int64_t il = 0; il < t.n_layer; ++il) {
@@ -113,6 +117,7 @@ int main(int argc, char** argv) {
   kvl::ReexecWithPassiveOpenMpWait(argv);
   int n_threads = 2, repeat = 1;
   int64_t band = 0;  // all
+  kvl::MapInputs inputs = kvl::MapInputs::kSplit;
   kvl::DType compute = kvl::FastestTranslateDtype();
   std::string out_path, configs = "models/configs";
   std::vector<int64_t> contexts = {64, 256, 1024, 4096, 8192};
@@ -126,6 +131,13 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--band") == 0 && i + 1 < argc) {
       ++i;
       band = std::strcmp(argv[i], "all") == 0 ? 0 : std::max(1, std::atoi(argv[i]));
+    } else if (std::strcmp(argv[i], "--inputs") == 0 && i + 1 < argc) {
+      absl::StatusOr<kvl::MapInputs> parsed = kvl::ParseMapInputs(argv[++i]);
+      if (!parsed.ok()) {
+        std::fprintf(stderr, "translator_bench: --inputs split|joint\n");
+        return 2;
+      }
+      inputs = *parsed;
     } else if (std::strcmp(argv[i], "--translate-dtype") == 0 && i + 1 < argc) {
       const std::string name = argv[++i];
       if (name != "auto") {
@@ -145,7 +157,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: translator_bench [--threads N] [--configs DIR] [--out FILE] "
-                   "[--contexts 64,256,...] [--repeat K] [--band N|all] "
+                   "[--contexts 64,256,...] [--repeat K] [--band N|all] [--inputs split|joint] "
                    "[--translate-dtype auto|float32|bfloat16]\n");
       return 2;
     }
@@ -175,12 +187,12 @@ int main(int argc, char** argv) {
   std::snprintf(buf, sizeof buf,
                 "translator_bench: kvl-small (L=%lld H=%lld D=%lld) and kvl-large (L=%lld H=%lld "
                 "D=%lld) shapes, random init, fp32 models, %d intra-op threads, prefill chunk "
-                "%lld, translator band %s computing in %s",
+                "%lld, translator band %s, %s inputs, computing in %s",
                 (long long)small.config.n_layer, (long long)small.config.n_head_kv,
                 (long long)small.config.head_dim, (long long)large.config.n_layer,
                 (long long)large.config.n_head_kv, (long long)large.config.head_dim, n_threads,
                 (long long)options.prefill_chunk, band == 0 ? "all" : std::to_string(band).c_str(),
-                kvl::DTypeName(compute));
+                kvl::MapInputsName(inputs), kvl::DTypeName(compute));
   emit(buf);
 
   // The rate the translation's own arithmetic could reach.
@@ -204,7 +216,7 @@ int main(int argc, char** argv) {
   for (const Direction& dir : {Direction{"small->large", small_engine.get(), large_engine.get()},
                                Direction{"large->small", large_engine.get(), small_engine.get()}}) {
     const std::unique_ptr<kvl::Translator> tr =
-        RandomTranslator(dir.source->config(), dir.target->config(), band, compute);
+        RandomTranslator(dir.source->config(), dir.target->config(), band, inputs, compute);
     emit("");
     std::snprintf(buf, sizeof buf, "%s: TTFT after a switch (ms, best of runs)", dir.name);
     emit(buf);

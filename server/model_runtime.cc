@@ -145,9 +145,9 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> LoadModelRuntime(const ServerConfi
     }
     absl::StatusOr<std::unique_ptr<Translator>> loaded = Translator::Load(t.path, expect, compute);
     if (!loaded.ok()) return Annotate(loaded.status(), where);
-    spdlog::info("loaded translator {} ({} -> {}) from {}, computing in {}{}", t.name, t.source,
-                 t.target, t.path, DTypeName(compute),
-                 t.compute_dtype == TranslateDtype::kAuto ? " (auto)" : "");
+    spdlog::info("loaded translator {} ({} -> {}) from {}, {} maps, computing in {}{}", t.name,
+                 t.source, t.target, t.path, MapInputsName((*loaded)->spec().inputs),
+                 DTypeName(compute), t.compute_dtype == TranslateDtype::kAuto ? " (auto)" : "");
     translators.push_back({t.name, t.path, source, target, *std::move(loaded)});
   }
   auto runtime = std::make_unique<ModelRuntime>();

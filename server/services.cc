@@ -421,6 +421,7 @@ grpc::ServerUnaryReactor* ModelServiceImpl::ListTranslators(
       info->set_target(deps_.router->model_names()[t.target]);
       info->set_assignment(spec.assignment_kind);
       info->set_band(static_cast<uint32_t>(spec.band));
+      info->set_inputs(MapInputsName(spec.inputs));
       int64_t n_params = 0;
       for (const TranslatorMaps* maps : {&t.translator->key_maps(), &t.translator->value_maps()}) {
         for (const at::Tensor& w : maps->weight) n_params += w.numel();

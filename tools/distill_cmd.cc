@@ -18,6 +18,7 @@ constexpr char kUsage[] =
     "                   [--steps 600] [--lr 1e-3] [--min-lr 1e-4] [--warmup 30]\n"
     "                   [--weight-decay 0] [--clip 1.0] [--eval-every 50]\n"
     "                   [--valid-windows 64] [--seed 0] [--threads N] [--bf16] [--quiet]\n"
+    "                   [--whiten] [--whiten-floor 1e-3] [--whiten-windows 64]\n"
     "                   [--no-plot]\n"
     "Both models stay frozen; only the maps of the closed-form translator --init\n"
     "(kvl fit) are trained. Each sample is a window of prefix + continuation tokens\n"
@@ -40,7 +41,10 @@ constexpr char kUsage[] =
     "always holds the best maps (training.method \"distilled\"). Also writes\n"
     "OUT.distill.jsonl (per step), OUT.distill.json (summary) and OUT.distill.png\n"
     "(curves). --bf16: the training steps' forwards under bf16 autocast (faster;\n"
-    "the validation KL stays float32).\n";
+    "the validation KL stays float32). --whiten: Adam moves each map in whitened\n"
+    "input coordinates, W = V·P with P = (C + f·tr(C)/d·I)^(-1/2) (f: --whiten-floor),\n"
+    "C the covariance of the map's inputs over the source's prefixes of the first\n"
+    "--whiten-windows training windows; the file holds W.\n";
 
 int Fail(const std::string& message, int code = 1) {
   std::fprintf(stderr, "kvl distill: %s\n", message.c_str());
@@ -54,8 +58,8 @@ int RunDistill(const Args& args) {
       args,
       {"source", "target", "init", "data", "valid", "out", "prefix", "continuation", "hand-over", "score", "batch",
        "steps", "lr", "min-lr", "warmup", "weight-decay", "clip", "eval-every", "valid-windows",
-       "seed", "threads"},
-      {"quiet", "no-plot", "bf16"});
+       "seed", "threads", "whiten-floor", "whiten-windows"},
+      {"quiet", "no-plot", "bf16", "whiten"});
   if (!flags.ok()) return Fail(std::string(flags.status().message()) + " (see --help)", 2);
   if (flags->help) {
     std::fputs(kUsage, stdout);
@@ -91,7 +95,9 @@ int RunDistill(const Args& args) {
         FlagInt(*flags, "valid-windows", &o.valid_windows), FlagInt(*flags, "seed", &seed),
         FlagInt(*flags, "threads", &threads), FlagDouble(*flags, "lr", &o.lr),
         FlagDouble(*flags, "min-lr", &o.min_lr), FlagDouble(*flags, "clip", &o.clip),
-        FlagDouble(*flags, "weight-decay", &o.weight_decay)}) {
+        FlagDouble(*flags, "weight-decay", &o.weight_decay),
+        FlagInt(*flags, "whiten-windows", &o.whiten_windows),
+        FlagDouble(*flags, "whiten-floor", &o.whiten_floor)}) {
     if (!s.ok()) return Fail(std::string(s.message()), 2);
   }
   if (seed < 0 || threads < 0) return Fail("--seed and --threads must be non-negative", 2);
@@ -100,6 +106,7 @@ int RunDistill(const Args& args) {
   o.progress = !flags->switches.count("quiet");
   o.plot = !flags->switches.count("no-plot");
   o.bf16 = flags->switches.count("bf16") > 0;
+  o.whiten = flags->switches.count("whiten") > 0;
 
   absl::StatusOr<DistillResult> r = Distill(o);
   if (!r.ok()) {

@@ -33,7 +33,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: kvl fit --source DIR --target DIR --data FILE.jsonl|FILE.txt --out FILE\n"
     "               [--assignment same_index|relative_depth|top_r2|greedy] [--band N|all]\n"
-    "               [--ridge L]\n"
+    "               [--inputs split|joint] [--ridge L]\n"
     "               [--weighting uniform|attention] [--attention-queries C] [--no-bias]\n"
     "               [--max-sequences N] [--seq-len T]\n"
     "               [--threads N] [--quiet]\n"
@@ -46,6 +46,9 @@ constexpr char kUsage[] =
     "single-layer R² tables) to the same path with extension .r2.json.\n"
     "--band all: every target layer reads every source layer (the band is the\n"
     "source's depth; the default assignment is then relative_depth).\n"
+    "--inputs joint: both maps of a target layer read the keys and the values of its\n"
+    "assigned source layers (default split: key maps read keys, value maps values;\n"
+    "the assignment is chosen by split R² either way).\n"
     "Defaults: assignment same_index when depths match, else relative_depth; band 1;\n"
     "ridge 1e-4; max-sequences 512 (0: all); seq-len 256; threads 0 (all cores).\n"
     "--weighting attention: each sequence's last C tokens (--attention-queries,\n"
@@ -57,7 +60,7 @@ constexpr char kUsage[] =
 const std::set<std::string> kValueFlags = {"source",  "target",        "data",    "out",
                                            "assignment", "band",       "ridge",   "weighting",
                                            "max-sequences", "seq-len", "threads",
-                                           "attention-queries"};
+                                           "attention-queries", "inputs"};
 
 int UsageError(const std::string& message) {
   std::fprintf(stderr, "kvl fit: %s (see kvl fit --help)\n", message.c_str());
@@ -223,6 +226,8 @@ int RunFit(const Args& args) {
     return UsageError("--weighting must be uniform or attention");
   }
   if (attention_queries < 1) return UsageError("--attention-queries must be >= 1");
+  absl::StatusOr<MapInputs> inputs = ParseMapInputs(flags.count("inputs") ? flags["inputs"] : "split");
+  if (!inputs.ok()) return UsageError("--inputs must be split or joint");
 
   absl::StatusOr<LoadedModel> source = Load(flags["source"], n_threads, seq_len);
   if (!source.ok()) return Fail(std::string(source.status().message()));
@@ -251,6 +256,7 @@ int RunFit(const Args& args) {
   spec.assignment_kind = kind;
   spec.band = band;
   spec.bias = bias;
+  spec.inputs = *inputs;
   spec.training.method = "closed_form";
   spec.training.weighting = weighting;
   spec.training.corpus = flags["data"];
@@ -324,6 +330,7 @@ int RunFit(const Args& args) {
       {"band", band},
       {"ridge", ridge},
       {"bias", bias},
+      {"inputs", MapInputsName(*inputs)},
       {"weighting", weighting},
       {"n_sequences", (*moments)->n_spans()},
       {"n_tokens", (*moments)->n_tokens()},

@@ -74,10 +74,11 @@ absl::StatusOr<LayerAblation> AblateTranslator(const TranslatorModel& source,
     const ReferenceOutput from_source =
         ReferenceForward(source.config(), source.weights32, prefix, capture);
     const ReferenceOutput native = ReferenceForward(tc, target.weights32, prefix, capture);
-    const std::vector<at::Tensor> keys = TranslateBatch(
-        from_source.keys_prenorm, spec.assignment.keys, translator.key_maps(), spec.target);
-    const std::vector<at::Tensor> values = TranslateBatch(
-        from_source.values, spec.assignment.values, translator.value_maps(), spec.target);
+    const TranslatedBatch translated =
+        TranslateBatchKv(spec, translator.key_maps(), translator.value_maps(),
+                         from_source.keys_prenorm, from_source.values);
+    const std::vector<at::Tensor>& keys = translated.keys;
+    const std::vector<at::Tensor>& values = translated.values;
     const at::Tensor continuation = ids.narrow(1, n_prefix, n_cont);
     for (size_t m = 0; m < mixes.size(); ++m) {
       ReferenceOptions mixed;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -122,6 +123,30 @@ std::vector<at::Tensor> TranslateBatch(const std::vector<at::Tensor>& source,
   return out;
 }
 
+Whitening WhiteningOf(const at::Tensor& xx, const at::Tensor& x_sum, int64_t n, double floor) {
+  const at::Tensor mean = x_sum / static_cast<double>(n);
+  const at::Tensor cov = xx / static_cast<double>(n) - at::outer(mean, mean);
+  const int64_t d = cov.size(0);
+  auto [lambda, u] = at::linalg_eigh(cov);
+  const at::Tensor l =
+      lambda.clamp_min(0) + floor * cov.trace().item<double>() / static_cast<double>(d);
+  Whitening w;
+  w.p = u.matmul(at::diag(l.rsqrt())).matmul(u.t()).to(at::kFloat).contiguous();
+  w.p_inv = u.matmul(at::diag(l.sqrt())).matmul(u.t()).to(at::kFloat).contiguous();
+  return w;
+}
+
+TranslatedBatch TranslateBatchKv(const TranslatorSpec& spec, const TranslatorMaps& keys,
+                                 const TranslatorMaps& values,
+                                 const std::vector<at::Tensor>& source_keys,
+                                 const std::vector<at::Tensor>& source_values) {
+  std::vector<at::Tensor> blocks = source_keys;  // InputBlocks order: keys, then values
+  blocks.insert(blocks.end(), source_values.begin(), source_values.end());
+  const InputBlocks lists = InputBlocksOf(spec.assignment, spec.inputs, spec.source.n_layer);
+  return {TranslateBatch(blocks, lists.keys, keys, spec.target),
+          TranslateBatch(blocks, lists.values, values, spec.target)};
+}
+
 at::Tensor DistillKl(const ModelConfig& source_config, const ModelWeights& source_weights,
                      const ModelConfig& target_config, const ModelWeights& target_weights,
                      const TranslatorSpec& spec, const TranslatorMaps& keys,
@@ -144,9 +169,10 @@ at::Tensor DistillKl(const ModelConfig& source_config, const ModelWeights& sourc
     source_out = ReferenceForward(source_config, source_weights, ids.narrow(1, 0, n_prefix), so);
   }
   ReferenceOptions to = plain;
-  to.prefix_keys = TranslateBatch(source_out.keys_prenorm, spec.assignment.keys, keys, spec.target);
-  to.prefix_values =
-      TranslateBatch(source_out.values, spec.assignment.values, values, spec.target);
+  TranslatedBatch translated =
+      TranslateBatchKv(spec, keys, values, source_out.keys_prenorm, source_out.values);
+  to.prefix_keys = std::move(translated.keys);
+  to.prefix_values = std::move(translated.values);
   const at::Tensor student =
       ReferenceForward(target_config, target_weights, ids.narrow(1, n_prefix, n_cont), to).logits;
   const at::Tensor student_logp = at::log_softmax(student, -1);
@@ -231,6 +257,9 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
         "warmup, eval-every, weight-decay >= 0");
   }
   if (o.out_path.empty()) return absl::InvalidArgumentError("an output path is required");
+  if (o.whiten && (o.whiten_windows < 1 || !(o.whiten_floor > 0))) {
+    return absl::InvalidArgumentError("whitening needs whiten-windows >= 1 and whiten-floor > 0");
+  }
   if (o.score_assistant && o.hand_over == HandOver::kAny) {
     // Windows cut anywhere often hold no reply to score.
     return absl::InvalidArgumentError("scoring assistant replies needs a hand-over other than any");
@@ -317,15 +346,66 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
   const at::Tensor train_ids =
       at::from_blob(train->data(), {n_train}, at::TensorOptions().dtype(at::kInt)).to(at::kLong);
 
-  // Trainable float32 copies of the init maps.
+  // The windows of training step `step` (1-based).
+  auto step_offsets = [&](int64_t step) {
+    return train_starts.empty() ? BatchOffsets(o.seed, step, o.batch, window - 1, n_train)
+                                : BatchOffsets(o.seed, step, o.batch, train_starts);
+  };
   TranslatorSpec spec = (*init)->spec();
+  const InputBlocks blocks = InputBlocksOf(spec.assignment, spec.inputs, spec.source.n_layer);
+  // --whiten: one preconditioner per distinct input list (with --band all,
+  // one for all maps), from the source's prefixes of the first steps' windows.
+  std::map<std::vector<int64_t>, Whitening> whitening;
+  if (o.whiten) {
+    c10::AutoGradMode no_grad(false);
+    struct Moments {
+      at::Tensor xx, x_sum;
+      int64_t n = 0;
+    };
+    std::map<std::vector<int64_t>, Moments> moments;
+    for (const auto* lists : {&blocks.keys, &blocks.values}) {
+      for (const std::vector<int64_t>& l : *lists) moments[l];
+    }
+    ReferenceOptions capture;
+    capture.grouped_attention = true;
+    capture.capture_kv = true;
+    capture.last_logits_only = true;
+    for (int64_t step = 1, taken = 0; taken < o.whiten_windows; ++step) {
+      std::vector<at::Tensor> rows;
+      for (int64_t off : step_offsets(step)) {
+        if (taken++ < o.whiten_windows) rows.push_back(train_ids.narrow(0, off, o.prefix));
+      }
+      const ReferenceOutput out =
+          ReferenceForward(source->config(), source->weights32, at::stack(rows), capture);
+      std::vector<at::Tensor> layers = out.keys_prenorm;  // InputBlocks order
+      layers.insert(layers.end(), out.values.begin(), out.values.end());
+      for (auto& [list, m] : moments) {
+        std::vector<at::Tensor> parts;
+        for (int64_t b : list) {
+          const at::Tensor& x = layers[static_cast<size_t>(b)];  // [B, H_s, T, D_s]
+          parts.push_back(x.permute({0, 2, 1, 3}).reshape({x.size(0) * x.size(2), -1}));
+        }
+        const at::Tensor x = at::cat(parts, 1).to(at::kDouble);  // [B*T, d]
+        m.xx = m.xx.defined() ? m.xx.addmm_(x.t(), x) : x.t().matmul(x);
+        m.x_sum = m.x_sum.defined() ? m.x_sum.add_(x.sum(0)) : x.sum(0);
+        m.n += x.size(0);
+      }
+    }
+    for (const auto& [list, m] : moments) {
+      whitening[list] = WhiteningOf(m.xx, m.x_sum, m.n, o.whiten_floor);
+    }
+  }
+  // Trainable float32 copies of the init maps (whitened: V = W·P⁻¹).
   TranslatorMaps keys, values;
   std::vector<at::Tensor> params, exp_avg, exp_avg_sq;
   std::vector<bool> decay;
-  for (const auto& [from, to] : {std::pair{&(*init)->key_maps(), &keys},
-                                 std::pair{&(*init)->value_maps(), &values}}) {
-    for (const at::Tensor& w : from->weight) {
-      to->weight.push_back(w.to(at::kFloat).clone().set_requires_grad(true));
+  for (const auto& [from, to, lists] :
+       {std::tuple{&(*init)->key_maps(), &keys, &blocks.keys},
+        std::tuple{&(*init)->value_maps(), &values, &blocks.values}}) {
+    for (size_t il = 0; il < from->weight.size(); ++il) {
+      at::Tensor w = from->weight[il].to(at::kFloat).clone();
+      if (o.whiten) w = w.matmul(whitening.at((*lists)[il]).p_inv);
+      to->weight.push_back(w.set_requires_grad(true));
       params.push_back(to->weight.back());
       decay.push_back(true);
     }
@@ -344,11 +424,25 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
     for (at::Tensor& t : m->weights32.All()) t.set_requires_grad(false);
   }
 
+  // The maps W the translator applies: the trained tensors, or V·P when
+  // whitening (in the autograd graph when grad mode is on).
+  auto applied = [&](const TranslatorMaps& trained, const std::vector<std::vector<int64_t>>& lists) {
+    if (!o.whiten) return trained;
+    TranslatorMaps w;
+    w.bias = trained.bias;
+    for (size_t il = 0; il < trained.weight.size(); ++il) {
+      w.weight.push_back(trained.weight[il].matmul(whitening.at(lists[il]).p));
+    }
+    return w;
+  };
+
   DistillResult result;
   result.n_train_tokens = n_train;
   result.n_valid_windows = static_cast<int64_t>(valid_windows.ids.size());
   auto valid_kl = [&] {
-    return MeanKl(*source, *target, spec, keys, values, valid_windows, o.batch, o.prefix);
+    c10::AutoGradMode no_grad(false);
+    return MeanKl(*source, *target, spec, applied(keys, blocks.keys),
+                  applied(values, blocks.values), valid_windows, o.batch, o.prefix);
   };
   auto save = [&](int64_t step) -> absl::Status {
     TranslatorSpec out = spec;
@@ -358,9 +452,11 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
     out.training.n_sequences = step * o.batch;
     out.training.n_tokens = step * o.batch * window;
     TranslatorMaps k, v;
-    for (const auto& [from, to] : {std::pair{&keys, &k}, std::pair{&values, &v}}) {
-      for (const at::Tensor& w : from->weight) to->weight.push_back(w.detach().clone());
-      for (const at::Tensor& b : from->bias) to->bias.push_back(b.detach().clone());
+    c10::AutoGradMode no_grad(false);
+    for (const auto& [from, to] : {std::pair{applied(keys, blocks.keys), &k},
+                                   std::pair{applied(values, blocks.values), &v}}) {
+      for (const at::Tensor& w : from.weight) to->weight.push_back(w.detach().clone());
+      for (const at::Tensor& b : from.bias) to->bias.push_back(b.detach().clone());
     }
     absl::StatusOr<std::unique_ptr<Translator>> t =
         Translator::Create(std::move(out), std::move(k), std::move(v));
@@ -390,9 +486,7 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
   for (int64_t step = 1; step <= o.steps; ++step) {
     const Clock::time_point t0 = Clock::now();
     std::vector<at::Tensor> rows, weights;
-    for (int64_t off : train_starts.empty()
-                           ? BatchOffsets(o.seed, step, o.batch, window - 1, n_train)
-                           : BatchOffsets(o.seed, step, o.batch, train_starts)) {
+    for (int64_t off : step_offsets(step)) {
       rows.push_back(train_ids.narrow(0, off, window));
       if (train_weights.defined()) {
         weights.push_back(train_weights.narrow(0, off + o.prefix + 1, o.continuation));
@@ -400,10 +494,13 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
     }
     at::Tensor loss;
     {
+      // W = V·P in float32, before autocast would round P to bfloat16.
+      const TranslatorMaps step_keys = applied(keys, blocks.keys);
+      const TranslatorMaps step_values = applied(values, blocks.values);
       std::optional<Bf16AutocastScope> autocast;
       if (o.bf16) autocast.emplace();
       loss = DistillKl(source->config(), source->weights32, target->config(), target->weights32,
-                       spec, keys, values, at::stack(rows), o.prefix,
+                       spec, step_keys, step_values, at::stack(rows), o.prefix,
                        weights.empty() ? at::Tensor() : at::stack(weights));
     }
     loss.backward();
@@ -479,6 +576,9 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
       {"warmup", o.warmup},            {"weight_decay", o.weight_decay},
       {"clip", o.clip},                {"seed", o.seed},
       {"bf16_autocast", o.bf16},
+      {"whiten", o.whiten ? nlohmann::json{{"floor", o.whiten_floor},
+                                           {"windows", o.whiten_windows}}
+                          : nlohmann::json(false)},
       {"valid_windows", result.n_valid_windows},
       {"initial_valid_kl", result.initial_valid_kl},
       {"best_valid_kl", result.best_valid_kl},

@@ -47,6 +47,25 @@ std::vector<at::Tensor> TranslateBatch(const std::vector<at::Tensor>& source,
                                        const TranslatorMaps& maps,
                                        const TranslatorEndpoint& target);
 
+// Both sides of a translator for a batch, reading spec.inputs: source
+// pre-norm keys and values L_s x [B, H_s, T, D_s] -> target pre-norm keys and
+// values L_t x [B, H_t, T, D_t] (TranslateBatch over the InputBlocks).
+struct TranslatedBatch {
+  std::vector<at::Tensor> keys, values;
+};
+TranslatedBatch TranslateBatchKv(const TranslatorSpec& spec, const TranslatorMaps& keys,
+                                 const TranslatorMaps& values,
+                                 const std::vector<at::Tensor>& source_keys,
+                                 const std::vector<at::Tensor>& source_values);
+
+// The whitening preconditioner of DistillOptions::whiten for the inputs x [N, d]
+// (rows: tokens) gathered in float64: {P, P⁻¹}, both [d, d] float32 symmetric,
+// P = (C + floor·tr(C)/d·I)^(-1/2) with C the covariance of the rows.
+struct Whitening {
+  at::Tensor p, p_inv;
+};
+Whitening WhiteningOf(const at::Tensor& xx, const at::Tensor& x_sum, int64_t n, double floor);
+
 // Mean KL(target native || target on translated prefix) per position over the
 // continuation, for windows ids [B, P + C] (see the file comment); with
 // `position_weights` [B, C], the weighted mean (0 when all weights are 0).
@@ -118,6 +137,15 @@ struct DistillOptions {
   // bf16 CPU autocast for the training steps' forwards (the maps stay float32
   // master weights; the validation KL is always float32). Off by default.
   bool bf16 = false;
+  // Train every map in whitened input coordinates: W = V·P with P = (C +
+  // whiten_floor·tr(C)/d·I)^(-1/2), C the covariance of the map's inputs over
+  // the source's prefixes of the first whiten_windows training windows; Adam
+  // moves V (started at W·P⁻¹), so each step changes the translated output
+  // alike along every input direction, whatever the scale and collinearity of
+  // the source's keys and values. The files hold W as always.
+  bool whiten = false;
+  double whiten_floor = 1e-3;
+  int64_t whiten_windows = 64;
   bool progress = true;
   bool plot = true;         // needs gnuplot
 };

@@ -59,16 +59,14 @@ absl::StatusOr<std::unique_ptr<MomentAccumulator>> MomentAccumulator::Create(
         "), over the limit of ", max_bytes));
   }
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
-  for (Side* side : {&m->keys_, &m->values_}) {
-    side->xx = at::zeros({m->n_in_ + 1, m->n_in_ + 1}, f64);
-    side->xy = at::zeros({m->n_in_ + 1, m->n_out_}, f64);
-    side->yy = at::zeros({m->n_out_}, f64);
-  }
+  m->xx_ = at::zeros({2 * m->n_in_ + 1, 2 * m->n_in_ + 1}, f64);
+  m->xy_ = at::zeros({2 * m->n_in_ + 1, 2 * m->n_out_}, f64);
+  m->yy_ = at::zeros({2 * m->n_out_}, f64);
   return m;
 }
 
 int64_t MomentAccumulator::Bytes() const {
-  return 2 * 8 * ((n_in_ + 1) * (n_in_ + 1) + (n_in_ + 1) * n_out_ + n_out_);
+  return 8 * ((2 * n_in_ + 1) * (2 * n_in_ + 1) + (2 * n_in_ + 1) * 2 * n_out_ + 2 * n_out_);
 }
 
 absl::Status MomentAccumulator::Add(const KvTaps& source, const KvTaps& target,
@@ -87,16 +85,15 @@ absl::Status MomentAccumulator::Add(const KvTaps& source, const KvTaps& target,
     c10::InferenceMode guard;
     const at::Tensor w = weights.defined() ? weights.to(at::kCPU, at::kDouble).unsqueeze(1)
                                            : at::Tensor();
-    for (const auto& [src, tgt, side] :
-         {std::tuple{&source.keys, &target.keys, &keys_}, {&source.values, &target.values, &values_}}) {
-      const at::Tensor x =
-          at::cat({Rows(*src), at::ones({n_tokens, 1}, at::TensorOptions().dtype(at::kDouble))}, 1);
-      const at::Tensor y = Rows(*tgt);
-      const at::Tensor xw = w.defined() ? x * w : x;
-      side->xx.addmm_(xw.t(), x);
-      side->xy.addmm_(xw.t(), y);
-      side->yy.add_(w.defined() ? (y * y * w).sum(0) : (y * y).sum(0));
-    }
+    const at::Tensor x =
+        at::cat({Rows(source.keys), Rows(source.values),
+                 at::ones({n_tokens, 1}, at::TensorOptions().dtype(at::kDouble))},
+                1);
+    const at::Tensor y = at::cat({Rows(target.keys), Rows(target.values)}, 1);
+    const at::Tensor xw = w.defined() ? x * w : x;
+    xx_.addmm_(xw.t(), x);
+    xy_.addmm_(xw.t(), y);
+    yy_.add_(w.defined() ? (y * y * w).sum(0) : (y * y).sum(0));
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("accumulating moments: ", e.what_without_backtrace()));
   }
@@ -105,19 +102,20 @@ absl::Status MomentAccumulator::Add(const KvTaps& source, const KvTaps& target,
   return absl::OkStatus();
 }
 
-at::Tensor MomentAccumulator::SolveOne(const Side& side, const std::vector<int64_t>& layers,
-                                       int64_t il, bool bias, double ridge, double* r2) const {
+at::Tensor MomentAccumulator::SolveOne(const std::vector<int64_t>& blocks, int64_t il,
+                                       bool values, bool bias, double ridge, double* r2) const {
   const int64_t in_per_layer = source_.n_head_kv * source_.head_dim;
   const int64_t out = target_.n_head_kv * target_.head_dim;
   std::vector<int64_t> idx;
-  for (int64_t s : layers) {
+  for (int64_t s : blocks) {
     for (int64_t k = 0; k < in_per_layer; ++k) idx.push_back(s * in_per_layer + k);
   }
   const int64_t d = static_cast<int64_t>(idx.size());
-  if (bias) idx.push_back(n_in_);
+  if (bias) idx.push_back(2 * n_in_);
+  const int64_t column = (values ? n_out_ : 0) + il * out;
   const at::Tensor index = at::tensor(idx, at::kLong);
-  const at::Tensor a = side.xx.index_select(0, index).index_select(1, index);
-  const at::Tensor b = side.xy.index_select(0, index).narrow(1, il * out, out);
+  const at::Tensor a = xx_.index_select(0, index).index_select(1, index);
+  const at::Tensor b = xy_.index_select(0, index).narrow(1, column, out);
 
   at::Tensor a_reg = a.clone();
   if (ridge > 0.0) {
@@ -132,10 +130,10 @@ at::Tensor MomentAccumulator::SolveOne(const Side& side, const std::vector<int64
     w = at::linalg_pinv(a_reg, /*rcond=*/1e-12, /*hermitian=*/true).matmul(b);
   }
   // SSE = Σ y² - 2 Σ W∘B + Σ W∘(A W), with the unregularised A.
-  const double sum_yy = side.yy.narrow(0, il * out, out).sum().item<double>();
+  const double sum_yy = yy_.narrow(0, column, out).sum().item<double>();
   const double sse = sum_yy - 2.0 * (w * b).sum().item<double>() + (w * a.matmul(w)).sum().item<double>();
-  const double sum_w = side.xx[n_in_][n_in_].item<double>();
-  const at::Tensor sum_y = side.xy[n_in_].narrow(0, il * out, out);
+  const double sum_w = xx_[2 * n_in_][2 * n_in_].item<double>();
+  const at::Tensor sum_y = xy_[2 * n_in_].narrow(0, column, out);
   const double sst = sum_yy - (sum_y * sum_y).sum().item<double>() / sum_w;
   *r2 = sst > 0.0 ? 1.0 - sse / sst : 0.0;
   return w;
@@ -151,20 +149,26 @@ absl::StatusOr<FitResult> MomentAccumulator::Fit(TranslatorSpec spec, double rid
   TranslatorMaps keys, values;
   try {
     c10::InferenceMode guard;
-    for (const auto& [lists, side, maps, r2s] :
-         {std::tuple{&spec.assignment.keys, &keys_, &keys, &result.r2_keys},
-          {&spec.assignment.values, &values_, &values, &result.r2_values}}) {
+    for (const std::vector<std::vector<int64_t>>* lists :
+         {&spec.assignment.keys, &spec.assignment.values}) {
       if (static_cast<int64_t>(lists->size()) != target_.n_layer) {
         return absl::InvalidArgumentError("assignment must list every target layer");
       }
-      for (int64_t il = 0; il < target_.n_layer; ++il) {
-        for (int64_t s : (*lists)[il]) {
+      for (const std::vector<int64_t>& list : *lists) {
+        for (int64_t s : list) {
           if (s < 0 || s >= source_.n_layer) {
             return absl::InvalidArgumentError(absl::StrCat("source layer ", s, " out of range"));
           }
         }
+      }
+    }
+    const InputBlocks blocks = InputBlocksOf(spec.assignment, spec.inputs, source_.n_layer);
+    for (const auto& [lists, is_values, maps, r2s] :
+         {std::tuple{&blocks.keys, false, &keys, &result.r2_keys},
+          {&blocks.values, true, &values, &result.r2_values}}) {
+      for (int64_t il = 0; il < target_.n_layer; ++il) {
         double r2 = 0.0;
-        const at::Tensor w = SolveOne(*side, (*lists)[il], il, spec.bias, ridge, &r2);
+        const at::Tensor w = SolveOne((*lists)[il], il, is_values, spec.bias, ridge, &r2);
         const int64_t d = w.size(0) - (spec.bias ? 1 : 0);
         // Leave inference mode for the maps: distillation trains them later.
         {
@@ -196,12 +200,15 @@ absl::StatusOr<SingleLayerR2Table> MomentAccumulator::SingleLayerR2(bool bias,
   SingleLayerR2Table table;
   try {
     c10::InferenceMode guard;
-    for (const auto& [side, out] : {std::pair{&keys_, &table.keys}, {&values_, &table.values}}) {
+    // Split semantics: target keys from source keys, values from values
+    // (block L_s + s holds the values of source layer s).
+    for (const auto& [is_values, out] : {std::pair{false, &table.keys}, {true, &table.values}}) {
       *out = at::zeros({target_.n_layer, source_.n_layer}, at::kDouble);
       double* p = out->data_ptr<double>();
+      const int64_t offset = is_values ? source_.n_layer : 0;
       for (int64_t il = 0; il < target_.n_layer; ++il) {
         for (int64_t s = 0; s < source_.n_layer; ++s) {
-          SolveOne(*side, {s}, il, bias, ridge, &p[il * source_.n_layer + s]);
+          SolveOne({offset + s}, il, is_values, bias, ridge, &p[il * source_.n_layer + s]);
         }
       }
     }
@@ -221,8 +228,10 @@ absl::StatusOr<LayerAssignment> MomentAccumulator::GreedyAssignment(int64_t band
   LayerAssignment assignment;
   try {
     c10::InferenceMode guard;
-    for (const auto& [side, out] :
-         {std::pair{&keys_, &assignment.keys}, {&values_, &assignment.values}}) {
+    // Split semantics, as SingleLayerR2.
+    for (const auto& [is_values, out] :
+         {std::pair{false, &assignment.keys}, {true, &assignment.values}}) {
+      const int64_t offset = is_values ? source_.n_layer : 0;
       out->resize(static_cast<size_t>(target_.n_layer));
       for (int64_t il = 0; il < target_.n_layer; ++il) {
         std::vector<int64_t> chosen;
@@ -233,8 +242,9 @@ absl::StatusOr<LayerAssignment> MomentAccumulator::GreedyAssignment(int64_t band
             if (std::find(chosen.begin(), chosen.end(), s) != chosen.end()) continue;
             std::vector<int64_t> trial = chosen;
             trial.insert(std::upper_bound(trial.begin(), trial.end(), s), s);
+            for (int64_t& t : trial) t += offset;
             double r2 = 0;
-            SolveOne(*side, trial, il, bias, ridge, &r2);
+            SolveOne(trial, il, is_values, bias, ridge, &r2);
             if (r2 > best_r2) {  // ties keep the shallower layer
               best = s;
               best_r2 = r2;

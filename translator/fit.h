@@ -38,9 +38,11 @@ struct SingleLayerR2Table {
 
 class MomentAccumulator {
  public:
-  // Shapes only are read from the endpoints. The moments take
-  // 8*((N_in+1)^2 + (N_in+1)*N_out + N_out) bytes per side (keys, values);
-  // ResourceExhausted when both together exceed max_bytes.
+  // Shapes only are read from the endpoints. The moments are joint over keys
+  // and values (rows x = [source keys, source values, 1], y = [target keys,
+  // target values]) so that split and joint maps (MapInputs) solve from the
+  // same pass: 8*((2*N_in+1)^2 + (2*N_in+1)*2*N_out + 2*N_out) bytes;
+  // ResourceExhausted above max_bytes.
   static absl::StatusOr<std::unique_ptr<MomentAccumulator>> Create(
       const TranslatorEndpoint& source, const TranslatorEndpoint& target,
       int64_t max_bytes = int64_t{8} << 30);
@@ -56,7 +58,8 @@ class MomentAccumulator {
   int64_t n_spans() const { return n_spans_; }
   int64_t Bytes() const;
 
-  // Solves every map of spec.assignment (spec.bias decides the bias column):
+  // Solves every map of spec.assignment, reading spec.inputs (InputBlocks;
+  // spec.bias decides the bias column):
   //   W = (A + λ·(tr(A_x)/d)·I_x)^-1 B,  A = X^T W X over [x, 1], B = X^T W Y,
   // where I_x covers the d input dimensions but not the bias. Cholesky in
   // float64; a pseudo-inverse when the system is not positive definite.
@@ -78,20 +81,18 @@ class MomentAccumulator {
   absl::StatusOr<LayerAssignment> GreedyAssignment(int64_t band, bool bias, double ridge) const;
 
  private:
-  struct Side {
-    at::Tensor xx;  // [N_in+1, N_in+1] float64; last row/column: the ones column
-    at::Tensor xy;  // [N_in+1, N_out] float64
-    at::Tensor yy;  // [N_out] float64: Σ w y²
-  };
   MomentAccumulator() = default;
-  // Solves one map: source layers `layers` (concatenated) -> target layer il.
-  // Returns W [in(+1), out] and writes the R² of the fit.
-  at::Tensor SolveOne(const Side& side, const std::vector<int64_t>& layers, int64_t il, bool bias,
+  // Solves one map: source blocks `blocks` (InputBlocks, concatenated) ->
+  // target layer il's keys (values == false) or values. Returns W [in(+1),
+  // out] and writes the R² of the fit.
+  at::Tensor SolveOne(const std::vector<int64_t>& blocks, int64_t il, bool values, bool bias,
                       double ridge, double* r2) const;
 
   TranslatorEndpoint source_, target_;
-  int64_t n_in_ = 0, n_out_ = 0;
-  Side keys_, values_;
+  int64_t n_in_ = 0, n_out_ = 0;  // per side: L_s*H_s*D_s, L_t*H_t*D_t
+  at::Tensor xx_;  // [2*N_in+1, 2*N_in+1] float64; last row/column: the ones column
+  at::Tensor xy_;  // [2*N_in+1, 2*N_out] float64
+  at::Tensor yy_;  // [2*N_out] float64: Σ w y²
   int64_t n_tokens_ = 0, n_spans_ = 0;
 };
 

@@ -117,6 +117,35 @@ std::string ShortHash(const std::string& h) { return h.size() > 16 ? h.substr(0,
 
 }  // namespace
 
+const char* MapInputsName(MapInputs inputs) {
+  return inputs == MapInputs::kJoint ? "joint" : "split";
+}
+
+absl::StatusOr<MapInputs> ParseMapInputs(std::string_view name) {
+  if (name == "split") return MapInputs::kSplit;
+  if (name == "joint") return MapInputs::kJoint;
+  return absl::InvalidArgumentError(
+      absl::StrCat("map inputs must be split or joint, got '", std::string(name), "'"));
+}
+
+InputBlocks InputBlocksOf(const LayerAssignment& assignment, MapInputs inputs,
+                          int64_t n_layer_source) {
+  InputBlocks blocks;
+  const size_t n_layer_target = std::min(assignment.keys.size(), assignment.values.size());
+  for (size_t il = 0; il < n_layer_target; ++il) {
+    std::vector<int64_t> keys = assignment.keys[il];
+    std::vector<int64_t> values = assignment.values[il];
+    for (int64_t& s : values) s += n_layer_source;
+    if (inputs == MapInputs::kJoint) {
+      keys.insert(keys.end(), values.begin(), values.end());
+      values = keys;
+    }
+    blocks.keys.push_back(std::move(keys));
+    blocks.values.push_back(std::move(values));
+  }
+  return blocks;
+}
+
 absl::StatusOr<LayerAssignment> SameIndexAssignment(int64_t n_layer_source,
                                                     int64_t n_layer_target) {
   if (n_layer_source != n_layer_target || n_layer_source <= 0) {
@@ -213,13 +242,13 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Create(TranslatorSpec sp
       return s;
     }
   }
+  InputBlocks blocks = InputBlocksOf(spec.assignment, spec.inputs, spec.source.n_layer);
   try {
-    if (absl::Status s = PrepareMaps(spec, spec.assignment.keys, "keys", keys); !s.ok()) return s;
-    if (absl::Status s = PrepareMaps(spec, spec.assignment.values, "values", values); !s.ok()) {
-      return s;
-    }
+    if (absl::Status s = PrepareMaps(spec, blocks.keys, "keys", keys); !s.ok()) return s;
+    if (absl::Status s = PrepareMaps(spec, blocks.values, "values", values); !s.ok()) return s;
     std::unique_ptr<Translator> t(new Translator());
     t->spec_ = std::move(spec);
+    t->blocks_ = std::move(blocks);
     t->keys_ = std::move(keys);
     t->values_ = std::move(values);
     t->compute_ = compute;
@@ -229,8 +258,8 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Create(TranslatorSpec sp
       return x.defined() && compute == DType::kBFloat16 ? x.to(at::kBFloat16).contiguous() : x;
     };
     for (const auto& [lists, maps, prepared] :
-         {std::tuple{&t->spec_.assignment.keys, &t->keys_, &t->prepared_keys_},
-          {&t->spec_.assignment.values, &t->values_, &t->prepared_values_}}) {
+         {std::tuple{&t->blocks_.keys, &t->keys_, &t->prepared_keys_},
+          {&t->blocks_.values, &t->values_, &t->prepared_values_}}) {
       Stacked& stacked = prepared->stacked;
       stacked.shared = std::all_of(lists->begin(), lists->end(),
                                    [&](const auto& l) { return l == lists->front(); });
@@ -262,24 +291,13 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Create(TranslatorSpec sp
   }
 }
 
-at::Tensor Translator::Apply(const at::Tensor& source,
+at::Tensor Translator::Apply(const at::Tensor& x,
                              const std::vector<std::vector<int64_t>>& lists,
                              const Prepared& prepared) const {
   const TranslatorMaps& maps = prepared.maps;
   const Stacked& stacked = prepared.stacked;
-  const int64_t n_layer_source = source.size(0), n_tokens = source.size(2);
-  const int64_t in_per_layer = source.size(1) * source.size(3);
+  const int64_t n_tokens = x.size(1), in_per_layer = x.size(2);
   const int64_t n_layer_target = spec_.target.n_layer;
-  // The maps' dtype is the compute dtype; the result is float32 (the permuting
-  // copy at the end converts).
-  const at::ScalarType compute = stacked.shared ? stacked.shared_weight_t.scalar_type()
-                                                : maps.weight.front().scalar_type();
-  // [L_s, H_s, T, D_s] -> [L_s, T, H_s*D_s]: head-major rows, as the maps
-  // expect; one copy that also converts to the compute dtype.
-  const at::Tensor x = at::empty({n_layer_source, n_tokens, source.size(1), source.size(3)},
-                                 source.options().dtype(compute))
-                           .copy_(source.permute({0, 2, 1, 3}))
-                           .view({n_layer_source, n_tokens, in_per_layer});
   // A permuted view of the product, copied into [L_t, H_t, T, D_t] order as
   // float32 (one copy that also converts).
   auto to_output = [](const at::Tensor& view) {
@@ -349,9 +367,21 @@ absl::StatusOr<KvTaps> Translator::Translate(const KvTaps& source) const {
   }
   try {
     c10::InferenceMode guard;
+    // The maps' dtype is the compute dtype; the result is float32 (Apply's
+    // permuting copy at the end converts).
+    const at::ScalarType compute = compute_ == DType::kBFloat16 ? at::kBFloat16 : at::kFloat;
+    // [L_s, H_s, T, D_s] keys and values -> rows [2*L_s, T, H_s*D_s], the
+    // blocks of InputBlocks: head-major rows, as the maps expect; one copy per
+    // side that also converts to the compute dtype.
+    const int64_t n_tokens = source.keys.size(2);
+    const at::Tensor rows =
+        at::empty({2, s.n_layer, n_tokens, s.n_head_kv, s.head_dim}, at::dtype(compute));
+    rows[0].copy_(source.keys.permute({0, 2, 1, 3}));
+    rows[1].copy_(source.values.permute({0, 2, 1, 3}));
+    const at::Tensor x = rows.view({2 * s.n_layer, n_tokens, s.n_head_kv * s.head_dim});
     KvTaps out;
-    out.keys = Apply(source.keys.to(at::kCPU), spec_.assignment.keys, prepared_keys_);
-    out.values = Apply(source.values.to(at::kCPU), spec_.assignment.values, prepared_values_);
+    out.keys = Apply(x, blocks_.keys, prepared_keys_);
+    out.values = Apply(x, blocks_.values, prepared_values_);
     return out;
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("translate: ", e.what_without_backtrace()));
@@ -365,6 +395,7 @@ absl::Status Translator::Save(const std::string& path) const {
   meta["source"] = EndpointToJson(spec_.source);
   meta["target"] = EndpointToJson(spec_.target);
   meta["bias"] = spec_.bias;
+  meta["inputs"] = MapInputsName(spec_.inputs);
   meta["assignment"] = {{"kind", spec_.assignment_kind},
                         {"band", spec_.band},
                         {"keys", spec_.assignment.keys},
@@ -412,6 +443,12 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Load(const std::string& 
     spec.source = EndpointFromJson(meta.at("source"));
     spec.target = EndpointFromJson(meta.at("target"));
     spec.bias = meta.at("bias").get<bool>();
+    // Files written before joint maps existed have split maps and no "inputs".
+    if (meta.contains("inputs")) {
+      absl::StatusOr<MapInputs> inputs = ParseMapInputs(meta.at("inputs").get<std::string>());
+      if (!inputs.ok()) return bad(std::string(inputs.status().message()));
+      spec.inputs = *inputs;
+    }
     const nlohmann::json& a = meta.at("assignment");
     spec.assignment_kind = a.at("kind").get<std::string>();
     spec.band = a.at("band").get<int64_t>();

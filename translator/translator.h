@@ -13,6 +13,10 @@
 //       as [T, H_s*D_s] (head-major), so x is [T, ν*H_s*D_s]
 //   y = x · weight^T + bias,  weight [H_t*D_t, ν*H_s*D_s], bias [H_t*D_t]
 //   target keys[il] = y viewed as [T, H_t, D_t], returned as [H_t, T, D_t].
+// With joint inputs (MapInputs::kJoint) both maps of target layer il read
+//   x = [keys of assignment.keys[il], values of assignment.values[il]],
+// [T, (ν_k+ν_v)*H_s*D_s]: a source layer's keys and values together carry its
+// whole normed residual stream when 2*H_s*D_s >= d_model (translator/README.md).
 //
 // Thread-safety: a Translator is immutable after creation; Translate may be
 // called from any number of threads at once.
@@ -23,6 +27,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -54,6 +59,23 @@ absl::StatusOr<LayerAssignment> RelativeDepthAssignment(int64_t n_layer_source,
 absl::StatusOr<LayerAssignment> TopR2Assignment(const at::Tensor& r2_keys,
                                                 const at::Tensor& r2_values, int64_t band);
 
+// What the maps read. kSplit: key maps read source keys, value maps source
+// values (DESIGN.md decision 3, the paper's maps). kJoint: both maps of a
+// target layer read the keys of its key layers and the values of its value
+// layers.
+enum class MapInputs { kSplit, kJoint };
+const char* MapInputsName(MapInputs inputs);  // "split" | "joint"
+absl::StatusOr<MapInputs> ParseMapInputs(std::string_view name);
+
+// The source as the maps index it: 2*L_s row blocks, keys of layers 0..L_s-1
+// then values of layers 0..L_s-1 (the values of layer s are block L_s + s).
+// Per target layer, the blocks each map reads, in concatenation order.
+struct InputBlocks {
+  std::vector<std::vector<int64_t>> keys, values;  // L_t lists each
+};
+InputBlocks InputBlocksOf(const LayerAssignment& assignment, MapInputs inputs,
+                          int64_t n_layer_source);
+
 // What one side of a translator was built for.
 struct TranslatorEndpoint {
   std::string identity;        // ModelIdentity(config, weights)
@@ -77,13 +99,14 @@ struct TranslatorSpec {
   std::string assignment_kind;  // same_index | relative_depth | top_r2 | greedy | custom
   int64_t band = 1;
   LayerAssignment assignment;
+  MapInputs inputs = MapInputs::kSplit;
   bool bias = true;
   TranslatorTraining training;
 };
 
 // The weights of one side (keys or values), per target layer.
 struct TranslatorMaps {
-  std::vector<at::Tensor> weight;  // L_t x [H_t*D_t, ν*H_s*D_s] float32
+  std::vector<at::Tensor> weight;  // L_t x [H_t*D_t, blocks*H_s*D_s] float32 (InputBlocks)
   std::vector<at::Tensor> bias;    // L_t x [H_t*D_t] float32; empty when !spec.bias
 };
 
@@ -159,10 +182,13 @@ class Translator {
     Stacked stacked;
   };
   Translator() = default;
-  at::Tensor Apply(const at::Tensor& source, const std::vector<std::vector<int64_t>>& lists,
+  // rows: the source as [2*L_s, T, H_s*D_s] blocks (InputBlocks), in the
+  // compute dtype; lists: one side's blocks.
+  at::Tensor Apply(const at::Tensor& rows, const std::vector<std::vector<int64_t>>& lists,
                    const Prepared& prepared) const;
 
   TranslatorSpec spec_;
+  InputBlocks blocks_;
   TranslatorMaps keys_, values_;  // float32, as created or loaded
   DType compute_ = DType::kFloat32;
   Prepared prepared_keys_, prepared_values_;

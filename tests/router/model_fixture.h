@@ -13,6 +13,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -78,9 +79,11 @@ inline absl::Status WriteFixtureModels(const std::string& dir) {
 }
 
 // Fits and saves a translator for every ordered pair of fixture models listed
-// in `pairs` ({source, target} names), from a few random token sequences.
+// in `pairs` ({source, target} names), from a few random token sequences; the
+// pairs also listed in `joint` get joint-input maps (MapInputs::kJoint).
 inline absl::Status WriteFixtureTranslators(
-    const std::string& dir, const std::vector<std::pair<std::string, std::string>>& pairs) {
+    const std::string& dir, const std::vector<std::pair<std::string, std::string>>& pairs,
+    const std::vector<std::pair<std::string, std::string>>& joint = {}) {
   std::filesystem::create_directories(dir + "/translators");
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromFile(TokenizerJsonPath());
   if (!tokenizer.ok()) return tokenizer.status();
@@ -124,6 +127,9 @@ inline absl::Status WriteFixtureTranslators(
     if (!assignment.ok()) return assignment.status();
     spec.assignment = *assignment;
     spec.assignment_kind = ls == lt ? "same_index" : "relative_depth";
+    if (std::find(joint.begin(), joint.end(), std::pair{s_name, t_name}) != joint.end()) {
+      spec.inputs = MapInputs::kJoint;
+    }
     absl::StatusOr<std::unique_ptr<MomentAccumulator>> acc =
         MomentAccumulator::Create(spec.source, spec.target);
     if (!acc.ok()) return acc.status();

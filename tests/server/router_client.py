@@ -84,9 +84,9 @@ def main():
     result = {}
     if scenario == "policies":
         result["models"] = [m.name for m in list_models(model_pb2.ListModelsRequest(), timeout=10).models]
-        result["translators"] = {
-            t.name: t.compute_dtype
-            for t in list_translators(model_pb2.ListTranslatorsRequest(), timeout=10).translators}
+        listed = list_translators(model_pb2.ListTranslatorsRequest(), timeout=10).translators
+        result["translators"] = {t.name: t.compute_dtype for t in listed}
+        result["translator_inputs"] = {t.name: t.inputs for t in listed}
         runs = {}
         # Every policy, three turns; every strategy under explicit A->B->C->A.
         plans = {

@@ -47,7 +47,9 @@ class RouterE2eTest : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new testing::TempDir("router-e2e");
     ASSERT_TRUE(testing::WriteFixtureModels(dir_->path()).ok());
-    ASSERT_TRUE(testing::WriteFixtureTranslators(dir_->path(), kPairs).ok());
+    // One shape-changing pair with joint-input maps: the server translates
+    // with them as with split ones.
+    ASSERT_TRUE(testing::WriteFixtureTranslators(dir_->path(), kPairs, {{"small", "large"}}).ok());
     stubs_ = dir_->MakeDir("stubs");
     auto protoc = testing::RunProcess(
         {"protoc", "--proto_path=" + std::string(KVL_SOURCE_DIR) + "/proto",
@@ -176,6 +178,7 @@ TEST_F(RouterE2eTest, EveryPolicyAndStrategyAcrossThreeModelsThenMetrics) {
   for (size_t i = 0; i < std::size(kPairs); ++i) {
     const std::string name = std::string(kPairs[i].first) + "->" + kPairs[i].second;
     EXPECT_EQ(seen["translators"][name], i == 0 ? "float32" : automatic) << name;
+    EXPECT_EQ(seen["translator_inputs"][name], i == 0 ? "joint" : "split") << name;
   }
   const Json& runs = seen["runs"];
   for (const auto& [name, turns] : runs.items()) {

@@ -31,40 +31,45 @@ namespace {
 using testing::TempDir;
 
 TEST(TranslateBatchTest, EqualsTranslatorTranslateForEveryBatchRow) {
-  TranslatorSpec spec;
-  spec.source = {"s", "t", 3, 2, 4};
-  spec.target = {"t", "t", 2, 3, 2};
-  spec.assignment_kind = "custom";
-  spec.assignment.keys = {{2, 0}, {1}};
-  spec.assignment.values = {{1, 2}, {0, 1}};
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
-  TranslatorMaps keys, values;
-  for (const auto& [lists, maps] :
-       {std::pair{&spec.assignment.keys, &keys}, std::pair{&spec.assignment.values, &values}}) {
-    for (const auto& l : *lists) {
-      maps->weight.push_back(at::randn({6, 8 * static_cast<int64_t>(l.size())}, gen));
-      maps->bias.push_back(at::randn({6}, gen));
+  for (MapInputs inputs : {MapInputs::kSplit, MapInputs::kJoint}) {
+    TranslatorSpec spec;
+    spec.source = {"s", "t", 3, 2, 4};
+    spec.target = {"t", "t", 2, 3, 2};
+    spec.assignment_kind = "custom";
+    spec.assignment.keys = {{2, 0}, {1}};
+    spec.assignment.values = {{1, 2}, {0, 1}};
+    spec.inputs = inputs;
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
+    TranslatorMaps keys, values;
+    for (const auto& [lists, maps] :
+         {std::pair{&spec.assignment.keys, &keys}, std::pair{&spec.assignment.values, &values}}) {
+      for (size_t il = 0; il < 2; ++il) {
+        const size_t blocks = inputs == MapInputs::kJoint
+                                  ? spec.assignment.keys[il].size() + spec.assignment.values[il].size()
+                                  : (*lists)[il].size();
+        maps->weight.push_back(at::randn({6, 8 * static_cast<int64_t>(blocks)}, gen));
+        maps->bias.push_back(at::randn({6}, gen));
+      }
     }
-  }
-  auto tr = Translator::Create(spec, keys, values);
-  ASSERT_TRUE(tr.ok()) << tr.status();
-  const at::Tensor k = at::randn({3, 2, 2, 5, 4}, gen);  // [L_s, B, H_s, T, D_s]
-  const at::Tensor v = at::randn({3, 2, 2, 5, 4}, gen);
-  std::vector<at::Tensor> kl, vl;
-  for (int64_t l = 0; l < 3; ++l) {
-    kl.push_back(k[l]);
-    vl.push_back(v[l]);
-  }
-  const std::vector<at::Tensor> got_k = tools::TranslateBatch(kl, spec.assignment.keys, keys, spec.target);
-  const std::vector<at::Tensor> got_v =
-      tools::TranslateBatch(vl, spec.assignment.values, values, spec.target);
-  ASSERT_EQ(got_k.size(), 2u);
-  for (int64_t b = 0; b < 2; ++b) {
-    auto want = (*tr)->Translate({k.select(1, b), v.select(1, b)});  // [L_s, H_s, T, D_s]
-    ASSERT_TRUE(want.ok()) << want.status();
-    for (int64_t il = 0; il < 2; ++il) {
-      EXPECT_LT(testing::MaxAbsDiff(got_k[il][b], want->keys[il]), 1e-5);
-      EXPECT_LT(testing::MaxAbsDiff(got_v[il][b], want->values[il]), 1e-5);
+    auto tr = Translator::Create(spec, keys, values);
+    ASSERT_TRUE(tr.ok()) << tr.status();
+    const at::Tensor k = at::randn({3, 2, 2, 5, 4}, gen);  // [L_s, B, H_s, T, D_s]
+    const at::Tensor v = at::randn({3, 2, 2, 5, 4}, gen);
+    std::vector<at::Tensor> kl, vl;
+    for (int64_t l = 0; l < 3; ++l) {
+      kl.push_back(k[l]);
+      vl.push_back(v[l]);
+    }
+    const tools::TranslatedBatch got = tools::TranslateBatchKv(spec, keys, values, kl, vl);
+    ASSERT_EQ(got.keys.size(), 2u);
+    ASSERT_EQ(got.values.size(), 2u);
+    for (int64_t b = 0; b < 2; ++b) {
+      auto want = (*tr)->Translate({k.select(1, b), v.select(1, b)});  // [L_s, H_s, T, D_s]
+      ASSERT_TRUE(want.ok()) << want.status();
+      for (int64_t il = 0; il < 2; ++il) {
+        EXPECT_LT(testing::MaxAbsDiff(got.keys[il][b], want->keys[il]), 1e-5);
+        EXPECT_LT(testing::MaxAbsDiff(got.values[il][b], want->values[il]), 1e-5);
+      }
     }
   }
 }
@@ -293,32 +298,38 @@ TEST(DistillTest, ReplyHandOverValidatesOnWindowsEndingAtReplies) {
   EXPECT_EQ(tools::Distill(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Stage 1 on the training text, as kvl fit does it (relative depth, band 1,
+// ridge 1e-4, 40 windows of 64 tokens), saved to `out`.
+void FitClosedForm(const tools::TranslatorModel& source, const tools::TranslatorModel& target,
+                   const std::string& train, const std::string& out) {
+  auto stream = tools::ReadTokenStream(train, *source.tokenizer);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  auto moments = MomentAccumulator::Create(source.Endpoint(), target.Endpoint());
+  ASSERT_TRUE(moments.ok());
+  for (const std::vector<int64_t>& w : tools::ConsecutiveWindows(*stream, 64, 40)) {
+    ASSERT_TRUE(AccumulateSequence(*source.engine, *target.engine, w, **moments).ok());
+  }
+  TranslatorSpec spec;
+  spec.source = source.Endpoint();
+  spec.target = target.Endpoint();
+  spec.assignment_kind = "relative_depth";
+  spec.assignment = *RelativeDepthAssignment(source.config().n_layer, target.config().n_layer, 1);
+  auto fit = (*moments)->Fit(spec, 1e-4);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  ASSERT_TRUE(fit->translator->Save(out).ok());
+}
+
 TEST(DistillTest, ShortRunLowersValidationKlAndKeepsTheBestMaps) {
   TempDir dir("distill");
   const std::string a = testing::WriteRandomModel(dir, "a", 2, 2, 21, 0.12);
   const std::string b = testing::WriteRandomModel(dir, "b", 3, 1, 22, 0.12);
   const std::string train = dir.WriteFile("train.txt", testing::TinyChatCorpus(5000, 120));
   const std::string valid = dir.WriteFile("valid.txt", testing::TinyChatCorpus(905000, 20));
-  // Stage 1 on the training text, as kvl fit does it.
   auto source = tools::LoadTranslatorModel(a);
   auto target = tools::LoadTranslatorModel(b);
   ASSERT_TRUE(source.ok() && target.ok());
-  auto stream = tools::ReadTokenStream(train, *source->tokenizer);
-  ASSERT_TRUE(stream.ok()) << stream.status();
-  auto moments = MomentAccumulator::Create(source->Endpoint(), target->Endpoint());
-  ASSERT_TRUE(moments.ok());
-  for (const std::vector<int64_t>& w : tools::ConsecutiveWindows(*stream, 64, 40)) {
-    ASSERT_TRUE(AccumulateSequence(*source->engine, *target->engine, w, **moments).ok());
-  }
-  TranslatorSpec spec;
-  spec.source = source->Endpoint();
-  spec.target = target->Endpoint();
-  spec.assignment_kind = "relative_depth";
-  spec.assignment = *RelativeDepthAssignment(2, 3, 1);
-  auto fit = (*moments)->Fit(spec, 1e-4);
-  ASSERT_TRUE(fit.ok()) << fit.status();
   const std::string init = dir.Path("init.safetensors");
-  ASSERT_TRUE(fit->translator->Save(init).ok());
+  FitClosedForm(*source, *target, train, init);
 
   tools::DistillOptions o = QuietOptions(a, b, init, train, valid, dir.Path("distilled.safetensors"));
   o.prefix = 32;
@@ -355,6 +366,84 @@ TEST(DistillTest, ShortRunLowersValidationKlAndKeepsTheBestMaps) {
   o.source_dir = b;
   o.target_dir = a;
   EXPECT_EQ(tools::Distill(o).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(WhiteningTest, WhitensCorrelatedInputsAndInvertsItself) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(51);
+  // Rows with a mean and strongly unequal, correlated directions (scales 1e-2..30).
+  const at::Tensor mix = at::randn({6, 6}, gen, at::kDouble);
+  const at::Tensor scales = at::tensor({30.0, 10.0, 3.0, 1.0, 0.1, 0.01}, at::kDouble);
+  const at::Tensor x = at::randn({20000, 6}, gen, at::kDouble).mul(scales).matmul(mix) + 5.0;
+  const at::Tensor xx = x.t().matmul(x), x_sum = x.sum(0);
+  const at::Tensor centred = x - x.mean(0);
+  const at::Tensor cov = centred.t().matmul(centred) / 20000.0;
+  const tools::Whitening w = tools::WhiteningOf(xx, x_sum, 20000, /*floor=*/1e-12);
+  ASSERT_EQ(w.p.sizes(), at::IntArrayRef({6, 6}));
+  EXPECT_EQ(w.p.scalar_type(), at::kFloat);
+  // P C P = I and P P⁻¹ = I (float32 results of a float64 solve).
+  const at::Tensor p = w.p.to(at::kDouble);
+  EXPECT_LT(testing::MaxAbsDiff(p.matmul(cov).matmul(p), at::eye(6, at::kDouble)), 1e-3);
+  EXPECT_LT(testing::MaxAbsDiff(p.matmul(w.p_inv.to(at::kDouble)), at::eye(6, at::kDouble)), 1e-3);
+  // A floor of 1e-2·tr(C)/d lifts the smallest directions: P C P < I there.
+  const tools::Whitening floored = tools::WhiteningOf(xx, x_sum, 20000, 1e-2);
+  const at::Tensor white = floored.p.to(at::kDouble).matmul(cov).matmul(floored.p.to(at::kDouble));
+  const at::Tensor eig = at::linalg_eigvalsh(white);
+  EXPECT_LT(eig.min().item<double>(), 0.01);
+  EXPECT_GT(eig.max().item<double>(), 0.99);
+  EXPECT_LE(eig.max().item<double>(), 1.0 + 1e-6);
+}
+
+TEST(DistillTest, WhitenedStepsStartWhereTheInitIsAndLowerValidationKl) {
+  TempDir dir("distill_whiten");
+  const std::string a = testing::WriteRandomModel(dir, "a", 2, 2, 61, 0.12);
+  const std::string b = testing::WriteRandomModel(dir, "b", 3, 1, 62, 0.12);
+  const std::string train = dir.WriteFile("train.txt", testing::TinyChatCorpus(7000, 120));
+  const std::string valid = dir.WriteFile("valid.txt", testing::TinyChatCorpus(907000, 20));
+  auto source = tools::LoadTranslatorModel(a);
+  auto target = tools::LoadTranslatorModel(b);
+  ASSERT_TRUE(source.ok() && target.ok());
+  const std::string init = dir.Path("init.safetensors");
+  FitClosedForm(*source, *target, train, init);
+
+  auto run = [&](bool whiten) {
+    tools::DistillOptions o = QuietOptions(
+        a, b, init, train, valid, dir.Path(whiten ? "white.safetensors" : "plain.safetensors"));
+    o.prefix = 32;
+    o.continuation = 16;
+    o.batch = 4;
+    o.steps = 60;
+    o.lr = 1e-2;
+    o.min_lr = 1e-3;
+    o.warmup = 5;
+    o.eval_every = 10;
+    o.valid_windows = 8;
+    o.whiten = whiten;
+    o.whiten_windows = 16;
+    return tools::Distill(o);
+  };
+  auto plain = run(false);
+  auto white = run(true);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_TRUE(white.ok()) << white.status();
+  // V·P reproduces the init's maps: the same starting validation KL.
+  EXPECT_NEAR(white->initial_valid_kl, plain->initial_valid_kl, 1e-4 * plain->initial_valid_kl);
+  // Whitened steps are different steps, and they lower the validation KL.
+  EXPECT_NE(white->log[0].grad_norm, plain->log[0].grad_norm);
+  EXPECT_LT(white->best_valid_kl, 0.95 * white->initial_valid_kl)
+      << "initial " << white->initial_valid_kl << " best " << white->best_valid_kl;
+  // The file holds W = V·P: recomputing the validation KL from it gives the
+  // best value.
+  auto saved = Translator::Load(dir.Path("white.safetensors"), tools::ExpectationFor(*source, *target));
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  auto vstream = tools::ReadTokenStream(valid, *source->tokenizer);
+  ASSERT_TRUE(vstream.ok());
+  std::vector<at::Tensor> rows;
+  for (const auto& w : tools::ConsecutiveWindows(*vstream, 48, 8)) rows.push_back(at::tensor(w));
+  const double kl = MeanKlOf(*source, *target, **saved, rows, 32);
+  EXPECT_NEAR(kl, white->best_valid_kl, 1e-5 * std::max(1.0, kl));
+  std::ifstream summary(dir.Path("white.distill.json"));
+  const nlohmann::json j = nlohmann::json::parse(summary);
+  EXPECT_EQ(j.at("whiten").at("windows").get<int64_t>(), 16);
 }
 
 TEST(DistillTest, Bf16AutocastStepsTrainLikeFloat32AndValidateInFloat32) {

@@ -87,6 +87,59 @@ TEST(FitTest, RecoversAKnownLinearMapExactly) {
   }
 }
 
+TEST(FitTest, JointInputsRecoverMapsThatMixKeysAndValuesExactly) {
+  // Every target key and value reads both source layers' keys AND values:
+  // x = [keys 0, keys 1, values 0, values 1] (24 inputs), with bias. Joint
+  // maps recover it exactly from the same moments that fit split maps, which
+  // cannot (they see half the inputs).
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(17);
+  std::vector<at::Tensor> a_keys, b_keys, a_values, b_values;
+  for (int il = 0; il < 2; ++il) {
+    a_keys.push_back(at::randn({24, 4}, gen, at::kDouble));
+    b_keys.push_back(at::randn({4}, gen, at::kDouble));
+    a_values.push_back(at::randn({24, 4}, gen, at::kDouble));
+    b_values.push_back(at::randn({4}, gen, at::kDouble));
+  }
+  auto acc = MomentAccumulator::Create(kSource, kTarget);
+  ASSERT_TRUE(acc.ok()) << acc.status();
+  for (int span = 0; span < 4; ++span) {
+    const int64_t n = 30 + span;
+    KvTaps src{at::randn({2, 2, n, 3}, gen, at::kDouble), at::randn({2, 2, n, 3}, gen, at::kDouble)};
+    const at::Tensor x = at::cat({SourceRows(src.keys, 0), SourceRows(src.keys, 1),
+                                  SourceRows(src.values, 0), SourceRows(src.values, 1)},
+                                 1);  // [n, 24]
+    KvTaps tgt;
+    for (const auto& [a, b, out] :
+         {std::tuple{&a_keys, &b_keys, &tgt.keys}, {&a_values, &b_values, &tgt.values}}) {
+      *out = at::stack({AsLayer(x.matmul((*a)[0]) + (*b)[0]), AsLayer(x.matmul((*a)[1]) + (*b)[1])});
+    }
+    ASSERT_TRUE((*acc)->Add(src, tgt).ok());
+  }
+  TranslatorSpec spec;
+  spec.source = kSource;
+  spec.target = kTarget;
+  spec.assignment = *RelativeDepthAssignment(2, 2, 2);
+  spec.inputs = MapInputs::kJoint;
+  auto fit = (*acc)->Fit(spec, /*ridge=*/0.0);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_EQ(fit->translator->spec().inputs, MapInputs::kJoint);
+  for (int il = 0; il < 2; ++il) {
+    EXPECT_LT(MaxAbsDiff(fit->translator->key_maps().weight[il], a_keys[il].t()), 1e-6);
+    EXPECT_LT(MaxAbsDiff(fit->translator->key_maps().bias[il], b_keys[il]), 1e-6);
+    EXPECT_LT(MaxAbsDiff(fit->translator->value_maps().weight[il], a_values[il].t()), 1e-6);
+    EXPECT_LT(MaxAbsDiff(fit->translator->value_maps().bias[il], b_values[il]), 1e-6);
+    EXPECT_NEAR(fit->r2_keys[il], 1.0, 1e-9);
+    EXPECT_NEAR(fit->r2_values[il], 1.0, 1e-9);
+  }
+  spec.inputs = MapInputs::kSplit;
+  auto split = (*acc)->Fit(spec, 0.0);
+  ASSERT_TRUE(split.ok()) << split.status();
+  for (int il = 0; il < 2; ++il) {
+    EXPECT_LT(split->r2_keys[il], 0.8);
+    EXPECT_LT(split->r2_values[il], 0.8);
+  }
+}
+
 TEST(FitTest, SingleLayerR2FindsTheSourceLayerAndIgnoresNoise) {
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(8);
   auto acc = MomentAccumulator::Create(kSource, kTarget);

@@ -10,6 +10,7 @@
 
 #include "model/engine.h"
 #include "model/safetensors.h"
+#include "nlohmann/json.hpp"
 #include "tests/model/test_models.h"
 #include "tests/testing/temp_dir.h"
 
@@ -83,8 +84,12 @@ std::unique_ptr<Translator> RandomTranslator(TranslatorSpec spec, uint64_t seed)
   TranslatorMaps keys, values;
   for (const auto& [lists, maps] :
        {std::pair{&spec.assignment.keys, &keys}, {&spec.assignment.values, &values}}) {
-    for (const auto& l : *lists) {
-      maps->weight.push_back(at::randn({out, in * static_cast<int64_t>(l.size())}, gen));
+    for (size_t il = 0; il < lists->size(); ++il) {
+      // Joint maps read the key layers and the value layers of their target layer.
+      const size_t blocks = spec.inputs == MapInputs::kJoint
+                                ? spec.assignment.keys[il].size() + spec.assignment.values[il].size()
+                                : (*lists)[il].size();
+      maps->weight.push_back(at::randn({out, in * static_cast<int64_t>(blocks)}, gen));
       if (spec.bias) maps->bias.push_back(at::randn({out}, gen));
     }
   }
@@ -179,6 +184,54 @@ TEST(TranslateTest, MatchesTheOracleWhenEveryLayerReadsTheSameSourceLayers) {
       ExpectMatchesOracle(*out, src, spec, *tr);
     }
   }
+}
+
+TEST(TranslateTest, JointMapsReadKeysThenValuesOnEveryApplyPath) {
+  // Rows of the oracle's source: keys of layers 0-2, then values of layers 0-2.
+  // The blocks each joint map reads, written out by hand from the assignment.
+  struct Case {
+    Lists keys, values, blocks;
+  };
+  const Case cases[] = {
+      {{{2, 0}, {1, 2}}, {{1}, {0}}, {{2, 0, 4}, {1, 2, 3}}},  // batched / per layer
+      {{{2}, {0, 1, 2}}, {{1}, {0}}, {{2, 4}, {0, 1, 2, 3}}},  // per layer
+      {{{0, 1, 2}, {0, 1, 2}}, {{2}, {2}}, {{0, 1, 2, 5}, {0, 1, 2, 5}}},  // one product
+  };
+  for (const Case& c : cases) {
+    for (bool bias : {true, false}) {
+      TranslatorSpec spec = MixedSpec(bias);
+      spec.inputs = MapInputs::kJoint;
+      spec.assignment.keys = c.keys;
+      spec.assignment.values = c.values;
+      EXPECT_EQ(InputBlocksOf(spec.assignment, spec.inputs, 3).keys, c.blocks);
+      EXPECT_EQ(InputBlocksOf(spec.assignment, spec.inputs, 3).values, c.blocks);
+      auto tr = RandomTranslator(spec, 31);
+      for (int64_t n : {1, 6, 300}) {
+        const KvTaps src = RandomTaps(spec.source, n, 32);
+        auto out = tr->Translate(src);
+        ASSERT_TRUE(out.ok()) << out.status();
+        EXPECT_EQ(out->keys.sizes(), at::IntArrayRef({2, 3, n, 2}));
+        const at::Tensor rows = at::cat({src.keys, src.values}, 0);
+        EXPECT_LT(MaxAbsDiff(out->keys, OracleSide(rows, c.blocks, tr->key_maps(), spec.target)),
+                  1e-4)
+            << n << " tokens, bias " << bias;
+        EXPECT_LT(
+            MaxAbsDiff(out->values, OracleSide(rows, c.blocks, tr->value_maps(), spec.target)),
+            1e-4)
+            << n << " tokens, bias " << bias;
+      }
+    }
+  }
+  // Maps sized for split inputs are refused for joint ones.
+  TranslatorSpec split = MixedSpec();
+  auto tr = RandomTranslator(split, 33);
+  split.inputs = MapInputs::kJoint;
+  auto wrong = Translator::Create(split, tr->key_maps(), tr->value_maps());
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.status().message().find("keys.0.weight must be [6, 24]"), std::string::npos)
+      << wrong.status();
+  EXPECT_EQ(ParseMapInputs("joint").value(), MapInputs::kJoint);
+  EXPECT_EQ(ParseMapInputs("both").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // The same maps with every weight and bias rounded to bfloat16 (and back).
@@ -368,6 +421,38 @@ TEST_F(TranslatorFileTest, RoundTripsMapsAndSpec) {
     EXPECT_TRUE((*t)->key_maps().weight[il].equal(translator_->key_maps().weight[il]));
     EXPECT_TRUE((*t)->value_maps().bias[il].equal(translator_->value_maps().bias[il]));
   }
+  EXPECT_EQ(s.inputs, MapInputs::kSplit);
+  auto meta = ReadSafetensors(path_);
+  ASSERT_TRUE(meta.ok());
+  EXPECT_NE(meta->metadata["kvlingo_translator"].find("\"inputs\":\"split\""), std::string::npos);
+
+  // Joint maps keep their inputs through the file.
+  TranslatorSpec joint = translator_->spec();
+  joint.inputs = MapInputs::kJoint;
+  auto jt = RandomTranslator(joint, 12);
+  ASSERT_TRUE(jt->Save(path_).ok());
+  auto back = Translator::Load(path_, expect_);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ((*back)->spec().inputs, MapInputs::kJoint);
+  EXPECT_TRUE((*back)->key_maps().weight[0].equal(jt->key_maps().weight[0]));
+}
+
+TEST_F(TranslatorFileTest, FilesWithoutInputsHaveSplitMapsAndUnknownInputsAreRefused) {
+  // Translators written before joint maps existed carry no "inputs" key.
+  auto f = ReadSafetensors(path_);
+  ASSERT_TRUE(f.ok());
+  nlohmann::json meta = nlohmann::json::parse(f->metadata["kvlingo_translator"]);
+  meta.erase("inputs");
+  ASSERT_TRUE(WriteSafetensors(path_, f->tensors, {{"kvlingo_translator", meta.dump()}}).ok());
+  auto old = Translator::Load(path_, expect_);
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ((*old)->spec().inputs, MapInputs::kSplit);
+
+  meta["inputs"] = "both";
+  ASSERT_TRUE(WriteSafetensors(path_, f->tensors, {{"kvlingo_translator", meta.dump()}}).ok());
+  auto bad = Translator::Load(path_, expect_);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("split or joint"), std::string::npos) << bad.status();
 }
 
 TEST_F(TranslatorFileTest, RefusesOtherModelsAndTokenizers) {
