@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Split vs joint map inputs (kvl fit --inputs), and whitened distillation
 # steps (kvl distill --whiten), on the house models.
-#   scripts/map_inputs_ab.sh WORK_DIR [closed-form|distill|cross|cross-plain|all]
+#   scripts/map_inputs_ab.sh WORK_DIR [closed-form|distill|cross|cross-plain|cross-eval|all]
 # WORK_DIR/data from kvl make-data (the recipe's corpus). Writes under
 # WORK_DIR/map_inputs_ab/ and prints the tables of docs/results/map_inputs_ab.txt:
 #  closed-form: both inputs fitted as scripts/train_translators.sh fits them
@@ -13,7 +13,10 @@
 #    time, then the test split (log-perplexity only);
 #  cross: kvl-large -> kvl-small, joint and --whiten, the same 2400 steps,
 #    against the committed split translator's stage 2 (4800 steps at lr 1e-3);
-#  cross-plain: the same without --whiten (validation KL only).
+#  cross-plain: the same without --whiten (validation KL only);
+#  cross-eval: task accuracy and the multi-turn run (with the committed
+#    kvl-small -> kvl-large translator back) for the committed kvl-large ->
+#    kvl-small translator and cross's joint, whitened one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KVL=${KVL_BIN:-build/tools/kvl}
@@ -109,4 +112,16 @@ valid = {r["step"]: r["valid_kl"] for r in rows if r.get("valid_kl", -1) >= 0}
 print("joint, not whitened (lr 3e-4, 2400 steps): validation KL by step",
       ", ".join(f"{k}: {v:.4f}" for k, v in sorted(valid.items()) if k % 400 == 0 or k in (100, 200)))
 PY
+fi
+
+if [ "$what" = cross-eval ] || [ "$what" = all ]; then
+  s=kvl-large; t=kvl-small
+  suites=$(for k in facts kv arith lists strings; do printf '%s,' "$D/suites/test_$k.jsonl"; done)
+  for f in "models/translators/${s}__${t}.safetensors" "$out/${s}__${t}.joint-whiten.safetensors"; do
+    echo "$s -> $t with $f (multi-turn back: models/translators/${t}__${s}.safetensors):"
+    "$KVL" eval-translator --source "models/$s" --target "models/$t" --translator "$f" \
+      --data "$D/test.jsonl" --suites "${suites%,}" \
+      --multi-turn "$f,models/translators/${t}__${s}.safetensors" --threads 2 --quiet |
+      sed -n '/^condition/,$p'
+  done
 fi
