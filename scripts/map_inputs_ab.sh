@@ -25,6 +25,19 @@ D="$work/data"
 out="$work/map_inputs_ab"
 mkdir -p "$out"
 
+# The stage-2 probe: S -> T from its INPUTS closed form to $out/S__T.NAME.safetensors,
+# 2400 steps on windows that start anywhere, lr 3e-4 -> 1e-4, EXTRA flags.
+stage2() {
+  local s=$1 t=$2 name=$3 inputs=$4 extra=$5
+  [ -f "$out/${s}__${t}.$inputs.closed-form.safetensors" ] || { echo "run closed-form first" >&2; exit 2; }
+  # shellcheck disable=SC2086
+  "$KVL" distill --source "models/$s" --target "models/$t" \
+    --init "$out/${s}__${t}.$inputs.closed-form.safetensors" \
+    --data "$D/train.jsonl" --valid "$D/valid.jsonl" --out "$out/${s}__${t}.$name.safetensors" \
+    --steps 2400 --lr 3e-4 --min-lr 1e-4 --seed 0 --eval-every 100 --bf16 --threads 1 \
+    --quiet --no-plot $extra | sed "s/^/$name: /"
+}
+
 if [ "$what" = closed-form ] || [ "$what" = all ]; then
   for pair in kvl-small:kvl-large kvl-large:kvl-small kvl-small:kvl-small-b kvl-small-b:kvl-small; do
     s=${pair%%:*}; t=${pair##*:}
@@ -49,19 +62,10 @@ if [ "$what" = distill ] || [ "$what" = all ]; then
   variants=("split:split:" "joint:joint:" "split-whiten:split:--whiten"
             "joint-whiten:joint:--whiten")
   [ -f "$out/${s}__${t}.split.closed-form.safetensors" ] || { echo "run closed-form first" >&2; exit 2; }
-  run() {
-    local name=$1 inputs=$2 extra=$3
-    # shellcheck disable=SC2086
-    "$KVL" distill --source "models/$s" --target "models/$t" \
-      --init "$out/${s}__${t}.$inputs.closed-form.safetensors" \
-      --data "$D/train.jsonl" --valid "$D/valid.jsonl" --out "$out/${s}__${t}.$name.safetensors" \
-      --steps 2400 --lr 3e-4 --min-lr 1e-4 --seed 0 --eval-every 100 --bf16 --threads 1 \
-      --quiet --no-plot $extra | sed "s/^/$name: /"
-  }
   for ((i = 0; i < ${#variants[@]}; i += 2)); do
     for v in "${variants[@]:i:2}"; do
       IFS=: read -r name inputs extra <<< "$v"
-      run "$name" "$inputs" "$extra" &
+      stage2 "$s" "$t" "$name" "$inputs" "$extra" &
     done
     wait
   done
@@ -75,12 +79,7 @@ fi
 
 if [ "$what" = cross ] || [ "$what" = all ]; then
   s=kvl-large; t=kvl-small
-  [ -f "$out/${s}__${t}.joint.closed-form.safetensors" ] || { echo "run closed-form first" >&2; exit 2; }
-  "$KVL" distill --source "models/$s" --target "models/$t" \
-    --init "$out/${s}__${t}.joint.closed-form.safetensors" \
-    --data "$D/train.jsonl" --valid "$D/valid.jsonl" --out "$out/${s}__${t}.joint-whiten.safetensors" \
-    --steps 2400 --lr 3e-4 --min-lr 1e-4 --seed 0 --eval-every 100 --bf16 --threads 1 \
-    --quiet --no-plot --whiten | sed "s/^/joint-whiten: /"
+  stage2 "$s" "$t" joint-whiten joint --whiten
   /usr/bin/python3 - "models/translators/${s}__${t}.any.distill.jsonl" \
     "$out/${s}__${t}.joint-whiten.distill.jsonl" <<'PY'
 import json, sys
@@ -99,12 +98,7 @@ fi
 
 if [ "$what" = cross-plain ] || [ "$what" = all ]; then
   s=kvl-large; t=kvl-small
-  [ -f "$out/${s}__${t}.joint.closed-form.safetensors" ] || { echo "run closed-form first" >&2; exit 2; }
-  "$KVL" distill --source "models/$s" --target "models/$t" \
-    --init "$out/${s}__${t}.joint.closed-form.safetensors" \
-    --data "$D/train.jsonl" --valid "$D/valid.jsonl" --out "$out/${s}__${t}.joint.safetensors" \
-    --steps 2400 --lr 3e-4 --min-lr 1e-4 --seed 0 --eval-every 100 --bf16 --threads 1 \
-    --quiet --no-plot | sed "s/^/joint: /"
+  stage2 "$s" "$t" joint joint ""
   /usr/bin/python3 - "$out/${s}__${t}.joint.distill.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
