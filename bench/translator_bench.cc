@@ -28,13 +28,15 @@
 //
 //   translator_bench [--threads 2] [--configs models/configs] [--out FILE]
 //                    [--contexts 64,256,1024,4096,8192] [--repeat K] [--band N|all]
-//                    [--translate-dtype auto|float32|bfloat16] [--inputs split|joint]
+//                    [--translate-dtype auto|float32|bfloat16] [--inputs I | I,I]
 // --repeat multiplies the number of runs each time is the best of (a busy
 // machine needs more to find a quiet moment). --translate-dtype: the
 // translator's arithmetic (default auto: what the server's "auto" picks on this
 // CPU, kvl::FastestTranslateDtype); the models run in float32 either way.
-// --inputs joint: maps that read the source's keys and values (twice the
-// inputs; translator/README.md).
+// --inputs: split or joint maps (joint: each reads the source's keys and values,
+// twice the inputs; translator/README.md), one for both directions or one for
+// small->large and one for large->small; the default, split,joint, is what the
+// committed house translators have.
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
@@ -50,6 +52,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "bench/bench_timing.h"
@@ -117,7 +120,8 @@ int main(int argc, char** argv) {
   kvl::ReexecWithPassiveOpenMpWait(argv);
   int n_threads = 2, repeat = 1;
   int64_t band = 0;  // all
-  kvl::MapInputs inputs = kvl::MapInputs::kSplit;
+  // small->large, large->small
+  kvl::MapInputs inputs[2] = {kvl::MapInputs::kSplit, kvl::MapInputs::kJoint};
   kvl::DType compute = kvl::FastestTranslateDtype();
   std::string out_path, configs = "models/configs";
   std::vector<int64_t> contexts = {64, 256, 1024, 4096, 8192};
@@ -132,12 +136,16 @@ int main(int argc, char** argv) {
       ++i;
       band = std::strcmp(argv[i], "all") == 0 ? 0 : std::max(1, std::atoi(argv[i]));
     } else if (std::strcmp(argv[i], "--inputs") == 0 && i + 1 < argc) {
-      absl::StatusOr<kvl::MapInputs> parsed = kvl::ParseMapInputs(argv[++i]);
-      if (!parsed.ok()) {
-        std::fprintf(stderr, "translator_bench: --inputs split|joint\n");
-        return 2;
+      std::vector<std::string> names = absl::StrSplit(argv[++i], ',');
+      if (names.size() == 1) names.push_back(names[0]);
+      for (size_t d = 0; d < 2; ++d) {
+        absl::StatusOr<kvl::MapInputs> parsed = kvl::ParseMapInputs(names[d]);
+        if (!parsed.ok() || names.size() != 2) {
+          std::fprintf(stderr, "translator_bench: --inputs split|joint[,split|joint]\n");
+          return 2;
+        }
+        inputs[d] = *parsed;
       }
-      inputs = *parsed;
     } else if (std::strcmp(argv[i], "--translate-dtype") == 0 && i + 1 < argc) {
       const std::string name = argv[++i];
       if (name != "auto") {
@@ -157,7 +165,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: translator_bench [--threads N] [--configs DIR] [--out FILE] "
-                   "[--contexts 64,256,...] [--repeat K] [--band N|all] [--inputs split|joint] "
+                   "[--contexts 64,256,...] [--repeat K] [--band N|all] [--inputs I | I,I] "
                    "[--translate-dtype auto|float32|bfloat16]\n");
       return 2;
     }
@@ -187,12 +195,14 @@ int main(int argc, char** argv) {
   std::snprintf(buf, sizeof buf,
                 "translator_bench: kvl-small (L=%lld H=%lld D=%lld) and kvl-large (L=%lld H=%lld "
                 "D=%lld) shapes, random init, fp32 models, %d intra-op threads, prefill chunk "
-                "%lld, translator band %s, %s inputs, computing in %s",
+                "%lld, translator band %s, %s inputs small->large and %s large->small, "
+                "computing in %s",
                 (long long)small.config.n_layer, (long long)small.config.n_head_kv,
                 (long long)small.config.head_dim, (long long)large.config.n_layer,
                 (long long)large.config.n_head_kv, (long long)large.config.head_dim, n_threads,
                 (long long)options.prefill_chunk, band == 0 ? "all" : std::to_string(band).c_str(),
-                kvl::MapInputsName(inputs), kvl::DTypeName(compute));
+                kvl::MapInputsName(inputs[0]), kvl::MapInputsName(inputs[1]),
+                kvl::DTypeName(compute));
   emit(buf);
 
   // The rate the translation's own arithmetic could reach.
@@ -212,11 +222,13 @@ int main(int argc, char** argv) {
     const char* name;
     kvl::Engine* source;
     kvl::Engine* target;
+    kvl::MapInputs inputs;
   };
-  for (const Direction& dir : {Direction{"small->large", small_engine.get(), large_engine.get()},
-                               Direction{"large->small", large_engine.get(), small_engine.get()}}) {
+  for (const Direction& dir :
+       {Direction{"small->large", small_engine.get(), large_engine.get(), inputs[0]},
+        Direction{"large->small", large_engine.get(), small_engine.get(), inputs[1]}}) {
     const std::unique_ptr<kvl::Translator> tr =
-        RandomTranslator(dir.source->config(), dir.target->config(), band, inputs, compute);
+        RandomTranslator(dir.source->config(), dir.target->config(), band, dir.inputs, compute);
     emit("");
     std::snprintf(buf, sizeof buf, "%s: TTFT after a switch (ms, best of runs)", dir.name);
     emit(buf);

@@ -17,6 +17,10 @@
 #  cross-eval: task accuracy and the multi-turn run (with the committed
 #    kvl-small -> kvl-large translator back) for the committed kvl-large ->
 #    kvl-small translator and cross's joint, whitened one.
+# The "committed" kvl-large -> kvl-small translator of cross and cross-eval was
+# the split four-stage one when docs/results/map_inputs_ab.txt was made; since
+# 2026-12-02's retrain it is joint itself (git history has the split files), so
+# a rerun of those two modes compares other maps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KVL=${KVL_BIN:-build/tools/kvl}

@@ -56,10 +56,14 @@ def main():
         "[translators/](translators/). Test split conversations the translators never saw;",
         "log-perplexity in nats/token over the continuation after the prefix.",
         "Maps: in both pairs each target layer reads every source layer (`kvl fit",
-        "--assignment relative_depth --band all`), distilled on windows that start",
+        "--assignment relative_depth --band all`); kvl-large → kvl-small and the",
+        "shape-preserving pair read the source's keys and values together (`--inputs",
+        "joint`) and are distilled with whitened steps (`kvl distill --whiten`),",
+        "kvl-small → kvl-large's maps are split. Distilled on windows that start",
         "anywhere, then on windows that end where a chat hands over (`kvl distill",
         "--hand-over chat`), then, where that moved the maps, 4000 steps back on windows",
-        "that start anywhere at lr 2e-4 → 2e-5.",
+        "that start anywhere at low lr (scripts/train_translators.sh; what each stage",
+        "buys: [translator_stages.txt](translator_stages.txt)).",
         "",
         f"| direction | windows | native | no prefix | closed-form gap (all / first {first_k}) | "
         f"distilled gap (all / first {first_k}) | recovered, closed-form (all / first {first_k}) | "
