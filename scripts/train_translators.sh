@@ -95,9 +95,11 @@ for pair in $PAIRS; do
   [ "${KVL_ONLY_EVAL:-0}" = 1 ] && break
   s=${pair%%:*}; t=${pair##*:}
   base="$OUT/${s}__${t}"
-  BF16=(); [ "${KVL_DISTILL_BF16:-1}" = 1 ] && BF16=(--bf16)
   inputs=$(map_inputs "$s" "$t")
-  WHITEN=(); [ "$inputs" = joint ] && WHITEN=(--whiten)
+  # Flags every distillation stage of this direction takes.
+  STEP_FLAGS=()
+  [ "${KVL_DISTILL_BF16:-1}" = 1 ] && STEP_FLAGS+=(--bf16)
+  [ "$inputs" = joint ] && STEP_FLAGS+=(--whiten)
   fit_closed_form "$s" "$t"
   # Stage 2: self-distillation from the closed-form maps on windows that start
   # anywhere, 2400 steps (every direction's validation KL was still falling
@@ -119,8 +121,7 @@ for pair in $PAIRS; do
   timed "distill $s->$t" "$KVL" distill --source "models/$s" --target "models/$t" \
     --init "$(closed_form "$s" "$t")" --data "$WORK/data/train.jsonl" \
     --valid "$WORK/data/valid.jsonl" --out "$stage2" --steps "$steps" \
-    "${lr[@]}" --eval-every 100 --threads "$THREADS" --quiet ${BF16[@]+"${BF16[@]}"} \
-    ${WHITEN[@]+"${WHITEN[@]}"}
+    "${lr[@]}" --eval-every 100 --threads "$THREADS" --quiet ${STEP_FLAGS[@]+"${STEP_FLAGS[@]}"}
   # Stage 3: 600 more steps on windows whose prefix ends
   # where a chat hands over (before a reply or a user turn after one: the
   # paper's placement, where switches happen), scoring 64 positions. It
@@ -139,8 +140,7 @@ for pair in $PAIRS; do
   timed "distill-chat $s->$t" "$KVL" distill --source "models/$s" --target "models/$t" \
     --init "$stage2" --data "$WORK/data/train.jsonl" --valid "$WORK/data/valid.jsonl" \
     --out "$stage3" --hand-over chat --continuation 64 --steps "${KVL_CHAT_STEPS:-600}" "${chat_lr[@]}" \
-    --eval-every 100 --threads "$THREADS" --quiet ${BF16[@]+"${BF16[@]}"} \
-    ${WHITEN[@]+"${WHITEN[@]}"}
+    --eval-every 100 --threads "$THREADS" --quiet ${STEP_FLAGS[@]+"${STEP_FLAGS[@]}"}
   # Stage 4, where stage 3 moved the maps: 4000 steps back on windows that
   # start anywhere (another window seed), at lr 2e-4 -> 2e-5 for split maps
   # (stage 2 peaks at 1e-3 or 3e-3), 2e-5 -> 2e-6 for joint maps, whitened.
@@ -168,7 +168,7 @@ for pair in $PAIRS; do
       --init "$stage3" --data "$WORK/data/train.jsonl" --valid "$WORK/data/valid.jsonl" \
       --out "$base.safetensors" --steps "${KVL_POLISH_STEPS:-4000}" \
       "${polish_lr[@]}" --seed 1 --eval-every 100 --threads "$THREADS" --quiet \
-      ${BF16[@]+"${BF16[@]}"} ${WHITEN[@]+"${WHITEN[@]}"}
+      ${STEP_FLAGS[@]+"${STEP_FLAGS[@]}"}
   fi
 done
 
