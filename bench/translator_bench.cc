@@ -25,8 +25,10 @@
 //       measures what that buys in quality).
 // A second table per direction times (a) part by part (the source's taps, the
 // translation, the target's Accept and its decode step, each alone) and gives
-// (e); it also gives the translation timed inside (a)'s own runs, which has
-// come out slower than alone (docs/translators.md, Results).
+// (e). A third times the translation by what runs before it, min and median
+// of the same number of runs each: back to back (what the translate columns
+// time), inside (a)'s sequence, after writing 256 MiB elsewhere (its data
+// evicted from the caches) and after a 5 ms sleep (the thread pool asleep).
 //
 //   translator_bench [--threads 2] [--configs models/configs] [--out FILE]
 //                    [--contexts 64,256,1024,4096,8192] [--repeat K] [--band N|all]
@@ -52,8 +54,10 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
@@ -66,6 +70,9 @@ namespace {
 
 constexpr int64_t kSpan = 256;
 constexpr int64_t kTail = 16;  // (e): the target's own share of the prefix
+// The router's Translate: the products as views, read by Accept as they are.
+constexpr int64_t kElsewhereBytes = int64_t{256} << 20;
+constexpr kvl::Translator::Output kProduct = kvl::Translator::Output::kProduct;
 
 using kvl::bench::Best;
 using kvl::bench::Seconds;
@@ -238,25 +245,27 @@ int main(int argc, char** argv) {
          "new + decode | (d) prefill 256 new | (d)/(c) | translate-only ms | translate GFLOP/s | "
          "GEMM GFLOP/s | % of GEMM |");
     emit("|---|---|---|---|---|---|---|---|---|---|---|");
-    std::vector<std::string> parts;
+    std::vector<std::string> parts, caches;
+    // Written before each "cold" translation: more than the translation's
+    // own data, so that none of it is left in the caches.
+    at::Tensor elsewhere = at::empty({kElsewhereBytes}, at::kByte);
     for (int64_t t : contexts) {
       const int runs = (t >= 4096 ? 2 : 3) * repeat;
       std::unique_ptr<kvl::KvCache> source_cache = dir.source->NewCache();
       Check(dir.source->Prefill(*source_cache, slice(0, t + kSpan)).status());
 
-      double translate_in_a = 1e9;  // the translation's share of (a), best over its runs
-      const double a = Best(runs, [&] {
+      // (a), its translation timed too when `translation` is given.
+      auto switch_a = [&](double* translation) {
         kvl::KvTaps taps = Check(source_cache->Taps(0, t - 1));
-        const auto t0 = std::chrono::steady_clock::now();
-        kvl::KvTaps out = Check(tr->Translate(taps));
-        translate_in_a = std::min(
-            translate_in_a,
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        kvl::KvTaps out;
+        const double x = Seconds([&] { out = Check(tr->Translate(taps, kProduct)); });
+        if (translation != nullptr) *translation = x;
         std::unique_ptr<kvl::KvCache> cache = dir.target->NewCache();
         Check(cache->Reserve(t));  // sized once for the turn, as the router does
         Check(cache->Accept(out.keys, out.values));
         Check(dir.target->Decode(*cache, ids[t - 1]).status());
-      });
+      };
+      const double a = Best(runs, [&] { switch_a(nullptr); });
       const double b = Best(runs, [&] {
         std::unique_ptr<kvl::KvCache> cache = dir.target->NewCache();
         Check(dir.target->Prefill(*cache, slice(0, t)).status());
@@ -266,7 +275,7 @@ int main(int argc, char** argv) {
       Check(line->Reserve(t + kSpan));
       const double c = Best(3 * repeat, [&] {
         kvl::KvTaps taps = Check(source_cache->Taps(t, t + kSpan - 1));
-        kvl::KvTaps out = Check(tr->Translate(taps));
+        kvl::KvTaps out = Check(tr->Translate(taps, kProduct));
         Check(line->Accept(out.keys, out.values));
         Check(dir.target->Decode(*line, ids[t + kSpan - 1]).status());
         Check(line->Rollback(t));
@@ -276,12 +285,12 @@ int main(int argc, char** argv) {
         Check(line->Rollback(t));
       });
       const kvl::KvTaps taps = Check(source_cache->Taps(0, t));
-      const double tr_s = Best(runs + 2, [&] { (void)Check(tr->Translate(taps)); });
+      const double tr_s = Best(runs + 2, [&] { (void)Check(tr->Translate(taps, kProduct)); });
       // (a) part by part, each the best of its own runs.
       const double taps_s = Best(runs + 2, [&] { (void)Check(source_cache->Taps(0, t - 1)); });
       const kvl::KvTaps taps_a = Check(source_cache->Taps(0, t - 1));
-      const double translate_s = Best(runs + 2, [&] { (void)Check(tr->Translate(taps_a)); });
-      const kvl::KvTaps out_a = Check(tr->Translate(taps_a));
+      const double translate_s = Best(runs + 2, [&] { (void)Check(tr->Translate(taps_a, kProduct)); });
+      const kvl::KvTaps out_a = Check(tr->Translate(taps_a, kProduct));
       const double accept_s = Best(runs + 2, [&] {
         std::unique_ptr<kvl::KvCache> cache = dir.target->NewCache();
         Check(cache->Reserve(t));
@@ -296,16 +305,44 @@ int main(int argc, char** argv) {
       });
       const double e = Best(runs, [&] {
         kvl::KvTaps tail_taps = Check(source_cache->Taps(0, t - kTail));
-        kvl::KvTaps out = Check(tr->Translate(tail_taps));
+        kvl::KvTaps out = Check(tr->Translate(tail_taps, kProduct));
         std::unique_ptr<kvl::KvCache> cache = dir.target->NewCache();
         Check(cache->Reserve(t));
         Check(cache->Accept(out.keys, out.values));
         Check(dir.target->Prefill(*cache, slice(t - kTail, t)).status());
       });
-      std::snprintf(buf, sizeof buf, "| %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.1fx |",
-                    (long long)t, 1e3 * taps_s, 1e3 * translate_s, 1e3 * translate_in_a,
-                    1e3 * accept_s, 1e3 * decode_s, 1e3 * e, b / e);
+      std::snprintf(buf, sizeof buf, "| %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %.1fx |",
+                    (long long)t, 1e3 * taps_s, 1e3 * translate_s, 1e3 * accept_s,
+                    1e3 * decode_s, 1e3 * e, b / e);
       parts.push_back(buf);
+      // The translation of T-1 tokens by what runs before it, each the same
+      // number of times: min and median (ms).
+      const int samples = 8 * repeat;
+      auto min_median = [&](const std::function<double()>& one) {
+        std::vector<double> v;
+        for (int i = 0; i < samples; ++i) v.push_back(one());
+        std::sort(v.begin(), v.end());
+        char cell[64];
+        std::snprintf(cell, sizeof cell, "%.2f / %.2f", 1e3 * v.front(), 1e3 * v[v.size() / 2]);
+        return std::string(cell);
+      };
+      auto translate_after = [&](const std::function<void()>& before) {
+        return min_median([&] {
+          before();
+          return Seconds([&] { (void)Check(tr->Translate(taps_a, kProduct)); });
+        });
+      };
+      const std::string in_a = min_median([&] {
+        double x = 0;
+        switch_a(&x);
+        return x;
+      });
+      const std::string warm = translate_after([] {});
+      const std::string cold = translate_after([&] { elsewhere.fill_(static_cast<uint8_t>(t)); });
+      const std::string slept =
+          translate_after([] { std::this_thread::sleep_for(std::chrono::milliseconds(5)); });
+      caches.push_back(absl::StrCat("| ", t, " | ", warm, " | ", in_a, " | ", cold, " | ", slept,
+                                    " |"));
       const double gemm = gemm_rate();
       const double tr_gflops = TranslateFlops(*tr, static_cast<double>(t)) / tr_s / 1e9;
       std::snprintf(buf, sizeof buf,
@@ -317,16 +354,29 @@ int main(int argc, char** argv) {
     emit("");
     std::snprintf(buf, sizeof buf, "%s: (a) part by part, and the hybrid (e) (ms, best of runs each)", dir.name);
     emit(buf);
-    emit("| context T | source taps | translate | translate within (a) | target accept | "
-         "target decode | (e) translate T-16 + prefill 16 | (b)/(e) |");
-    emit("|---|---|---|---|---|---|---|---|");
+    emit("| context T | source taps | translate | target accept | target decode | (e) translate "
+         "T-16 + prefill 16 | (b)/(e) |");
+    emit("|---|---|---|---|---|---|---|");
     for (const std::string& row : parts) emit(row);
+    emit("");
+    std::snprintf(buf, sizeof buf,
+                  "%s: the translation of T-1 tokens by what runs before it (ms, min / median "
+                  "of %d runs each)",
+                  dir.name, 8 * repeat);
+    emit(buf);
+    emit("| context T | back to back | inside (a) | after writing 256 MiB elsewhere | after a 5 "
+         "ms sleep |");
+    emit("|---|---|---|---|---|");
+    for (const std::string& row : caches) emit(row);
   }
   emit("");
   emit("(a) = Taps (inverting k-norm and RoPE) + Translate + Accept (target k-norm and RoPE) + one "
-       "decode step; translate within (a) = the Translate call timed inside (a)'s runs, right "
-       "after the taps (the translate column repeats it on one set of taps); translate FLOPs = 2 * T * sum over key and value maps of in*out; GEMM = "
-       "square 2048 torch::mm in the translation's dtype, measured right after each row.");
+       "decode step; Translate returns the products as views in the compute dtype, which Accept "
+       "reads as they are (Translator::Output::kProduct, as the router does); the translate "
+       "columns time it back to back on one set of taps; inside (a) = the Translate call timed "
+       "within (a)'s sequence, right after fresh taps; translate FLOPs = 2 * T * sum over "
+       "key and value maps of in*out; GEMM = square 2048 torch::mm in the translation's dtype, "
+       "measured right after each row.");
   if (!out_path.empty()) {
     std::ofstream f(out_path);
     f << emit.text();

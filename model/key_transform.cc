@@ -23,6 +23,21 @@ bool Fusable(const at::Tensor& t) {
   return t.scalar_type() == at::kFloat && t.device().is_cpu() && t.dim() == 3 && t.stride(2) == 1;
 }
 
+// Apply's input may also be bfloat16 (a translator's product, KvCache::Accept):
+// each head vector is widened to float32 first, exactly, so the result is the
+// float32 loop's on the widened tensor.
+bool FusableInput(const at::Tensor& t) {
+  return (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16) && t.device().is_cpu() &&
+         t.dim() == 3 && t.stride(2) == 1;
+}
+
+// The head vector at x as float32: x itself, or widened into buf.
+inline const float* Widened(const float* x, float* /*buf*/, int64_t /*d*/) { return x; }
+inline const float* Widened(const c10::BFloat16* x, float* buf, int64_t d) {
+  for (int64_t e = 0; e < d; ++e) buf[e] = static_cast<float>(x[e]);
+  return buf;
+}
+
 }  // namespace
 
 KeyTransform::KeyTransform(const ModelConfig& config, std::vector<at::Tensor> k_norm,
@@ -39,17 +54,23 @@ ops::RopeTable KeyTransform::Rope(int64_t pos0, int64_t n_tokens) const {
 
 void KeyTransform::Apply(int64_t il, const at::Tensor& k, const ops::RopeTable& rope,
                          const at::Tensor& out, const at::Tensor& inv_rms_out) const {
-  if (Fusable(k) && Fusable(out) && rope.cos.scalar_type() == at::kFloat && FloatNorm(il) &&
+  if (FusableInput(k) && Fusable(out) && rope.cos.scalar_type() == at::kFloat && FloatNorm(il) &&
       (!inv_rms_out.defined() || inv_rms_out.scalar_type() == at::kFloat)) {
-    ApplyFloat(il, k, rope, out, inv_rms_out);
+    if (k.scalar_type() == at::kFloat) {
+      ApplyFused<float>(il, k, rope, out, inv_rms_out);
+    } else {
+      ApplyFused<c10::BFloat16>(il, k, rope, out, inv_rms_out);
+    }
     return;
   }
+  // The op-by-op path computes in the output's dtype.
+  const at::Tensor k_out = k.scalar_type() == out.scalar_type() ? k : k.to(out.scalar_type());
   if (!qk_norm_) {
-    ops::ApplyRope(k, rope, out);
+    ops::ApplyRope(k_out, rope, out);
     return;
   }
   at::Tensor inv_rms;
-  const at::Tensor normed = ops::RmsNorm(k, k_norm_[il], eps_, &inv_rms);
+  const at::Tensor normed = ops::RmsNorm(k_out, k_norm_[il], eps_, &inv_rms);
   ops::ApplyRope(normed, rope, out);
   if (inv_rms_out.defined()) inv_rms_out.copy_(inv_rms);
 }
@@ -68,7 +89,8 @@ void KeyTransform::Invert(int64_t il, const at::Tensor& k_post, const at::Tensor
   out.copy_(k);
 }
 
-void KeyTransform::ApplyFloat(int64_t il, const at::Tensor& k, const ops::RopeTable& rope,
+template <typename In>
+void KeyTransform::ApplyFused(int64_t il, const at::Tensor& k, const ops::RopeTable& rope,
                               const at::Tensor& out, const at::Tensor& inv_rms_out) const {
   const int64_t n = k.size(0), h = k.size(1), d = k.size(2), half = d / 2;
   TORCH_CHECK(out.size(0) == n && out.size(1) == h && out.size(2) == d, "Apply: out shape");
@@ -79,7 +101,7 @@ void KeyTransform::ApplyFloat(int64_t il, const at::Tensor& k, const ops::RopeTa
                   (inv_rms_out.dim() == 2 && inv_rms_out.size(0) == n && inv_rms_out.size(1) == h),
               "Apply: inv_rms_out shape");
   const at::Tensor cos = rope.cos.contiguous(), sin = rope.sin.contiguous();
-  const float* kp = k.data_ptr<float>();
+  const In* kp = k.data_ptr<In>();
   float* op = out.data_ptr<float>();
   const float* cp = cos.data_ptr<float>();
   const float* sp = sin.data_ptr<float>();
@@ -89,12 +111,13 @@ void KeyTransform::ApplyFloat(int64_t il, const at::Tensor& k, const ops::RopeTa
   const int64_t ks0 = k.stride(0), ks1 = k.stride(1), os0 = out.stride(0), os1 = out.stride(1);
   const int64_t is0 = ip ? inv_rms_out.stride(0) : 0, is1 = ip ? inv_rms_out.stride(1) : 0;
   const float eps = static_cast<float>(eps_), fd = static_cast<float>(d);
-  std::vector<float> normed(static_cast<size_t>(d));  // once per call, never per token
+  // Once per call, never per token.
+  std::vector<float> normed(static_cast<size_t>(d)), widened(static_cast<size_t>(d));
   for (int64_t t = 0; t < n; ++t) {
     const float* c = cp + t * half;
     const float* s = sp + t * half;
     for (int64_t j = 0; j < h; ++j) {
-      const float* x = kp + t * ks0 + j * ks1;
+      const float* x = Widened(kp + t * ks0 + j * ks1, widened.data(), d);
       float* o = op + t * os0 + j * os1;
       if (wp != nullptr) {
         // HF RMSNorm in float32: x * rsqrt(mean(x^2) + eps), then * w.

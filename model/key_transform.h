@@ -28,11 +28,12 @@ class KeyTransform {
   // cos/sin for positions [pos0, pos0 + n_tokens) in the cache dtype.
   ops::RopeTable Rope(int64_t pos0, int64_t n_tokens) const;
 
-  // k: [T, H, D] before k-norm/RoPE; writes the attention keys into out
-  // ([T, H, D], may be a strided view into a cache line, must not overlap k)
-  // and, when defined and
-  // the model has k-norm, the float32 1/rms of each (token, head) into
-  // inv_rms_out [T, H].
+  // k: [T, H, D] before k-norm/RoPE, in out's dtype (any other is converted
+  // first; bfloat16 into a float32 out is widened exactly, head vector by head
+  // vector, without a copy). Writes the attention keys into out ([T, H, D],
+  // may be a strided view into a cache line, must not overlap k) and, when
+  // defined and the model has k-norm, the float32 1/rms of each (token, head)
+  // into inv_rms_out [T, H].
   void Apply(int64_t il, const at::Tensor& k, const ops::RopeTable& rope, const at::Tensor& out,
              const at::Tensor& inv_rms_out) const;
 
@@ -44,9 +45,10 @@ class KeyTransform {
               const ops::RopeTable& rope, const at::Tensor& out) const;
 
  private:
-  // Apply and Invert for float32 head-contiguous tensors: one pass per head
-  // vector, no temporaries.
-  void ApplyFloat(int64_t il, const at::Tensor& k, const ops::RopeTable& rope,
+  // Apply and Invert for float32 head-contiguous tensors (Apply's input may
+  // also be bfloat16, In): one pass per head vector, no temporaries.
+  template <typename In>
+  void ApplyFused(int64_t il, const at::Tensor& k, const ops::RopeTable& rope,
                   const at::Tensor& out, const at::Tensor& inv_rms_out) const;
   void InvertFloat(int64_t il, const at::Tensor& k_post, const at::Tensor& inv_rms,
                    const ops::RopeTable& rope, const at::Tensor& out) const;

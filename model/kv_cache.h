@@ -80,7 +80,8 @@ class KvCache {
   // Appends a foreign span at [Length(), Length() + T): keys [L, H, T, D] before
   // k-norm and RoPE (this model's k-norm and RoPE at the target positions are
   // applied here, exactly as the forward does), values [L, H, T, D]. Any float
-  // dtype is converted. InvalidArgument on shape mismatch.
+  // dtype is converted; any strides are read as they are (Translator::Translate's
+  // Output::kProduct views). InvalidArgument on shape mismatch.
   absl::Status Accept(const at::Tensor& keys, const at::Tensor& values);
 
   // Attention views of layer il for the decoder, [H, Length(), D].

@@ -186,7 +186,8 @@ absl::Status Router::Handover(Work& work, int model, Strategy strategy, int64_t 
       SerialIntraOpScope serial;
       absl::StatusOr<KvTaps> taps = lease.line(step.source)->Taps(step.begin, step.end);
       if (!taps.ok()) return taps.status();
-      absl::StatusOr<KvTaps> moved = by_pair_[step.source][model]->translator->Translate(*taps);
+      absl::StatusOr<KvTaps> moved = by_pair_[step.source][model]->translator->Translate(
+          *taps, Translator::Output::kProduct);
       if (!moved.ok()) return moved.status();
       if (absl::Status s = line->Accept(moved->keys, moved->values); !s.ok()) return s;
       const double dt = Seconds(t0, Clock::now());

@@ -293,14 +293,15 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Create(TranslatorSpec sp
 
 at::Tensor Translator::Apply(const at::Tensor& x,
                              const std::vector<std::vector<int64_t>>& lists,
-                             const Prepared& prepared) const {
+                             const Prepared& prepared, Output output) const {
   const TranslatorMaps& maps = prepared.maps;
   const Stacked& stacked = prepared.stacked;
   const int64_t n_tokens = x.size(1), in_per_layer = x.size(2);
   const int64_t n_layer_target = spec_.target.n_layer;
-  // A permuted view of the product, copied into [L_t, H_t, T, D_t] order as
-  // float32 (one copy that also converts).
-  auto to_output = [](const at::Tensor& view) {
+  // A permuted view of the product, [L_t, H_t, T, D_t]: as it is, or copied
+  // in that order as float32 (one copy that also converts).
+  auto to_output = [output](const at::Tensor& view) {
+    if (output == Output::kProduct) return view;
     return at::empty(view.sizes(), view.options().dtype(at::kFloat)).copy_(view);
   };
   if (stacked.shared) {
@@ -352,7 +353,7 @@ DType FastestTranslateDtype() {
   return DType::kFloat32;
 }
 
-absl::StatusOr<KvTaps> Translator::Translate(const KvTaps& source) const {
+absl::StatusOr<KvTaps> Translator::Translate(const KvTaps& source, Output output) const {
   const TranslatorEndpoint& s = spec_.source;
   for (const at::Tensor* t : {&source.keys, &source.values}) {
     if (!t->defined() || t->dim() != 4 || t->size(0) != s.n_layer || t->size(1) != s.n_head_kv ||
@@ -367,8 +368,8 @@ absl::StatusOr<KvTaps> Translator::Translate(const KvTaps& source) const {
   }
   try {
     c10::InferenceMode guard;
-    // The maps' dtype is the compute dtype; the result is float32 (Apply's
-    // permuting copy at the end converts).
+    // The maps' dtype is the compute dtype; a float32 result comes from
+    // Apply's permuting copy at the end, which converts.
     const at::ScalarType compute = compute_ == DType::kBFloat16 ? at::kBFloat16 : at::kFloat;
     // [L_s, H_s, T, D_s] keys and values -> rows [2*L_s, T, H_s*D_s], the
     // blocks of InputBlocks: head-major rows, as the maps expect; one copy per
@@ -380,8 +381,8 @@ absl::StatusOr<KvTaps> Translator::Translate(const KvTaps& source) const {
     rows[1].copy_(source.values.permute({0, 2, 1, 3}));
     const at::Tensor x = rows.view({2 * s.n_layer, n_tokens, s.n_head_kv * s.head_dim});
     KvTaps out;
-    out.keys = Apply(x, blocks_.keys, prepared_keys_);
-    out.values = Apply(x, blocks_.values, prepared_values_);
+    out.keys = Apply(x, blocks_.keys, prepared_keys_, output);
+    out.values = Apply(x, blocks_.values, prepared_values_, output);
     return out;
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("translate: ", e.what_without_backtrace()));

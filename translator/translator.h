@@ -153,12 +153,25 @@ class Translator {
   const TranslatorMaps& value_maps() const { return values_; }
   DType compute_dtype() const { return compute_; }
 
+  // What Translate returns.
+  enum class Output {
+    // Contiguous float32 tensors.
+    kFloat32,
+    // The products themselves, [L_t, H_t, T, D_t] views in compute_dtype()
+    // with strides that permute the product's rows (head vectors stay
+    // contiguous): no copy after the product. KvCache::Accept of a float32
+    // line reads them as they are, converting each element exactly, so the
+    // line holds the same bits as from kFloat32, with half the memory traffic
+    // of a switch's translation in bfloat16 (docs/translators.md, "Switch
+    // cost"). The router's path.
+    kProduct,
+  };
   // source: keys/values [L_s, H_s, T, D_s] before k-norm/RoPE (KvCache::Taps),
-  // any float dtype. Returns contiguous float32 [L_t, H_t, T, D_t] keys and
-  // values for KvCache::Accept of the target, computed in compute_dtype().
-  // Runs under c10::InferenceMode (the result is an inference tensor).
+  // any float dtype. Returns [L_t, H_t, T, D_t] keys and values for
+  // KvCache::Accept of the target, computed in compute_dtype(), as `output`
+  // says. Runs under c10::InferenceMode (the result is an inference tensor).
   // InvalidArgument on shape mismatch.
-  absl::StatusOr<KvTaps> Translate(const KvTaps& source) const;
+  absl::StatusOr<KvTaps> Translate(const KvTaps& source, Output output = Output::kFloat32) const;
 
  private:
   // Maps stacked for one batched product when every target layer reads the
@@ -183,9 +196,9 @@ class Translator {
   };
   Translator() = default;
   // rows: the source as [2*L_s, T, H_s*D_s] blocks (InputBlocks), in the
-  // compute dtype; lists: one side's blocks.
+  // compute dtype; lists: one side's blocks. [L_t, H_t, T, D_t] as `output` says.
   at::Tensor Apply(const at::Tensor& rows, const std::vector<std::vector<int64_t>>& lists,
-                   const Prepared& prepared) const;
+                   const Prepared& prepared, Output output) const;
 
   TranslatorSpec spec_;
   InputBlocks blocks_;

@@ -99,6 +99,25 @@ TEST_P(KeyTransformFloat32Test, InvertMatchesTheOpByOpPathAndUndoesApply) {
   EXPECT_LT(RelMax(taps.transpose(0, 1), l.k), 2e-6);
 }
 
+TEST_P(KeyTransformFloat32Test, Bfloat16KeysIntoAFloat32LineEqualTheirFloat32Widening) {
+  // A bfloat16 translator's product goes into a float32 line as it is
+  // (KvCache::Accept): exactly what the widened keys give.
+  const KeyTransform transform(config_, k_norm_, at::TensorOptions().dtype(at::kFloat));
+  Layouts l = MakeLayouts(9);
+  // Strided like l.k: rows of a wider product.
+  const at::Tensor k = at::empty({kTokens, (kHeads + 2) * kDim}, at::kBFloat16)
+                           .narrow(1, 2 * kDim, kHeads * kDim)
+                           .view({kTokens, kHeads, kDim})
+                           .copy_(l.k);
+  ASSERT_EQ(k.stride(0), l.k.stride(0));
+  const ops::RopeTable rope = transform.Rope(40, kTokens);
+  transform.Apply(1, k, rope, l.out, l.rms_out);
+  Layouts want = MakeLayouts(9);
+  transform.Apply(1, k.to(at::kFloat), rope, want.out, want.rms_out);
+  EXPECT_TRUE(at::equal(l.line, want.line));
+  EXPECT_TRUE(at::equal(l.rms, want.rms));
+}
+
 INSTANTIATE_TEST_SUITE_P(KNorm, KeyTransformFloat32Test, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "qwen3" : "llama"; });
 

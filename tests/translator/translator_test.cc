@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "model/engine.h"
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
@@ -332,6 +333,65 @@ TEST(TranslateTest, CreateRejectsBadSpecsAndShapes) {
 
 // A model translated into itself through identity maps must decode exactly as
 // if it had prefilled the prefix itself.
+TEST(TranslateTest, ProductViewsFillATargetLineWithTheSameBitsAsFloat32Output) {
+  // The router accepts Output::kProduct views (strided, in the compute dtype)
+  // instead of contiguous float32 copies: on every Apply path, split and joint,
+  // float32 and bfloat16, the target's line and its next logits must not change
+  // by a bit.
+  Checkpoint c;
+  c.config = testing::TinyConfig({"qwen3", true, false, false, 4, 2}, 2, 32, 8);
+  c.weights = testing::RandomWeights(c.config, 41);
+  RuntimeOptions o;
+  o.n_threads = 1;
+  auto engine = Engine::Create(c, o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::vector<std::pair<Lists, Lists>> assignments = {
+      {{{2, 0}, {1, 2}}, {{1}, {0}}},              // batched (short) / per layer (long)
+      {{{2}, {0, 1, 2}}, {{1}, {0}}},              // per layer
+      {{{0, 1, 2}, {0, 1, 2}}, {{0, 1, 2}, {0, 1, 2}}}};  // one product
+  for (const auto& [key_lists, value_lists] : assignments) {
+    for (MapInputs inputs : {MapInputs::kSplit, MapInputs::kJoint}) {
+      TranslatorSpec spec = MixedSpec();
+      spec.target = EndpointOf(c.config, "t", "tok");
+      spec.assignment.keys = key_lists;
+      spec.assignment.values = value_lists;
+      spec.inputs = inputs;
+      auto float32 = RandomTranslator(spec, 43);
+      for (DType compute : {DType::kFloat32, DType::kBFloat16}) {
+        auto tr = Translator::Create(spec, float32->key_maps(), float32->value_maps(), compute);
+        ASSERT_TRUE(tr.ok()) << tr.status();
+        for (int64_t n : {5, 300}) {
+          const std::string where = absl::StrCat(key_lists.front().size(), " key blocks, ",
+                                                 MapInputsName(inputs), ", ", DTypeName(compute),
+                                                 ", ", n, " tokens");
+          const KvTaps src = RandomTaps(spec.source, n, 44);
+          auto copied = (*tr)->Translate(src);
+          auto views = (*tr)->Translate(src, Translator::Output::kProduct);
+          ASSERT_TRUE(copied.ok() && views.ok()) << where;
+          const at::ScalarType dtype = compute == DType::kBFloat16 ? at::kBFloat16 : at::kFloat;
+          EXPECT_EQ(views->keys.scalar_type(), dtype) << where;
+          EXPECT_EQ(views->keys.sizes(), copied->keys.sizes()) << where;
+          EXPECT_TRUE(at::equal(views->keys.to(at::kFloat), copied->keys)) << where;
+          EXPECT_TRUE(at::equal(views->values.to(at::kFloat), copied->values)) << where;
+
+          auto from_copies = (*engine)->NewCache();
+          auto from_views = (*engine)->NewCache();
+          ASSERT_TRUE(from_copies->Accept(copied->keys, copied->values).ok()) << where;
+          ASSERT_TRUE(from_views->Accept(views->keys, views->values).ok()) << where;
+          for (int64_t il = 0; il < c.config.n_layer; ++il) {
+            EXPECT_TRUE(at::equal(from_views->Keys(il), from_copies->Keys(il))) << where;
+            EXPECT_TRUE(at::equal(from_views->Values(il), from_copies->Values(il))) << where;
+          }
+          auto want = (*engine)->Prefill(*from_copies, {7, 3});
+          auto got = (*engine)->Prefill(*from_views, {7, 3});
+          ASSERT_TRUE(want.ok() && got.ok()) << where;
+          EXPECT_TRUE(at::equal(*got, *want)) << where;
+        }
+      }
+    }
+  }
+}
+
 TEST(TranslateTest, IdentityTranslatorReproducesNativeLogits) {
   for (const testing::TinyModel& m : {testing::TinyModel{"qwen3", true, false, false, 4, 2},
                                       testing::TinyModel{"llama", false, true, true, 4, 4}}) {
