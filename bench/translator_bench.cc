@@ -18,7 +18,11 @@
 //   (c) span: the target line already holds [0, T) natively; the source wrote
 //       [T, T+256): translate [T, T+255) and decode token T+255;
 //   (d) span prefill: the target prefills [T, T+256) onto its line of T.
-// Each is the best of a few runs (the 2-core machine is shared).
+// Each is the best of a few runs (the 2-core machine is shared). Taps,
+// translation and Accept run on the calling thread alone
+// (kvl::SerialIntraOpScope), the products handed over as views
+// (Translator::Output::kProduct), as the router runs a switch; the target's
+// prefill and decode use --threads.
 //
 //   (e) hybrid: as (a) for [0, T-16), then the target prefills [T-16, T)
 //       itself on top of the translation (kvl eval-translator --native-tail 16
@@ -203,7 +207,8 @@ int main(int argc, char** argv) {
   c10::InferenceMode inference;
   std::snprintf(buf, sizeof buf,
                 "translator_bench: kvl-small (L=%lld H=%lld D=%lld) and kvl-large (L=%lld H=%lld "
-                "D=%lld) shapes, random init, fp32 models, %d intra-op threads, prefill chunk "
+                "D=%lld) shapes, random init, fp32 models, %d intra-op threads (taps, translation "
+                "and Accept on one, as the router runs them), prefill chunk "
                 "%lld, translator band %s, %s inputs small->large and %s large->small, "
                 "computing in %s",
                 (long long)small.config.n_layer, (long long)small.config.n_head_kv,
@@ -216,7 +221,12 @@ int main(int argc, char** argv) {
 
   // The rate the translation's own arithmetic could reach.
   const kvl::bench::GemmRate gemm(compute == kvl::DType::kBFloat16 ? at::kBFloat16 : at::kFloat);
-  auto gemm_rate = [&] { return gemm.Measure(); };
+  // On one thread, as the translation runs (bfloat16 through oneDNN's
+  // OpenMP; float32 products keep OpenBLAS's own threads either way).
+  auto gemm_rate = [&] {
+    kvl::SerialIntraOpScope serial;
+    return gemm.Measure();
+  };
 
   const int64_t max_t = *std::max_element(contexts.begin(), contexts.end());
   std::vector<int64_t> ids(static_cast<size_t>(max_t + kSpan));
@@ -254,15 +264,22 @@ int main(int argc, char** argv) {
       std::unique_ptr<kvl::KvCache> source_cache = dir.source->NewCache();
       Check(dir.source->Prefill(*source_cache, slice(0, t + kSpan)).status());
 
-      // (a), its translation timed too when `translation` is given.
-      auto switch_a = [&](double* translation) {
-        kvl::KvTaps taps = Check(source_cache->Taps(0, t - 1));
+      // The source's [t0, t1) moved into `cache` as the router moves a span:
+      // taps, Translate (the products as views) and Accept, on this thread
+      // alone; the translation's own time into *translation if given.
+      auto move_span = [&](int64_t t0, int64_t t1, kvl::KvCache& cache, double* translation) {
+        kvl::SerialIntraOpScope serial;
+        kvl::KvTaps taps = Check(source_cache->Taps(t0, t1));
         kvl::KvTaps out;
         const double x = Seconds([&] { out = Check(tr->Translate(taps, kProduct)); });
         if (translation != nullptr) *translation = x;
+        Check(cache.Accept(out.keys, out.values));
+      };
+      // (a), its translation timed too when `translation` is given.
+      auto switch_a = [&](double* translation) {
         std::unique_ptr<kvl::KvCache> cache = dir.target->NewCache();
         Check(cache->Reserve(t));  // sized once for the turn, as the router does
-        Check(cache->Accept(out.keys, out.values));
+        move_span(0, t - 1, *cache, translation);
         Check(dir.target->Decode(*cache, ids[t - 1]).status());
       };
       const double a = Best(runs, [&] { switch_a(nullptr); });
@@ -274,9 +291,7 @@ int main(int argc, char** argv) {
       Check(dir.target->Prefill(*line, slice(0, t)).status());
       Check(line->Reserve(t + kSpan));
       const double c = Best(3 * repeat, [&] {
-        kvl::KvTaps taps = Check(source_cache->Taps(t, t + kSpan - 1));
-        kvl::KvTaps out = Check(tr->Translate(taps, kProduct));
-        Check(line->Accept(out.keys, out.values));
+        move_span(t, t + kSpan - 1, *line, nullptr);
         Check(dir.target->Decode(*line, ids[t + kSpan - 1]).status());
         Check(line->Rollback(t));
       });
@@ -285,16 +300,26 @@ int main(int argc, char** argv) {
         Check(line->Rollback(t));
       });
       const kvl::KvTaps taps = Check(source_cache->Taps(0, t));
-      const double tr_s = Best(runs + 2, [&] { (void)Check(tr->Translate(taps, kProduct)); });
+      // The translation-side parts run on one thread, as in move_span.
+      auto serial = [](const std::function<void()>& f) {
+        return [f] {
+          kvl::SerialIntraOpScope scope;
+          f();
+        };
+      };
+      const double tr_s =
+          Best(runs + 2, serial([&] { (void)Check(tr->Translate(taps, kProduct)); }));
       // (a) part by part, each the best of its own runs.
-      const double taps_s = Best(runs + 2, [&] { (void)Check(source_cache->Taps(0, t - 1)); });
+      const double taps_s =
+          Best(runs + 2, serial([&] { (void)Check(source_cache->Taps(0, t - 1)); }));
       const kvl::KvTaps taps_a = Check(source_cache->Taps(0, t - 1));
-      const double translate_s = Best(runs + 2, [&] { (void)Check(tr->Translate(taps_a, kProduct)); });
+      const double translate_s =
+          Best(runs + 2, serial([&] { (void)Check(tr->Translate(taps_a, kProduct)); }));
       const kvl::KvTaps out_a = Check(tr->Translate(taps_a, kProduct));
       const double accept_s = Best(runs + 2, [&] {
         std::unique_ptr<kvl::KvCache> cache = dir.target->NewCache();
         Check(cache->Reserve(t));
-        Check(cache->Accept(out_a.keys, out_a.values));
+        serial([&] { Check(cache->Accept(out_a.keys, out_a.values)); })();
       });
       std::unique_ptr<kvl::KvCache> accepted = dir.target->NewCache();
       Check(accepted->Reserve(t));
@@ -304,11 +329,9 @@ int main(int argc, char** argv) {
         Check(accepted->Rollback(t - 1));
       });
       const double e = Best(runs, [&] {
-        kvl::KvTaps tail_taps = Check(source_cache->Taps(0, t - kTail));
-        kvl::KvTaps out = Check(tr->Translate(tail_taps, kProduct));
         std::unique_ptr<kvl::KvCache> cache = dir.target->NewCache();
         Check(cache->Reserve(t));
-        Check(cache->Accept(out.keys, out.values));
+        move_span(0, t - kTail, *cache, nullptr);
         Check(dir.target->Prefill(*cache, slice(t - kTail, t)).status());
       });
       std::snprintf(buf, sizeof buf, "| %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %.1fx |",
@@ -329,7 +352,7 @@ int main(int argc, char** argv) {
       auto translate_after = [&](const std::function<void()>& before) {
         return min_median([&] {
           before();
-          return Seconds([&] { (void)Check(tr->Translate(taps_a, kProduct)); });
+          return Seconds(serial([&] { (void)Check(tr->Translate(taps_a, kProduct)); }));
         });
       };
       const std::string in_a = min_median([&] {
@@ -375,8 +398,8 @@ int main(int argc, char** argv) {
        "reads as they are (Translator::Output::kProduct, as the router does); the translate "
        "columns time it back to back on one set of taps; inside (a) = the Translate call timed "
        "within (a)'s sequence, right after fresh taps; translate FLOPs = 2 * T * sum over "
-       "key and value maps of in*out; GEMM = square 2048 torch::mm in the translation's dtype, "
-       "measured right after each row.");
+       "key and value maps of in*out; GEMM = square 2048 torch::mm in the translation's dtype "
+       "on one intra-op thread, as the translation runs, measured right after each row.");
   if (!out_path.empty()) {
     std::ofstream f(out_path);
     f << emit.text();
