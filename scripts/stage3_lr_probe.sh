@@ -12,7 +12,8 @@
 # stage-3 maps train_translators.sh leaves in WORK_DIR/translators
 # (S__T.any.safetensors, S__T.chat.safetensors; e.g.
 # KVL_TRANSLATOR_PAIRS=S:T KVL_SKIP_EVAL=1 KVL_HOUSE_WORK=WORK_DIR
-# scripts/train_translators.sh). Writes WORK_DIR/stage3_lr/S__T.lrX.* and
+# scripts/train_translators.sh, which also rewrites the committed S__T files
+# in models/translators: `git checkout models/translators` to keep them). Writes WORK_DIR/stage3_lr/S__T.lrX.* and
 # docs/results/stage3_lr/S__T.json; prints each distillation's summary and
 # last the table (from its "# scripts/stage3_lr_probe.sh" line on), which is
 # docs/results/stage3_lr.txt. KVL_TRAIN_THREADS (default 1) per run.
