@@ -14,22 +14,32 @@
 # KVL_TRANSLATOR_PAIRS=S:T KVL_SKIP_EVAL=1 KVL_HOUSE_WORK=WORK_DIR
 # scripts/train_translators.sh, which also rewrites the committed S__T files
 # in models/translators: `git checkout models/translators` to keep them). Writes WORK_DIR/stage3_lr/S__T.lrX.* and
-# docs/results/stage3_lr/S__T.json; prints each distillation's summary and
+# docs/results/stage3_lr/S__T.json with each variant's distillation log
+# (S__T.lrX.distill.json); prints each distillation's summary and
 # last the table (from its "# scripts/stage3_lr_probe.sh" line on), which is
 # docs/results/stage3_lr.txt. KVL_TRAIN_THREADS (default 1) per run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KVL=${KVL_BIN:-build/tools/kvl}
 PY=${KVL_PYTHON:-/usr/bin/python3}
-work=$1
+work=${1:?usage: scripts/stage3_lr_probe.sh WORK_DIR [S:T] [LRS]}
 pair=${2:-kvl-small:kvl-small-b}
 lrs=${3:-3e-4 3e-5}
 threads=${KVL_TRAIN_THREADS:-1}
 s=${pair%%:*}; t=${pair##*:}
 any="$work/translators/${s}__${t}.any.safetensors"
 chat="$work/translators/${s}__${t}.chat.safetensors"
+# Joint-map directions only: the flags below are their stage 3's.
+if [ "$pair" = kvl-small:kvl-large ]; then
+  echo "stage3_lr_probe: $pair has split maps; this probe runs the joint maps' stage 3" >&2
+  exit 2
+fi
 for f in "$any" "$chat"; do
   [ -f "$f" ] || { echo "stage3_lr_probe: $f is missing (run train_translators.sh first)" >&2; exit 2; }
+done
+for k in train valid test suites/test_facts suites/test_kv suites/test_arith suites/test_lists \
+    suites/test_strings; do
+  [ -f "$work/data/$k.jsonl" ] || { echo "stage3_lr_probe: $work/data/$k.jsonl is missing (kvl make-data)" >&2; exit 2; }
 done
 out="$work/stage3_lr"
 mkdir -p "$out" docs/results/stage3_lr
@@ -42,6 +52,7 @@ for lr in $lrs; do
     --data "$work/data/train.jsonl" --valid "$work/data/valid.jsonl" --out "$f" \
     --hand-over chat --continuation 64 --steps 600 --lr "$lr" --min-lr "$min" \
     --eval-every 100 --threads "$threads" --quiet --bf16 --whiten
+  cp "${f%.safetensors}.distill.json" docs/results/stage3_lr/
   files+=("$f")
 done
 suites=$(for k in facts kv arith lists strings; do printf '%s,' "$work/data/suites/test_$k.jsonl"; done)
@@ -62,7 +73,7 @@ print("|---|---|---|---|---|---|---|---|---|---|")
 for tr in r["translators"]:
     f = tr["file"]
     stem = os.path.basename(f)[:-len(".safetensors")]
-    lr = stem.rsplit(".lr", 1)[1] if ".lr" in stem else "1e-4 (the recipe's)"
+    lr = stem.rsplit(".lr", 1)[1] if ".lr" in stem else "1e-4 (the recipe's, rerun)"
     log = json.load(open(f[:-len(".safetensors")] + ".distill.json"))
     acc = r["accuracy"]["translated:" + f]
     cells = " | ".join(f"{acc[k]['accuracy']:.3f}"
