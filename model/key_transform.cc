@@ -54,6 +54,12 @@ ops::RopeTable KeyTransform::Rope(int64_t pos0, int64_t n_tokens) const {
 
 void KeyTransform::Apply(int64_t il, const at::Tensor& k, const ops::RopeTable& rope,
                          const at::Tensor& out, const at::Tensor& inv_rms_out) const {
+  if (k.scalar_type() != out.scalar_type() &&
+      !(k.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kFloat)) {
+    // Converted first; bfloat16 into float32 is widened as the fused loop reads.
+    Apply(il, k.to(out.scalar_type()), rope, out, inv_rms_out);
+    return;
+  }
   if (FusableInput(k) && Fusable(out) && rope.cos.scalar_type() == at::kFloat && FloatNorm(il) &&
       (!inv_rms_out.defined() || inv_rms_out.scalar_type() == at::kFloat)) {
     if (k.scalar_type() == at::kFloat) {
@@ -63,7 +69,8 @@ void KeyTransform::Apply(int64_t il, const at::Tensor& k, const ops::RopeTable& 
     }
     return;
   }
-  // The op-by-op path computes in the output's dtype.
+  // The op-by-op path computes in the output's dtype (bfloat16 keys into a
+  // float32 out reach it only when the loop cannot run).
   const at::Tensor k_out = k.scalar_type() == out.scalar_type() ? k : k.to(out.scalar_type());
   if (!qk_norm_) {
     ops::ApplyRope(k_out, rope, out);

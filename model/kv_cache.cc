@@ -153,13 +153,9 @@ absl::Status KvCache::Accept(const at::Tensor& keys, const at::Tensor& values) {
   try {
     c10::InferenceMode inference;
     EnsureCapacity(t0 + n);
-    // The transform reads keys of the line's dtype, or bfloat16 ones (a
-    // translator's product) into a float32 line, as they are.
-    const at::ScalarType line = options_.dtype().toScalarType();
-    const bool as_is = keys.device() == options_.device() &&
-                       (keys.scalar_type() == line ||
-                        (keys.scalar_type() == at::kBFloat16 && line == at::kFloat));
-    const at::Tensor k_in = as_is ? keys : keys.to(options_);
+    // KeyTransform::Apply converts the keys' dtype as it needs (bfloat16 ones,
+    // a translator's product, a float32 line reads as they are).
+    const at::Tensor k_in = keys.to(options_.device());
     const ops::RopeTable rope = transform_->Rope(t0, n);
     for (int64_t il = 0; il < n_layer_; ++il) {
       transform_->Apply(il, k_in[il].transpose(0, 1), rope,
