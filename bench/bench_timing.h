@@ -3,10 +3,13 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <string>
 
@@ -55,6 +58,70 @@ class GemmRate {
 
  private:
   at::Tensor a_, b_;
+};
+
+// How much of the machine other processes used while a driver ran: the CPU
+// time /proc/stat counts as busy on all CPUs, less this process's own (all its
+// threads, user and system), over the CPU time there was. A benchmark that
+// shared the machine reports times and ratios that are not the code's, so the
+// drivers print this beside their results and say so above a small threshold.
+class MachineShare {
+ public:
+  MachineShare() : start_(Now()) {}
+
+  // The share of the machine's CPU time other processes used since this
+  // object was made, in [0, 1]; negative when /proc/stat cannot be read.
+  double Others() const {
+    const Sample now = Now();
+    const double total = now.total - start_.total;
+    if (start_.total < 0 || now.total < 0 || total <= 0) return -1;
+    return std::clamp((now.busy - start_.busy - (now.self - start_.self)) / total, 0.0, 1.0);
+  }
+
+  // One line for a report: the share, and a warning above kWarnAbove (and
+  // kMinSeconds of others' CPU time: /proc/stat counts 10 ms ticks).
+  std::string Line() const {
+    const double others = Others();
+    const bool shared = others > kWarnAbove && others * (Now().total - start_.total) > kMinSeconds;
+    char buf[320];
+    if (others < 0) return "machine share: /proc/stat could not be read";
+    std::snprintf(buf, sizeof buf,
+                  "machine share: other processes used %.1f%% of the %ld CPUs' time during this "
+                  "run%s",
+                  100 * others, sysconf(_SC_NPROCESSORS_ONLN),
+                  shared ? " -- WARNING: the machine was shared; the times above are not this "
+                           "code's alone, rerun on an idle machine"
+                         : "");
+    return buf;
+  }
+
+  static constexpr double kWarnAbove = 0.05;
+  static constexpr double kMinSeconds = 0.1;
+
+ private:
+  struct Sample {
+    double busy = -1, total = -1, self = 0;  // CPU seconds
+  };
+  static Sample Now() {
+    Sample s;
+    std::ifstream f("/proc/stat");
+    std::string cpu;
+    double user, nice, system, idle, iowait, irq, softirq, steal;
+    if (f >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal &&
+        cpu == "cpu") {
+      const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
+      s.busy = (user + nice + system + irq + softirq + steal) / tick;
+      s.total = s.busy + (idle + iowait) / tick;
+    }
+    for (int who : {RUSAGE_SELF, RUSAGE_CHILDREN}) {  // children: a driver's own runs
+      rusage r{};
+      getrusage(who, &r);
+      s.self += static_cast<double>(r.ru_utime.tv_sec + r.ru_stime.tv_sec) +
+                1e-6 * static_cast<double>(r.ru_utime.tv_usec + r.ru_stime.tv_usec);
+    }
+    return s;
+  }
+  Sample start_;
 };
 
 }  // namespace kvl::bench

@@ -106,6 +106,7 @@ int main(int argc, char** argv) {
   at::set_num_threads(n_threads);
   c10::InferenceMode inference;
   kvl::bench::Report emit;
+  const kvl::bench::MachineShare share;
   char buf[512];
 
   const kvl::ModelConfig config = BenchConfig();
@@ -316,6 +317,7 @@ int main(int argc, char** argv) {
       LayerFlopsPerToken(config) / 2 / 1e6);
   emit(buf);
 
+  emit(share.Line());
   if (!out_path.empty()) {
     std::ofstream f(out_path);
     f << emit.text();

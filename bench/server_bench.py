@@ -74,6 +74,49 @@ def load_line():
     return f"loadavg {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} CPUs"
 
 
+class MachineShare:
+    """How much of the machine other processes used during a part of the run:
+    the CPU time /proc/stat counts as busy, less this bench's own (this process,
+    its waited-for children such as bench/ttft_client, and the server), over the
+    CPU time there was. Times and ratios measured on a shared machine are not
+    the server's alone; the report says so above WARN_ABOVE (and MIN_SECONDS of
+    others' CPU time, since /proc/stat counts 10 ms ticks)."""
+    WARN_ABOVE = 0.05
+    MIN_SECONDS = 0.1
+
+    def __init__(self, server_pid):
+        self.pid = server_pid
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.start = self.sample()
+
+    def sample(self):
+        with open("/proc/stat") as f:
+            user, nice, system, idle, iowait, irq, softirq, steal = (
+                int(x) for x in f.readline().split()[1:9])
+        busy = (user + nice + system + irq + softirq + steal) / self.tick
+        total = busy + (idle + iowait) / self.tick
+        with open(f"/proc/{self.pid}/stat") as f:
+            # Fields after the command name, which is in parentheses: utime and stime are 14, 15.
+            fields = f.read().rsplit(")", 1)[1].split()
+        server = (int(fields[11]) + int(fields[12])) / self.tick
+        t = os.times()
+        own = t.user + t.system + t.children_user + t.children_system
+        return busy, total, server + own
+
+    def line(self, what):
+        """The share since the last call (or since start), as one report line."""
+        now = self.sample()
+        busy, total, ours = (b - a for a, b in zip(self.start, now))
+        self.start = now
+        others = min(max((busy - ours) / total, 0.0), 1.0) if total > 0 else float("nan")
+        # /proc/stat counts in clock ticks (10 ms): a short part can read a tick or two high.
+        shared = others > self.WARN_ABOVE and busy - ours > self.MIN_SECONDS
+        warn = (" -- WARNING: the machine was shared; the times above are not the server's "
+                "alone, rerun on an idle machine") if shared else ""
+        return (f"machine share during {what}: other processes used {100 * others:.1f}% of the "
+                f"{os.cpu_count()} CPUs' time{warn}")
+
+
 def write_config(directory, threads, translate_dtype, native_tail):
     models = [{"name": m, "path": os.path.join(ROOT, "models", m)} for m in (SMALL, SMALL_B, LARGE)]
     translators = []
@@ -406,6 +449,7 @@ def main():
         try:
             client = Client(target, stubs)
             client.wait_serving()
+            share = MachineShare(proc.pid)
             emit("kvlingo server benchmark (bench/server_bench.py)")
             emit(f"command: /usr/bin/python3 bench/server_bench.py {' '.join(sys.argv[1:])}")
             emit(f"date: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}  host: {platform.node()}  "
@@ -465,6 +509,7 @@ def main():
                      f"{cxx_overhead * 1e3:.4f} ms (target < 1 ms): "
                      f"{'met' if cxx_overhead < 1e-3 else 'NOT met'}")
             emit(f"load after part 1: {load_line()}")
+            emit(share.line("parts 1 and 1b"))
             emit()
             emit(f"== 2. TTFT percentiles, concurrent sessions (policy alternate "
                  f"{SMALL} <-> {LARGE}, {args.turns} turns of ~{args.chat_words} words, "
@@ -476,6 +521,7 @@ def main():
                 emit(line)
             emit()
             emit(f"load at end: {load_line()}")
+            emit(share.line("part 2"))
             emit(f"total wall time: {time.perf_counter() - wall_start:.1f} s")
         finally:
             proc.terminate()

@@ -177,6 +177,7 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_MAX, 0);
 
   kvl::bench::Report emit;
+  const kvl::bench::MachineShare share;
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "# train_step_bench: batch %lld x %lld tokens, %d intra-op threads, %d rounds "
@@ -227,6 +228,7 @@ int main(int argc, char** argv) {
       Step(*config, weights, frozen, params, inputs, targets, Mode::kBf16Step, grouped, block);
     }
   }
+  emit(share.Line());
   if (!out_path.empty()) std::ofstream(out_path) << emit.text();
   return 0;
 }

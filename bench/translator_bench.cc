@@ -191,6 +191,7 @@ int main(int argc, char** argv) {
     }
   }
   kvl::bench::Report emit;
+  const kvl::bench::MachineShare share;
   char buf[512];
 
   kvl::Checkpoint small, large;
@@ -400,6 +401,7 @@ int main(int argc, char** argv) {
        "within (a)'s sequence, right after fresh taps; translate FLOPs = 2 * T * sum over "
        "key and value maps of in*out; GEMM = square 2048 torch::mm in the translation's dtype "
        "on one intra-op thread, as the translation runs, measured right after each row.");
+  emit(share.Line());
   if (!out_path.empty()) {
     std::ofstream f(out_path);
     f << emit.text();
