@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "model/engine.h"
 #include "spdlog/spdlog.h"
 
@@ -120,7 +122,37 @@ absl::Status Server::Serve() {
   if (config.sessions.idle_timeout_seconds > 0) {
     self->sweeper_ = std::thread([self] { self->SweepIdleSessions(); });
   }
+  self->heartbeat_ = std::thread([self] { self->KeepCallbackThreadsPolling(); });
   return absl::OkStatus();
+}
+
+// gRPC 1.51 runs the callback API's completions (every reactor's OnWriteDone,
+// among others) on two "nexting" threads that wait for events with a 1 s
+// timeout and, when it expires, sleep 100 ms before waiting again
+// (src/cpp/common/completion_queue_cc.cc, CallbackAlternativeCQ). A turn's
+// first write after a second or more without any event, such as the routing
+// decision after a long re-prefill, could complete up to 100 ms late, and the
+// tokens queued behind it with it (docs/server-bench.md, "The 1.1 s window").
+// A health check over the in-process channel every kHeartbeat gives those
+// threads events more often than their timeout, so they never reach the sleep.
+void Server::KeepCallbackThreadsPolling() {
+  constexpr absl::Duration kHeartbeat = absl::Milliseconds(250);
+  std::shared_ptr<grpc::Channel> channel = grpc_server_->InProcessChannel(grpc::ChannelArguments());
+  grpc::GenericStub stub(channel);
+  grpc::Slice empty;  // HealthCheckRequest{} is empty on the wire
+  const grpc::ByteBuffer request(&empty, 1);
+  absl::MutexLock lock(&sweeper_mu_);
+  while (!sweeper_mu_.AwaitWithTimeout(absl::Condition(&stopping_), kHeartbeat)) {
+    sweeper_mu_.Unlock();
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    grpc::ByteBuffer response;
+    absl::Notification done;
+    stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
+                   &response, [&done](const grpc::Status&) { done.Notify(); });
+    done.WaitForNotification();
+    sweeper_mu_.Lock();
+  }
 }
 
 Server::~Server() { Shutdown(); }
@@ -157,6 +189,11 @@ int64_t Server::Shutdown() {
     spdlog::warn("drain timeout ({} s) expired with {} chat stream(s) in flight; cancelling them",
                  config_.server.drain_timeout_seconds, cut);
   }
+  {
+    absl::MutexLock lock(&sweeper_mu_);
+    stopping_ = true;
+  }
+  if (heartbeat_.joinable()) heartbeat_.join();
   if (grpc_server_ != nullptr) {
     // Calls still running now are cancelled at once.
     grpc_server_->Shutdown(std::chrono::system_clock::now());

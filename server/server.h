@@ -56,6 +56,7 @@ class Server {
  private:
   explicit Server(const ServerConfig& config);
   void SweepIdleSessions();
+  void KeepCallbackThreadsPolling();
 
   ServerConfig config_;
   ServerMetrics metrics_;
@@ -73,6 +74,7 @@ class Server {
   absl::Mutex sweeper_mu_;
   bool stopping_ ABSL_GUARDED_BY(sweeper_mu_) = false;
   std::thread sweeper_;
+  std::thread heartbeat_;  // KeepCallbackThreadsPolling; stops with stopping_
   bool shut_down_ = false;
 };
 
