@@ -413,8 +413,8 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="server runtime.threads (0: all)")
     ap.add_argument("--translate-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                     help="translators[].compute_dtype (default: the server's default, auto)")
-    ap.add_argument("--native-tail", type=int, default=16,
-                    help="routing.native_tail_tokens (default: the server's default, 16)")
+    ap.add_argument("--native-tail", type=int, default=32,
+                    help="routing.native_tail_tokens (default: the server's default, 32)")
     ap.add_argument("--cxx-client",
                     help="bench/ttft_client binary (default: bench/ttft_client of the server's "
                          "build directory, when it exists)")
@@ -510,18 +510,19 @@ def main():
                      f"{'met' if cxx_overhead < 1e-3 else 'NOT met'}")
             emit(f"load after part 1: {load_line()}")
             emit(share.line("parts 1 and 1b"))
-            emit()
-            emit(f"== 2. TTFT percentiles, concurrent sessions (policy alternate "
-                 f"{SMALL} <-> {LARGE}, {args.turns} turns of ~{args.chat_words} words, "
-                 f"max_tokens {args.max_tokens}) ==")
-            emit("every turn after a session's first is a translated switch; percentiles are "
-                 "nearest-rank over all turns; times in ms.")
-            for line in part_concurrency(client, levels, args.turns, args.max_tokens,
-                                         args.chat_words):
-                emit(line)
-            emit()
-            emit(f"load at end: {load_line()}")
-            emit(share.line("part 2"))
+            if levels:  # --concurrency "" skips part 2
+                emit()
+                emit(f"== 2. TTFT percentiles, concurrent sessions (policy alternate "
+                     f"{SMALL} <-> {LARGE}, {args.turns} turns of ~{args.chat_words} words, "
+                     f"max_tokens {args.max_tokens}) ==")
+                emit("every turn after a session's first is a translated switch; percentiles "
+                     "are nearest-rank over all turns; times in ms.")
+                for line in part_concurrency(client, levels, args.turns, args.max_tokens,
+                                             args.chat_words):
+                    emit(line)
+                emit()
+                emit(f"load at end: {load_line()}")
+                emit(share.line("part 2"))
             emit(f"total wall time: {time.perf_counter() - wall_start:.1f} s")
         finally:
             proc.terminate()

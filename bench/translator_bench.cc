@@ -24,8 +24,9 @@
 // (Translator::Output::kProduct), as the router runs a switch; the target's
 // prefill and decode use --threads.
 //
-//   (e) hybrid: as (a) for [0, T-16), then the target prefills [T-16, T)
-//       itself on top of the translation (kvl eval-translator --native-tail 16
+//   (e) hybrid: as (a) for [0, T-W), then the target prefills [T-W, T)
+//       itself on top of the translation, W = --native-tail (default 32, the
+//       server's routing.native_tail_tokens; kvl eval-translator --native-tail
 //       measures what that buys in quality).
 // A second table per direction times (a) part by part (the source's taps, the
 // translation, the target's Accept and its decode step, each alone) and gives
@@ -37,6 +38,7 @@
 //   translator_bench [--threads 2] [--configs models/configs] [--out FILE]
 //                    [--contexts 64,256,1024,4096,8192] [--repeat K] [--band N|all]
 //                    [--translate-dtype auto|float32|bfloat16] [--inputs I | I,I]
+//                    [--native-tail W]
 // --repeat multiplies the number of runs each time is the best of (a busy
 // machine needs more to find a quiet moment). --translate-dtype: the
 // translator's arithmetic (default auto: what the server's "auto" picks on this
@@ -73,7 +75,6 @@
 namespace {
 
 constexpr int64_t kSpan = 256;
-constexpr int64_t kTail = 16;  // (e): the target's own share of the prefix
 // The router's Translate: the products as views, read by Accept as they are.
 constexpr int64_t kElsewhereBytes = int64_t{256} << 20;
 constexpr kvl::Translator::Output kProduct = kvl::Translator::Output::kProduct;
@@ -138,6 +139,7 @@ int main(int argc, char** argv) {
   kvl::DType compute = kvl::FastestTranslateDtype();
   std::string out_path, configs = "models/configs";
   std::vector<int64_t> contexts = {64, 256, 1024, 4096, 8192};
+  int64_t tail = 32;  // (e): the target's own share of the prefix
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
       n_threads = std::atoi(argv[++i]);
@@ -169,6 +171,12 @@ int main(int argc, char** argv) {
         }
         compute = *d;
       }
+    } else if (std::strcmp(argv[i], "--native-tail") == 0 && i + 1 < argc) {
+      tail = std::atoll(argv[++i]);
+      if (tail < 1) {
+        std::fprintf(stderr, "translator_bench: --native-tail must be at least 1\n");
+        return 2;
+      }
     } else if (std::strcmp(argv[i], "--configs") == 0 && i + 1 < argc) {
       configs = argv[++i];
     } else if (std::strcmp(argv[i], "--contexts") == 0 && i + 1 < argc) {
@@ -179,14 +187,14 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: translator_bench [--threads N] [--configs DIR] [--out FILE] "
                    "[--contexts 64,256,...] [--repeat K] [--band N|all] [--inputs I | I,I] "
-                   "[--translate-dtype auto|float32|bfloat16]\n");
+                   "[--translate-dtype auto|float32|bfloat16] [--native-tail W]\n");
       return 2;
     }
   }
   for (int64_t t : contexts) {
-    if (t <= 2 * kTail) {
-      std::fprintf(stderr, "translator_bench: every context must exceed %lld tokens\n",
-                   (long long)(2 * kTail));
+    if (t <= tail) {
+      std::fprintf(stderr, "translator_bench: every context must exceed --native-tail (%lld)\n",
+                   (long long)tail);
       return 2;
     }
   }
@@ -332,8 +340,8 @@ int main(int argc, char** argv) {
       const double e = Best(runs, [&] {
         std::unique_ptr<kvl::KvCache> cache = dir.target->NewCache();
         Check(cache->Reserve(t));
-        move_span(0, t - kTail, *cache, nullptr);
-        Check(dir.target->Prefill(*cache, slice(t - kTail, t)).status());
+        move_span(0, t - tail, *cache, nullptr);
+        Check(dir.target->Prefill(*cache, slice(t - tail, t)).status());
       });
       std::snprintf(buf, sizeof buf, "| %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %.1fx |",
                     (long long)t, 1e3 * taps_s, 1e3 * translate_s, 1e3 * accept_s,
@@ -378,8 +386,11 @@ int main(int argc, char** argv) {
     emit("");
     std::snprintf(buf, sizeof buf, "%s: (a) part by part, and the hybrid (e) (ms, best of runs each)", dir.name);
     emit(buf);
-    emit("| context T | source taps | translate | target accept | target decode | (e) translate "
-         "T-16 + prefill 16 | (b)/(e) |");
+    std::snprintf(buf, sizeof buf,
+                  "| context T | source taps | translate | target accept | target decode | (e) "
+                  "translate T-%lld + prefill %lld | (b)/(e) |",
+                  (long long)tail, (long long)tail);
+    emit(buf);
     emit("|---|---|---|---|---|---|---|");
     for (const std::string& row : parts) emit(row);
     emit("");

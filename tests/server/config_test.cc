@@ -42,7 +42,7 @@ TEST(ConfigTest, EmptyObjectGivesDocumentedDefaults) {
   EXPECT_TRUE(c->translators.empty());
   EXPECT_EQ(c->routing.policy, RoutingPolicy::kFixed);
   EXPECT_EQ(c->routing.strategy, SwitchStrategy::kTranslate);
-  EXPECT_EQ(c->routing.native_tail_tokens, 16);
+  EXPECT_EQ(c->routing.native_tail_tokens, 32);
   EXPECT_EQ(c->routing.cascade_max_entropy, 3.0);
   EXPECT_EQ(c->routing.cascade_min_mean_logprob, -std::numeric_limits<double>::infinity());
   EXPECT_EQ(c->sessions.idle_timeout_seconds, 3600);

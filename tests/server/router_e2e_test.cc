@@ -90,7 +90,10 @@ class RouterE2eTest : public ::testing::Test {
           {"rules",
            {{{"model", "large"}, {"contains", {"explain"}}},
             {{"model", "small-b"}, {"min_turn", 3}, {"pattern", "^Thanks"}}}},
-          {"cascade_min_mean_logprob", -5.0}}},
+          {"cascade_min_mean_logprob", -5.0},
+          // The clients' turns are a few words: a tail shorter than a turn,
+          // so that switches translate (the default, 32, would re-read them).
+          {"native_tail_tokens", 4}}},
         {"sessions", {{"memory_budget_bytes", budget}}}};
     return config.dump(2);
   }

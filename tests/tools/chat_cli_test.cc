@@ -30,7 +30,9 @@ TEST(ChatCliTest, TurnsStreamAndAPinnedSwitchIsTranslated) {
        {{{"source", "kvl-small"},
          {"target", "kvl-large"},
          {"path", src + "/models/translators/kvl-small__kvl-large.safetensors"}}}},
-      {"routing", {{"policy", "fixed"}, {"default_model", "kvl-small"}}}};
+      // Turn 1 is a few words: a tail shorter than it, so that the switch
+      // translates (the default, 32, would re-read all of it).
+      {"routing", {{"policy", "fixed"}, {"default_model", "kvl-small"}, {"native_tail_tokens", 4}}}};
   const std::string config_path = dir.WriteFile("server.json", config.dump(2));
   auto port = testing::FindFreeLoopbackPort();
   ASSERT_TRUE(port.ok()) << port.status();
