@@ -34,6 +34,10 @@
 // of the same number of runs each: back to back (what the translate columns
 // time), inside (a)'s sequence, after writing 256 MiB elsewhere (its data
 // evicted from the caches) and after a 5 ms sleep (the thread pool asleep).
+// A fourth times each phase of (a) inside the same runs of (a) as a whole:
+// the fresh line, taps, translation, Accept and the release of what the
+// translation held, decode, the line's release; where the parts timed alone
+// add up to less than (a), it shows which phase takes the difference.
 //
 //   translator_bench [--threads 2] [--configs models/configs] [--out FILE]
 //                    [--contexts 64,256,1024,4096,8192] [--repeat K] [--band N|all]
@@ -77,6 +81,13 @@ namespace {
 constexpr int64_t kSpan = 256;
 // The router's Translate: the products as views, read by Accept as they are.
 constexpr int64_t kElsewhereBytes = int64_t{256} << 20;
+
+// (a)'s phases inside one run (seconds): the target's fresh line (NewCache and
+// Reserve), the source's taps, the translation, Accept with the release of
+// the taps and products, the decode step, the line's release, and the whole.
+struct Phases {
+  double line = 0, taps = 0, translate = 0, accept = 0, decode = 0, release = 0, whole = 0;
+};
 constexpr kvl::Translator::Output kProduct = kvl::Translator::Output::kProduct;
 
 using kvl::bench::Best;
@@ -264,7 +275,7 @@ int main(int argc, char** argv) {
          "new + decode | (d) prefill 256 new | (d)/(c) | translate-only ms | translate GFLOP/s | "
          "GEMM GFLOP/s | % of GEMM |");
     emit("|---|---|---|---|---|---|---|---|---|---|---|");
-    std::vector<std::string> parts, caches;
+    std::vector<std::string> parts, caches, inside;
     // Written before each "cold" translation: more than the translation's
     // own data, so that none of it is left in the caches.
     at::Tensor elsewhere = at::empty({kElsewhereBytes}, at::kByte);
@@ -284,12 +295,35 @@ int main(int argc, char** argv) {
         if (translation != nullptr) *translation = x;
         Check(cache.Accept(out.keys, out.values));
       };
-      // (a), its translation timed too when `translation` is given.
-      auto switch_a = [&](double* translation) {
-        std::unique_ptr<kvl::KvCache> cache = dir.target->NewCache();
-        Check(cache->Reserve(t));  // sized once for the turn, as the router does
-        move_span(0, t - 1, *cache, translation);
-        Check(dir.target->Decode(*cache, ids[t - 1]).status());
+      // (a), as move_span and a decode step, its phases timed inside the run
+      // when `phases` is given.
+      auto switch_a = [&](Phases* phases) {
+        using Clock = std::chrono::steady_clock;
+        const Clock::time_point t0 = Clock::now();
+        Clock::time_point t1, t2, t3, t4, t5;
+        {
+          std::unique_ptr<kvl::KvCache> cache = dir.target->NewCache();
+          Check(cache->Reserve(t));  // sized once for the turn, as the router does
+          t1 = Clock::now();
+          {
+            kvl::SerialIntraOpScope serial;
+            kvl::KvTaps taps = Check(source_cache->Taps(0, t - 1));
+            t2 = Clock::now();
+            kvl::KvTaps out = Check(tr->Translate(taps, kProduct));
+            t3 = Clock::now();
+            Check(cache->Accept(out.keys, out.values));
+          }  // the taps and products released, the intra-op threads restored
+          t4 = Clock::now();
+          Check(dir.target->Decode(*cache, ids[t - 1]).status());
+          t5 = Clock::now();
+        }  // the line released
+        const Clock::time_point t6 = Clock::now();
+        if (phases != nullptr) {
+          auto s = [](Clock::time_point x, Clock::time_point y) {
+            return std::chrono::duration<double>(y - x).count();
+          };
+          *phases = {s(t0, t1), s(t1, t2), s(t2, t3), s(t3, t4), s(t4, t5), s(t5, t6), s(t0, t6)};
+        }
       };
       const double a = Best(runs, [&] { switch_a(nullptr); });
       const double b = Best(runs, [&] {
@@ -364,11 +398,17 @@ int main(int argc, char** argv) {
           return Seconds(serial([&] { (void)Check(tr->Translate(taps_a, kProduct)); }));
         });
       };
-      const std::string in_a = min_median([&] {
-        double x = 0;
-        switch_a(&x);
-        return x;
-      });
+      // (a) run as a whole, each phase timed inside it.
+      std::vector<Phases> in_runs(samples);
+      for (Phases& p : in_runs) switch_a(&p);
+      auto phase = [&](double Phases::*field) {
+        return min_median([&, i = 0]() mutable { return in_runs[i++].*field; });
+      };
+      const std::string in_a = phase(&Phases::translate);
+      inside.push_back(absl::StrCat("| ", t, " | ", phase(&Phases::line), " | ",
+                                    phase(&Phases::taps), " | ", in_a, " | ",
+                                    phase(&Phases::accept), " | ", phase(&Phases::decode), " | ",
+                                    phase(&Phases::release), " | ", phase(&Phases::whole), " |"));
       const std::string warm = translate_after([] {});
       const std::string cold = translate_after([&] { elsewhere.fill_(static_cast<uint8_t>(t)); });
       const std::string slept =
@@ -383,33 +423,39 @@ int main(int argc, char** argv) {
                     tr_gflops, gemm, 100.0 * tr_gflops / gemm);
       emit(buf);
     }
-    emit("");
-    std::snprintf(buf, sizeof buf, "%s: (a) part by part, and the hybrid (e) (ms, best of runs each)", dir.name);
-    emit(buf);
-    std::snprintf(buf, sizeof buf,
-                  "| context T | source taps | translate | target accept | target decode | (e) "
-                  "translate T-%lld + prefill %lld | (b)/(e) |",
-                  (long long)tail, (long long)tail);
-    emit(buf);
-    emit("|---|---|---|---|---|---|---|");
-    for (const std::string& row : parts) emit(row);
-    emit("");
-    std::snprintf(buf, sizeof buf,
-                  "%s: the translation of T-1 tokens by what runs before it (ms, min / median "
-                  "of %d runs each)",
-                  dir.name, 8 * repeat);
-    emit(buf);
-    emit("| context T | back to back | inside (a) | after writing 256 MiB elsewhere | after a 5 "
-         "ms sleep |");
-    emit("|---|---|---|---|---|");
-    for (const std::string& row : caches) emit(row);
+    // A secondary table: a blank line, its title, header, separator and rows.
+    auto table = [&](const std::string& title, const std::string& header,
+                     const std::vector<std::string>& rows) {
+      emit("");
+      emit(absl::StrCat(dir.name, ": ", title));
+      emit(header);
+      std::string rule = "|";
+      for (size_t i = 1; i + 1 < header.size(); ++i) rule += header[i] == '|' ? "---|" : "";
+      emit(rule + "---|");
+      for (const std::string& row : rows) emit(row);
+    };
+    const std::string runs_each = absl::StrCat("(ms, min / median of ", 8 * repeat, " runs each)");
+    table("(a) part by part, and the hybrid (e) (ms, best of runs each)",
+          absl::StrCat("| context T | source taps | translate | target accept | target decode | "
+                       "(e) translate T-", tail, " + prefill ", tail, " | (b)/(e) |"),
+          parts);
+    table("the translation of T-1 tokens by what runs before it " + runs_each,
+          "| context T | back to back | inside (a) | after writing 256 MiB elsewhere | after a 5 "
+          "ms sleep |",
+          caches);
+    table("(a) phase by phase, each timed inside the same runs " + runs_each,
+          "| context T | fresh line | source taps | translate | accept and release | decode | "
+          "line release | whole (a) |",
+          inside);
   }
   emit("");
   emit("(a) = Taps (inverting k-norm and RoPE) + Translate + Accept (target k-norm and RoPE) + one "
        "decode step; Translate returns the products as views in the compute dtype, which Accept "
        "reads as they are (Translator::Output::kProduct, as the router does); the translate "
        "columns time it back to back on one set of taps; inside (a) = the Translate call timed "
-       "within (a)'s sequence, right after fresh taps; translate FLOPs = 2 * T * sum over "
+       "within (a)'s sequence, right after fresh taps; the phase-by-phase table times each "
+       "part of (a) inside the same runs of (a) as a whole, its columns' minima and medians "
+       "taken separately; translate FLOPs = 2 * T * sum over "
        "key and value maps of in*out; GEMM = square 2048 torch::mm in the translation's dtype "
        "on one intra-op thread, as the translation runs, measured right after each row.");
   emit(share.Line());
