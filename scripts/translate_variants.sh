@@ -4,9 +4,11 @@
 # suite accuracy and the 8-switch multi-turn run), all four directions:
 #   --translate-dtype float32 | bfloat16 (the products' arithmetic; the
 #   server's translators[].compute_dtype);
-#   --native-tail 0 | 4 | 16 | 32 (the target prefills the last W prefix
-#   tokens itself, on top of the translation of the rest; the server's
+#   --native-tail 0 | 4 | 16 | 32 | 64 | 128 (the target prefills the last W
+#   prefix tokens itself, on top of the translation of the rest; the server's
 #   routing.native_tail_tokens), in float32.
+# KVL_VARIANT_TAILS="64 128" runs only those tails, KVL_VARIANT_BF16=0 skips
+# the bfloat16 run (both set empty / 0: only the table is remade).
 # Needs the corpus of scripts/train_house_models.sh.
 #   scripts/translate_variants.sh [WORK_DIR]   # default build/house; needs WORK_DIR/data
 #   KVL_VARIANT_PAIRS="kvl-small:kvl-small-b" scripts/translate_variants.sh build/house2
@@ -30,8 +32,8 @@ run() {  # source target dtype tail
 }
 for pair in ${KVL_VARIANT_PAIRS:-kvl-small:kvl-large kvl-large:kvl-small kvl-small:kvl-small-b kvl-small-b:kvl-small}; do
   s=${pair%%:*}; t=${pair##*:}
-  for tail in 0 4 16 32; do run "$s" "$t" float32 "$tail"; done
-  run "$s" "$t" bfloat16 0
+  for tail in ${KVL_VARIANT_TAILS-0 4 16 32 64 128}; do run "$s" "$t" float32 "$tail"; done
+  [ "${KVL_VARIANT_BF16:-1}" = 0 ] || run "$s" "$t" bfloat16 0
 done
 "$PY" - "$dir" <<'PY' | tee docs/results/translate_variants.txt
 import glob, json, os, sys
@@ -53,7 +55,7 @@ for f in glob.glob(os.path.join(d, "*.json")):
     tasks = [k for k in acc["source_native"] if k != "all"]
     wins = sum(acc[translated][k]["correct"] >= acc["source_native"][k]["correct"] for k in tasks)
     turns = j["multi_turn"]["turns"]
-    multi = sum(x["span_wise"] - x["reprefill"] for x in turns) / len(turns)
+    multi = round(sum(x["span_wise"] - x["reprefill"] for x in turns) / len(turns), 4) + 0.0
     rows.append((name, j["translate_dtype"], j["native_tail"], t["gap"], t["gap_first"],
                  t["recovered_first"], acc[translated]["all"]["accuracy"],
                  acc["target_native"]["all"]["accuracy"], acc["source_native"]["all"]["accuracy"],
@@ -67,5 +69,6 @@ for r in rows:
 print()
 print("gap: translated - native log-perplexity over the 128 continuation tokens (nats/token); "
       "multi-turn: mean over 8 alternating switches of the per-turn NLL difference, "
-      "16 runs of 9 turns x 64 tokens.")
+      "16 runs of 9 turns x 64 tokens (a native tail as long as a turn, 64 or more, leaves "
+      "nothing to translate there: span-wise equals re-prefill).")
 PY
