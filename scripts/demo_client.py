@@ -73,7 +73,8 @@ def main():
     # In the corpus's register (docs/data.md): facts and a running total that
     # kvl-small handles, an out-of-domain request that it is unsure about
     # (the cascade escalates there), then questions whose answers only the
-    # history holds, answered by kvl-large from the translated cache.
+    # history holds, answered by kvl-large from the translated cache; where
+    # an answer differs from the re-prefilled twin's, both are printed.
     script = [
         "My sister Nora lives in Lisbon.",
         "I have 5 stamps.",
@@ -87,8 +88,8 @@ def main():
           f"{'reprefill TTFT ms':>17}  {'translated':>10}  reason")
     for i, text in enumerate(script, 1):
         d, answer, s = turn(main_session.session_id, text, policy="cascade")
-        td, _, ts = turn(twin.session_id, text, policy="cascade",
-                         strategy=chat_pb2.SWITCH_STRATEGY_REPREFILL)
+        td, twin_answer, ts = turn(twin.session_id, text, policy="cascade",
+                                   strategy=chat_pb2.SWITCH_STRATEGY_REPREFILL)
         path = chat_pb2.CachePath.Name(d.path).replace("CACHE_PATH_", "").lower()
         print(f"{i:>4}  {d.model:<12} {path:<11} {'yes' if d.switched else 'no':<7} "
               f"{s.time_to_first_token_seconds * 1e3:>8.1f}  "
@@ -96,7 +97,13 @@ def main():
               f"{d.tokens_translated:>10}  {d.reason}"
               + ("" if td.model == d.model else f" (twin answered with {td.model})"))
         print(f"      user: {text}")
-        print(f"      {d.model}: {answer.strip()[:160]!r}")
+        # Greedy decoding: where the translated cache changes an answer, the
+        # twin's (re-prefilled) answer shows what it would have been.
+        same = twin_answer.strip() == answer.strip()
+        print(f"      {d.model}: {answer.strip()[:160]!r}"
+              + ("  (the same with re-prefill)" if same and d.switched else ""))
+        if not same:
+            print(f"      {td.model}, re-prefilled: {twin_answer.strip()[:160]!r}")
 
     with urllib.request.urlopen(metrics_url, timeout=5) as response:
         lines = [l for l in response.read().decode().splitlines()

@@ -4,7 +4,8 @@
 # runs a scripted multi-turn chat through the real gRPC API in which the
 # cascade policy escalates mid-conversation; per turn it prints the model, the
 # cache path and the TTFT next to what re-prefill costs for the same switch
-# (a twin session with strategy reprefill). Then stops the server with SIGTERM.
+# (a twin session with strategy reprefill), and the twin's answer where it
+# differs from the translated session's. Then stops the server with SIGTERM.
 # KVL_SKIP_SETUP=1 skips scripts/setup.sh; KVL_BUILD_DIR, KVL_CONFIG, KVL_LISTEN
 # and KVL_METRICS override the defaults below (tests/tools/demo_test.cc).
 set -euo pipefail
