@@ -585,7 +585,7 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
     const at::Tensor targets = window.narrow(1, 1, o.seq_len);  // [B, T]
 
     ReferenceOptions forward;
-    forward.grouped_attention = true;  // the fast attention (model/reference.h)
+    forward.grouped_attention = o.grouped_attention;  // model/reference.h
     std::optional<Bf16AutocastScope> autocast;
     if (o.bf16) autocast.emplace();
     const at::Tensor logits =
@@ -686,6 +686,7 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
       {"wall_s_this_run", result.wall_s},
       {"mean_step_s", result.mean_step_s},
       {"bf16_autocast", o.bf16},
+      {"attention", o.grouped_attention ? "grouped" : "eager"},
       {"threads", n_threads},
       {"initial_valid_loss", initial_valid},
       {"final_train_loss", result.final_train_loss},

@@ -24,7 +24,7 @@ constexpr char kUsage[] =
     "                    [--checkpoint-every K] [--stop-after STEP] [--resume]\n"
     "                    [--init-from MODEL_DIR]\n"
     "                    [--save-dtype float32|bfloat16] [--windows conversation|anywhere]\n"
-    "                    [--assistant-weight W] [--no-plot] [--quiet]\n"
+    "                    [--assistant-weight W] [--attention grouped|eager] [--no-plot] [--quiet]\n"
     "Trains from a random initialisation (or continues DIR/train_state with --resume,\n"
     "or starts from MODEL_DIR's weights with a fresh optimizer and schedule: --init-from;\n"
     "a run started with --init-from resumes with the same --init-from and --resume)\n"
@@ -33,13 +33,15 @@ constexpr char kUsage[] =
     "warmup 50, min-lr-ratio 0.1, weight-decay 0.1, clip 1.0, eval-every 100,\n"
     "eval-tokens 32768, threads = all cores, windows conversation (training windows start\n"
     "at the beginning of a conversation; 'anywhere' draws any token offset),\n"
-    "assistant-weight 1 (loss weight of assistant-written tokens relative to the rest).\n";
+    "assistant-weight 1 (loss weight of assistant-written tokens relative to the rest),\n"
+    "attention grouped (the fast attention; 'eager' is the decoder tests' oracle, for\n"
+    "timing comparisons).\n";
 
 const std::set<std::string> kValueFlags = {
     "config", "tokenizer", "train", "valid", "out", "seed", "steps", "batch", "seq-len",
     "lr", "warmup", "min-lr-ratio", "weight-decay", "clip", "threads", "eval-every",
     "eval-tokens", "checkpoint-every", "stop-after", "save-dtype", "windows", "assistant-weight",
-    "init-from"};
+    "init-from", "attention"};
 const std::set<std::string> kBoolFlags = {"bf16", "resume", "no-plot", "quiet"};
 
 int UsageError(const std::string& message) {
@@ -133,6 +135,13 @@ int RunTrainLm(const Args& args) {
                         flags["windows"] + "'");
     }
     o.align_to_conversations = flags["windows"] == "conversation";
+  }
+  if (flags.count("attention")) {
+    if (flags["attention"] != "grouped" && flags["attention"] != "eager") {
+      return UsageError("--attention must be 'grouped' or 'eager', got '" +
+                        flags["attention"] + "'");
+    }
+    o.grouped_attention = flags["attention"] == "grouped";
   }
   o.bf16 = bools.count("bf16") > 0;
   o.resume = bools.count("resume") > 0;
