@@ -98,7 +98,8 @@ def main():
               + ("" if td.model == d.model else f" (twin answered with {td.model})"))
         print(f"      user: {text}")
         # Greedy decoding: where the translated cache changes an answer, the
-        # twin's (re-prefilled) answer shows what it would have been.
+        # twin's (re-prefilled) answer shows what it would have been (after a
+        # first difference the two histories differ too).
         same = twin_answer.strip() == answer.strip()
         print(f"      {d.model}: {answer.strip()[:160]!r}"
               + ("  (the same with re-prefill)" if same and d.switched else ""))

@@ -7,7 +7,8 @@
 # (batch 8 x 512, bf16 autocast, --threads THREADS, no validation) on
 # WORK/data/train.txt; the first 5 steps are dropped as warm-up.
 #   scripts/train_attention_ab.sh WORK [MODEL] [STEPS] [ROUNDS] [WEIGHT]
-#     defaults: kvl-large, 40 steps, 2 rounds, assistant weight 1 (10: the kv stages')
+#     defaults: kvl-large, 40 steps, 2 rounds, assistant weight 1 (10: the kv stages');
+#     KVL_TRAIN_THREADS (default 2) sets --threads. Each round runs grouped, then eager.
 # Output: per run the median and mean step time; the table goes to stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
