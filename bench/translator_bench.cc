@@ -55,6 +55,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -286,43 +287,40 @@ int main(int argc, char** argv) {
 
       // The source's [t0, t1) moved into `cache` as the router moves a span:
       // taps, Translate (the products as views) and Accept, on this thread
-      // alone; the translation's own time into *translation if given.
-      auto move_span = [&](int64_t t0, int64_t t1, kvl::KvCache& cache, double* translation) {
+      // alone; the moments the taps and the translation ended into *marks if
+      // given. Returns after the taps and products are released.
+      using Clock = std::chrono::steady_clock;
+      auto move_span = [&](int64_t t0, int64_t t1, kvl::KvCache& cache,
+                           std::array<Clock::time_point, 2>* marks) {
         kvl::SerialIntraOpScope serial;
         kvl::KvTaps taps = Check(source_cache->Taps(t0, t1));
-        kvl::KvTaps out;
-        const double x = Seconds([&] { out = Check(tr->Translate(taps, kProduct)); });
-        if (translation != nullptr) *translation = x;
+        if (marks != nullptr) (*marks)[0] = Clock::now();
+        kvl::KvTaps out = Check(tr->Translate(taps, kProduct));
+        if (marks != nullptr) (*marks)[1] = Clock::now();
         Check(cache.Accept(out.keys, out.values));
       };
       // (a), as move_span and a decode step, its phases timed inside the run
       // when `phases` is given.
       auto switch_a = [&](Phases* phases) {
-        using Clock = std::chrono::steady_clock;
-        const Clock::time_point t0 = Clock::now();
-        Clock::time_point t1, t2, t3, t4, t5;
+        const Clock::time_point start = Clock::now();
+        Clock::time_point sized, moved, decoded;
+        std::array<Clock::time_point, 2> marks;
         {
           std::unique_ptr<kvl::KvCache> cache = dir.target->NewCache();
           Check(cache->Reserve(t));  // sized once for the turn, as the router does
-          t1 = Clock::now();
-          {
-            kvl::SerialIntraOpScope serial;
-            kvl::KvTaps taps = Check(source_cache->Taps(0, t - 1));
-            t2 = Clock::now();
-            kvl::KvTaps out = Check(tr->Translate(taps, kProduct));
-            t3 = Clock::now();
-            Check(cache->Accept(out.keys, out.values));
-          }  // the taps and products released, the intra-op threads restored
-          t4 = Clock::now();
+          sized = Clock::now();
+          move_span(0, t - 1, *cache, &marks);
+          moved = Clock::now();
           Check(dir.target->Decode(*cache, ids[t - 1]).status());
-          t5 = Clock::now();
+          decoded = Clock::now();
         }  // the line released
-        const Clock::time_point t6 = Clock::now();
+        const Clock::time_point end = Clock::now();
         if (phases != nullptr) {
           auto s = [](Clock::time_point x, Clock::time_point y) {
             return std::chrono::duration<double>(y - x).count();
           };
-          *phases = {s(t0, t1), s(t1, t2), s(t2, t3), s(t3, t4), s(t4, t5), s(t5, t6), s(t0, t6)};
+          *phases = {s(start, sized), s(sized, marks[0]), s(marks[0], marks[1]),
+                     s(marks[1], moved), s(moved, decoded), s(decoded, end), s(start, end)};
         }
       };
       const double a = Best(runs, [&] { switch_a(nullptr); });

@@ -58,6 +58,14 @@ def main():
         return 1
     names = [n for n in ORDER if n in reports] + sorted(n for n in reports if n not in ORDER)
     first_k = next(iter(reports.values()))["first_k"]
+    # The same translators with the server's default native tail
+    # (scripts/translate_variants.sh), where that run exists.
+    w = server_native_tail()
+    with_tail = {}
+    for n in names:
+        path = os.path.join(ROOT, "docs/results/translate_variants", f"{n}.float32.tail{w}.json")
+        if os.path.exists(path):
+            with_tail[n] = json.load(open(path))
     md = [
         "# Translators between the house models: results",
         "",
@@ -99,12 +107,9 @@ def main():
                        f"{first_k} tokens", di["recovered_first"] >= 0.85,
                        f"{100 * di['recovered_first']:.1f}%"))
         gap = f"{di['gap']:.4f}"
-        # The same translator with the server's default native tail
-        # (scripts/translate_variants.sh), beside the plain switch the target is about.
-        w = server_native_tail()
-        tail = os.path.join(ROOT, "docs/results/translate_variants", f"{n}.float32.tail{w}.json")
-        if os.path.exists(tail):
-            gap += (f" ({json.load(open(tail))['translators'][0]['gap']:.4f} with the server's "
+        # Beside the plain switch the target is about.
+        if with_tail.get(n):
+            gap += (f" ({with_tail[n]['translators'][0]['gap']:.4f} with the server's "
                     f"{w}-token native tail, [translate_variants.txt](translate_variants.txt))")
         # KV-Lingo appendix V: after self-distillation its from-scratch Qwen3-like pair
         # keeps 0.031-0.101 nats/token (../shared/reference/kv-lingo-paper-summary.txt).
@@ -121,10 +126,8 @@ def main():
         tasks = sorted(t for t in own if t != "all")
         at_least = [t for t in tasks if tr[t]["accuracy"] >= own[t]["accuracy"]]
         value = f"{len(at_least)} of {len(tasks)} ({', '.join(at_least) or 'none'})"
-        w = server_native_tail()
-        tail = os.path.join(ROOT, "docs/results/translate_variants", f"{n}.float32.tail{w}.json")
-        if os.path.exists(tail):
-            acc = json.load(open(tail))["accuracy"]
+        if with_tail.get(n):
+            acc = with_tail[n]["accuracy"]
             tr_w = next(v for k, v in acc.items() if k.startswith("translated"))
             at_w = [t for t in tasks if tr_w[t]["accuracy"] >= own[t]["accuracy"]]
             value += (f"; with the server's {w}-token native tail {len(at_w)} of {len(tasks)} "
