@@ -446,6 +446,9 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
   };
   auto save = [&](int64_t step) -> absl::Status {
     TranslatorSpec out = spec;
+    // The init's own record joins its history; this stage's record replaces it
+    // (weighting and ridge stay those of the fit the maps started from).
+    out.history.push_back(spec.training);
     out.training.method = "distilled";
     out.training.corpus = o.train_path;
     out.training.steps = step;

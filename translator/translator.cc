@@ -103,6 +103,25 @@ nlohmann::json EndpointToJson(const TranslatorEndpoint& e) {
           {"head_dim", e.head_dim}};
 }
 
+nlohmann::json TrainingToJson(const TranslatorTraining& t) {
+  return {{"method", t.method},           {"weighting", t.weighting},
+          {"corpus", t.corpus},           {"ridge", t.ridge},
+          {"n_sequences", t.n_sequences}, {"n_tokens", t.n_tokens},
+          {"steps", t.steps}};
+}
+
+TranslatorTraining TrainingFromJson(const nlohmann::json& j) {
+  TranslatorTraining t;
+  t.method = j.at("method").get<std::string>();
+  t.weighting = j.at("weighting").get<std::string>();
+  t.corpus = j.at("corpus").get<std::string>();
+  t.ridge = j.at("ridge").get<double>();
+  t.n_sequences = j.at("n_sequences").get<int64_t>();
+  t.n_tokens = j.at("n_tokens").get<int64_t>();
+  t.steps = j.at("steps").get<int64_t>();
+  return t;
+}
+
 TranslatorEndpoint EndpointFromJson(const nlohmann::json& j) {
   TranslatorEndpoint e;
   e.identity = j.at("identity").get<std::string>();
@@ -401,11 +420,13 @@ absl::Status Translator::Save(const std::string& path) const {
                         {"band", spec_.band},
                         {"keys", spec_.assignment.keys},
                         {"values", spec_.assignment.values}};
-  const TranslatorTraining& tr = spec_.training;
-  meta["training"] = {{"method", tr.method},         {"weighting", tr.weighting},
-                      {"corpus", tr.corpus},         {"ridge", tr.ridge},
-                      {"n_sequences", tr.n_sequences}, {"n_tokens", tr.n_tokens},
-                      {"steps", tr.steps}};
+  meta["training"] = TrainingToJson(spec_.training);
+  // Written only when there are earlier stages, so single-stage files keep their bytes.
+  if (!spec_.history.empty()) {
+    nlohmann::json history = nlohmann::json::array();
+    for (const TranslatorTraining& stage : spec_.history) history.push_back(TrainingToJson(stage));
+    meta["training_history"] = std::move(history);
+  }
   std::map<std::string, at::Tensor> tensors;
   for (const auto& [maps, side] : {std::pair{&keys_, "keys"}, {&values_, "values"}}) {
     for (size_t il = 0; il < maps->weight.size(); ++il) {
@@ -455,14 +476,12 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Load(const std::string& 
     spec.band = a.at("band").get<int64_t>();
     spec.assignment.keys = a.at("keys").get<std::vector<std::vector<int64_t>>>();
     spec.assignment.values = a.at("values").get<std::vector<std::vector<int64_t>>>();
-    const nlohmann::json& tr = meta.at("training");
-    spec.training.method = tr.at("method").get<std::string>();
-    spec.training.weighting = tr.at("weighting").get<std::string>();
-    spec.training.corpus = tr.at("corpus").get<std::string>();
-    spec.training.ridge = tr.at("ridge").get<double>();
-    spec.training.n_sequences = tr.at("n_sequences").get<int64_t>();
-    spec.training.n_tokens = tr.at("n_tokens").get<int64_t>();
-    spec.training.steps = tr.at("steps").get<int64_t>();
+    spec.training = TrainingFromJson(meta.at("training"));
+    if (meta.contains("training_history")) {
+      for (const nlohmann::json& stage : meta.at("training_history")) {
+        spec.history.push_back(TrainingFromJson(stage));
+      }
+    }
   } catch (const nlohmann::json::exception& e) {
     return bad(absl::StrCat("malformed metadata: ", e.what()));
   }

@@ -101,7 +101,8 @@ struct TranslatorSpec {
   LayerAssignment assignment;
   MapInputs inputs = MapInputs::kSplit;
   bool bias = true;
-  TranslatorTraining training;
+  TranslatorTraining training;       // the stage that produced these maps
+  std::vector<TranslatorTraining> history;  // the stages before it, oldest first
 };
 
 // The weights of one side (keys or values), per target layer.

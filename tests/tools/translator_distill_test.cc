@@ -14,8 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "model/checkpoint.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/tools/translator_fixture.h"
 #include "model/reference.h"
@@ -355,6 +357,10 @@ TEST(DistillTest, ShortRunLowersValidationKlAndKeepsTheBestMaps) {
   ASSERT_TRUE(saved.ok()) << saved.status();
   EXPECT_EQ((*saved)->spec().training.method, "distilled");
   EXPECT_EQ((*saved)->spec().training.steps, r->best_step);
+  // The closed form it started from is kept as the file's earlier stage.
+  ASSERT_EQ((*saved)->spec().history.size(), 1u);
+  EXPECT_EQ((*saved)->spec().history[0].method, "closed_form");
+  EXPECT_GT((*saved)->spec().history[0].n_tokens, 0);
   auto vstream = tools::ReadTokenStream(valid, *source->tokenizer);
   std::vector<at::Tensor> rows;
   for (const auto& w : tools::ConsecutiveWindows(*vstream, 48, 8)) rows.push_back(at::tensor(w));
@@ -504,6 +510,43 @@ TEST(DistillTest, Bf16AutocastStepsTrainLikeFloat32AndValidateInFloat32) {
   std::ifstream summary(dir.Path("bf16.distill.json"));
   ASSERT_TRUE(summary.good());
   EXPECT_EQ(nlohmann::json::parse(summary).at("bf16_autocast"), true);
+}
+
+// The committed translators say how they were made: every stage from the
+// closed-form fit on, as the stage summaries committed beside them record it
+// (the summaries are checked against the files by the script that stamped the
+// earlier ones). kvl-small -> kvl-large's last stage kept its init's maps.
+TEST(CommittedTranslatorsTest, RecordEveryTrainingStage) {
+  const std::string src = KVL_SOURCE_DIR;
+  const std::pair<const char*, const char*> pairs[] = {{"kvl-small", "kvl-large"},
+                                                       {"kvl-large", "kvl-small"},
+                                                       {"kvl-small", "kvl-small-b"},
+                                                       {"kvl-small-b", "kvl-small"}};
+  for (const auto& [s, t] : pairs) {
+    auto source = tools::LoadTranslatorModel(src + "/models/" + s);
+    auto target = tools::LoadTranslatorModel(src + "/models/" + t);
+    ASSERT_TRUE(source.ok() && target.ok());
+    const std::string path = absl::StrCat(src, "/models/translators/", s, "__", t, ".safetensors");
+    auto tr = Translator::Load(path, tools::ExpectationFor(*source, *target));
+    ASSERT_TRUE(tr.ok()) << tr.status();
+    const TranslatorSpec& spec = (*tr)->spec();
+    ASSERT_GE(spec.history.size(), 2u) << path;
+    EXPECT_EQ(spec.history[0].method, "closed_form") << path;
+    EXPECT_GT(spec.history[0].n_tokens, 0) << path;
+    int64_t distilled_steps = spec.training.steps;
+    for (size_t i = 1; i < spec.history.size(); ++i) {
+      EXPECT_EQ(spec.history[i].method, "distilled") << path;
+      distilled_steps += spec.history[i].steps;
+    }
+    EXPECT_EQ(spec.training.method, "distilled") << path;
+    EXPECT_GE(distilled_steps, 2000) << path;
+  }
+  auto check = testing::RunProcess(
+      {KVL_SYSTEM_PYTHON, src + "/scripts/restamp_translator_history.py", "--check",
+       src + "/models/translators"},
+      std::chrono::seconds(60));
+  ASSERT_TRUE(check.ok()) << check.status();
+  EXPECT_EQ(check->exit_code, 0) << check->out << check->err;
 }
 
 }  // namespace

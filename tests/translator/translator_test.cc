@@ -443,6 +443,13 @@ class TranslatorFileTest : public ::testing::Test {
     spec.training.corpus = "corpus.jsonl";
     spec.training.ridge = 1e-4;
     spec.training.n_tokens = 1234;
+    spec.training.method = "distilled";
+    spec.training.steps = 70;
+    TranslatorTraining fit;
+    fit.ridge = 1e-3;
+    fit.n_sequences = 256;
+    spec.history = {fit, spec.training};
+    spec.history[1].steps = 500;
     translator_ = RandomTranslator(spec, 11);
     path_ = dir_.Path("t.safetensors");
     ASSERT_TRUE(translator_->Save(path_).ok());
@@ -477,6 +484,14 @@ TEST_F(TranslatorFileTest, RoundTripsMapsAndSpec) {
   EXPECT_EQ(s.training.corpus, "corpus.jsonl");
   EXPECT_EQ(s.training.n_tokens, 1234);
   EXPECT_DOUBLE_EQ(s.training.ridge, 1e-4);
+  EXPECT_EQ(s.training.steps, 70);
+  // Every earlier stage comes back, oldest first.
+  ASSERT_EQ(s.history.size(), 2u);
+  EXPECT_EQ(s.history[0].method, "closed_form");
+  EXPECT_DOUBLE_EQ(s.history[0].ridge, 1e-3);
+  EXPECT_EQ(s.history[0].n_sequences, 256);
+  EXPECT_EQ(s.history[1].method, "distilled");
+  EXPECT_EQ(s.history[1].steps, 500);
   for (size_t il = 0; il < 2; ++il) {
     EXPECT_TRUE((*t)->key_maps().weight[il].equal(translator_->key_maps().weight[il]));
     EXPECT_TRUE((*t)->value_maps().bias[il].equal(translator_->value_maps().bias[il]));
