@@ -2,7 +2,9 @@
 """docs/results/translators.md from the kvl eval-translator JSON reports.
 
 Reads docs/results/translators/<source>__<target>.json (written by
-scripts/train_translators.sh) and writes docs/results/translators.md: per
+scripts/train_translators.sh), the server's native tail runs of
+scripts/translate_variants.sh and the many-window runs of
+scripts/translator_precision.sh where they exist, and writes docs/results/translators.md: per
 direction the continuation log-perplexity of the target natively, with no
 prefix, and from the closed-form and distilled translated caches (gap and share
 of the prefix benefit recovered, over the whole continuation and its first
@@ -38,6 +40,79 @@ def direction(path):
 
 def pretty(name):
     return name.replace("__", " → ")
+
+
+def gap_cell(t, key, scale, fmt, unit):
+    """"all / first" for a gap or share, each with its standard error where the
+    report has one (eval-translator reports from before 2026-12-03 do not)."""
+    cells = []
+    for k in (key, key + "_first"):
+        cell = f"{scale * t[k]:{fmt}}{unit}"
+        if t.get(k + "_se") is not None:
+            cell += f" ± {scale * t[k + '_se']:{fmt}}{unit}"
+        cells.append(cell)
+    return " / ".join(cells)
+
+
+def why_missed(reports, names, with_tail, tail, precision):
+    """Why each target the table marks as missed is missed, from the reports;
+    the experiments behind it are in docs/translators.md (Results and section 2)."""
+    distilled, closed = [], []
+    for n in names:
+        by_method = {t["method"]: t for t in reports[n]["translators"]}
+        if "distilled" in by_method and "closed_form" in by_method:
+            distilled.append(by_method["distilled"]["gap"])
+            closed.append(by_method["closed_form"]["gap"])
+    if not distilled:
+        return []
+    served = [with_tail[n]["translators"][0]["gap"] for n in names if with_tail.get(n)]
+    plain = [next(t for t in precision[n][0]["translators"] if t["method"] == "distilled")
+             for n in names if 0 in precision.get(n, {})]
+    md = ["", "## Why the missed targets are missed", "",
+          f"- Whole-continuation gap ≤ 0.02: the distilled translators alone leave "
+          f"{min(distilled):.3f}–{max(distilled):.3f} nats/token. The paper's own from-scratch",
+          "  pair keeps 0.031–0.101 after distillation, so 0.02 asks for less than the method",
+          "  reached in the comparable setting. Every change tried on the recipe (joint maps,",
+          "  whitened steps, learning rates, more steps, hand-over stages, kv-focused",
+          "  distillation) moved it by at most about 12% (joint maps: 5–12%; kv hand-overs",
+          "  raised it; [translators.md](../translators.md), section 2 and Results). The",
+          "  gap also grew as the house models learned to read their context: with the",
+          "  earlier models, which barely did, the same pipeline left 0.0026–0.0075."]
+    if served:
+        md += [f"  With the router's {tail}-token native tail (the target reads the last {tail}",
+               f"  prefix tokens itself) the gap is {min(served):.3f}–{max(served):.3f} over these "
+               "windows."]
+        many = [precision[n][tail] for n in names if tail in precision.get(n, {})]
+        if many:
+            gaps = [next(t for t in r["translators"] if t["method"] == "distilled") for r in many]
+            md += [f"  Over {many[0]['windows']} windows it is {min(t['gap'] for t in gaps):.3f}–"
+                   f"{max(t['gap'] for t in gaps):.3f} (± {min(t['gap_se'] for t in gaps):.3f}–"
+                   f"{max(t['gap_se'] for t in gaps):.3f}), and without the tail "
+                   f"{min(t['gap'] for t in plain):.3f}–{max(t['gap'] for t in plain):.3f}:",
+                   "  the first 64 windows are easier than most, and with the tail the served",
+                   "  gap is not shown to be under 0.02 either"
+                   " ([translator_precision.txt](translator_precision.txt))."]
+    kv = []
+    for n in names:
+        found = distilled_accuracy(reports[n])
+        if found and "kv" in found[1]:
+            acc, tr = found
+            kv.append((tr["kv"]["correct"], tr["kv"]["items"],
+                       acc["target_native"]["kv"]["correct"]))
+    if kv:
+        md += [f"- Translated task accuracy: kv lookup answers {min(c for c, _, _ in kv)}–"
+               f"{max(c for c, _, _ in kv)} of {kv[0][1]} items from a translated cache in every direction,",
+               f"  where the targets answer {min(x for _, _, x in kv)}–{max(x for _, _, x in kv)} "
+               "on their own caches: an exact key lookup in a",
+               "  document does not survive these linear maps, and distilling on kv hand-overs",
+               "  did not bring it back ([kv_handover_probe.txt](kv_handover_probe.txt)). Facts",
+               "  and lists lose part of their accuracy the same way (table below)."]
+    md += [f"- Distillation factor: the closed forms, whose maps read every source layer (and",
+           "  in three directions keys and values together), already start at "
+           f"{min(closed):.3f}–{max(closed):.3f},",
+           "  near the low end of where the paper's distillation ends; its from-scratch",
+           "  closed-form gaps were 5–9 times its distilled ones."]
+    return md
 
 
 def distilled_accuracy(report):
@@ -83,11 +158,43 @@ def main():
         "that start anywhere at low lr (scripts/train_translators.sh; what each stage",
         "buys: [translator_stages.txt](translator_stages.txt)).",
         "",
-        f"| direction | windows | native | no prefix | closed-form gap (all / first {first_k}) | "
-        f"distilled gap (all / first {first_k}) | recovered, closed-form (all / first {first_k}) | "
-        f"recovered, distilled (all / first {first_k}) | distillation factor (all) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"Log-perplexity of the target over the continuation (all / first {first_k} tokens):",
+        "natively, with no prefix (it sees only the continuation), from the closed-form and",
+        "the distilled translated caches; and of the source on its own cache.",
+        "",
+        "| direction | windows | native | no prefix | translated, closed-form | "
+        "translated, distilled | source native |",
+        "|---|---|---|---|---|---|---|",
     ]
+    gaps = [
+        "",
+        "Gap (translated − native) and share of the prefix benefit recovered,",
+        f"(no prefix − translated) / (no prefix − native), all / first {first_k} tokens, each",
+        "± its standard error over the windows where the report has one (paired per window;",
+        "the shares' by the delta method for a ratio of means).",
+        "",
+        f"| direction | closed-form gap | distilled gap | recovered, closed-form | "
+        f"recovered, distilled | distillation factor (all) |",
+        "|---|---|---|---|---|---|",
+    ]
+    # The same translators over more windows (scripts/translator_precision.sh).
+    precision = {}
+    for n in names:
+        for tail in (0, w):
+            path = os.path.join(ROOT, "docs/results/translator_precision", f"{n}.tail{tail}.json")
+            if os.path.exists(path):
+                precision.setdefault(n, {})[tail] = json.load(open(path))
+
+    def precise(n, tail, key, scale=1, fmt=".4f", unit=""):
+        """'; over N windows: x ± se' from the precision run of the distilled translator."""
+        run = precision.get(n, {}).get(tail)
+        if not run:
+            return ""
+        t = next(t for t in run["translators"] if t["method"] == "distilled")
+        return (f"; over {run['windows']} windows"
+                f"{f' with the {tail}-token tail' if tail else ''}: "
+                f"{scale * t[key]:{fmt}}{unit} ± {scale * t[key + '_se']:{fmt}}{unit}")
+
     checks = []
     for n in names:
         r = reports[n]
@@ -95,24 +202,35 @@ def main():
         cf, di = by_method.get("closed_form"), by_method.get("distilled")
         if cf is None or di is None:
             continue
-        native = r["log_ppl"]["target_native"]["log_ppl"]
-        nopre = r["log_ppl"]["no_prefix"]["log_ppl"]
+        ppl = r["log_ppl"]
+        both = lambda c: f"{c['log_ppl']:.4f} / {c['log_ppl_first']:.4f}"
         factor = cf["gap"] / di["gap"] if di["gap"] > 0 else float("inf")
         md.append(
-            f"| {pretty(n)} | {r['windows']} | {native:.4f} | {nopre:.4f} | "
-            f"{cf['gap']:.4f} / {cf['gap_first']:.4f} | {di['gap']:.4f} / {di['gap_first']:.4f} | "
-            f"{100 * cf['recovered']:.1f}% / {100 * cf['recovered_first']:.1f}% | "
-            f"{100 * di['recovered']:.1f}% / {100 * di['recovered_first']:.1f}% | {factor:.2f}× |")
+            f"| {pretty(n)} | {r['windows']} | {both(ppl['target_native'])} | "
+            f"{both(ppl['no_prefix'])} | {both(cf)} | {both(di)} | {both(ppl['source_native'])} |")
+        gaps.append(
+            f"| {pretty(n)} | {gap_cell(cf, 'gap', 1, '.4f', '')} | "
+            f"{gap_cell(di, 'gap', 1, '.4f', '')} | {gap_cell(cf, 'recovered', 100, '.1f', '%')} | "
+            f"{gap_cell(di, 'recovered', 100, '.1f', '%')} | {factor:.2f}× |")
+        share = f"{100 * di['recovered_first']:.1f}%"
+        se = di.get("recovered_first_se")
+        if se is not None:
+            share += f" ± {100 * se:.1f}% over {r['windows']} windows"
+            if abs(di["recovered_first"] - 0.85) < 2 * se:
+                share += " (within two standard errors of 85%)"
+        share += precise(n, 0, "recovered_first", 100, ".1f", "%")
         checks.append((n, "distilled recovers ≥ 85% of the prefix benefit over the first "
-                       f"{first_k} tokens", di["recovered_first"] >= 0.85,
-                       f"{100 * di['recovered_first']:.1f}%"))
+                       f"{first_k} tokens", di["recovered_first"] >= 0.85, share))
         gap = f"{di['gap']:.4f}"
+        if di.get("gap_se") is not None:
+            gap += f" ± {di['gap_se']:.4f}"
         # Beside the plain switch the target is about.
         if with_tail.get(n):
             gap += (f" ({with_tail[n]['translators'][0]['gap']:.4f} with the server's "
                     f"{w}-token native tail, [translate_variants.txt](translate_variants.txt))")
         # KV-Lingo appendix V: after self-distillation its from-scratch Qwen3-like pair
         # keeps 0.031-0.101 nats/token (../shared/reference/kv-lingo-paper-summary.txt).
+        gap += precise(n, 0, "gap") + precise(n, w, "gap")
         gap += "; paper's from-scratch pair after distillation: 0.031–0.101"
         checks.append((n, "distilled whole-continuation gap ≤ 0.02 nats/token", di["gap"] <= 0.02,
                        gap))
@@ -135,11 +253,13 @@ def main():
                       f"{own['all']['accuracy']:.3f} over all tasks")
         checks.append((n, "distilled translated task accuracy ≥ kvl-small's own on most tasks",
                        2 * len(at_least) > len(tasks), value))
+    md += gaps
     md += ["", "## Targets of the issue", "", "| direction | target | met | value |",
            "|---|---|---|---|"]
     for n, what, ok, value in checks:
         md.append(f"| {pretty(n)} | {what} | {'yes' if ok else '**no**'} | {value} |")
 
+    md += why_missed(reports, names, with_tail, w, precision)
     md += ["", "## Task accuracy (greedy, exact match; translated: the source prefills the prompt)",
            ""]
     for n in names:

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <tuple>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -38,6 +39,12 @@ double Mean(const std::vector<double>& sums, int64_t first, int64_t last, int64_
 
 void AddTo(std::vector<double>& sums, const std::vector<double>& v) {
   for (size_t i = 0; i < v.size(); ++i) sums[i] += v[i];
+}
+
+double MeanOfRange(const std::vector<double>& v, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += v[static_cast<size_t>(i)];
+  return s / static_cast<double>(n);
 }
 
 // Pre-norm keys and values of a span, [L, H, T, D]; undefined: empty.
@@ -94,6 +101,33 @@ std::vector<int64_t> StopIds(const TranslatorModel& m) {
 }
 
 }  // namespace
+
+double PairedDifferenceStandardError(const std::vector<double>& a, const std::vector<double>& b) {
+  const size_t n = a.size();
+  if (n < 2 || b.size() != n) return 0;
+  double mean = 0;
+  for (size_t i = 0; i < n; ++i) mean += a[i] - b[i];
+  mean /= static_cast<double>(n);
+  double ss = 0;
+  for (size_t i = 0; i < n; ++i) ss += (a[i] - b[i] - mean) * (a[i] - b[i] - mean);
+  return std::sqrt(ss / static_cast<double>(n * (n - 1)));
+}
+
+double RatioOfMeansStandardError(const std::vector<double>& a, const std::vector<double>& b) {
+  const size_t n = a.size();
+  if (n < 2 || b.size() != n) return 0;
+  double mean_a = 0, mean_b = 0;
+  for (size_t i = 0; i < n; ++i) {
+    mean_a += a[i];
+    mean_b += b[i];
+  }
+  mean_a /= static_cast<double>(n);
+  mean_b /= static_cast<double>(n);
+  const double ratio = mean_a / mean_b;
+  double ss = 0;
+  for (size_t i = 0; i < n; ++i) ss += (a[i] - ratio * b[i]) * (a[i] - ratio * b[i]);
+  return std::sqrt(ss / static_cast<double>(n * (n - 1))) / std::abs(mean_b);
+}
 
 absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptions& o) {
   const auto t_start = std::chrono::steady_clock::now();
@@ -173,6 +207,13 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
   {
     const size_t n_cond = 3 + translators.size();  // native, no_prefix, source, translated...
     std::vector<std::vector<double>> sums(n_cond, std::vector<double>(o.continuation, 0.0));
+    // Each window's mean NLL over the whole continuation and its first tokens.
+    std::vector<std::vector<double>> per_window(n_cond), per_window_first(n_cond);
+    auto add = [&](size_t c, const std::vector<double>& nll) {
+      AddTo(sums[c], nll);
+      per_window[c].push_back(MeanOfRange(nll, o.continuation));
+      per_window_first[c].push_back(MeanOfRange(nll, report.first_k));
+    };
     ProgressOptions popts;
     popts.label = "eval-translator ppl";
     popts.total = report.n_windows;
@@ -192,7 +233,7 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
             c == 1 ? e.Prefill(*cache, rest, true) : e.Prefill(*cache, Slice(ids, 0, window - 1), true);
         if (!logits.ok()) return logits.status();
         const at::Tensor rows = c == 1 ? *logits : logits->narrow(0, o.prefix, o.continuation);
-        AddTo(sums[c], TokenNll(rows, labels));
+        add(c, TokenNll(rows, labels));
       }
       for (size_t i = 0; i < translators.size(); ++i) {
         absl::StatusOr<std::unique_ptr<KvCache>> cache =
@@ -200,7 +241,7 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
         if (!cache.ok()) return cache.status();
         absl::StatusOr<at::Tensor> logits = te.Prefill(**cache, Slice(ids, cut, window - 1), true);
         if (!logits.ok()) return logits.status();
-        AddTo(sums[3 + i], TokenNll(logits->narrow(0, o.native_tail, o.continuation), labels));
+        add(3 + i, TokenNll(logits->narrow(0, o.native_tail, o.continuation), labels));
       }
       bar.Update(static_cast<int64_t>(w + 1));
     }
@@ -219,6 +260,21 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
       t.gap_first = t.log_ppl_first - first(0);
       t.recovered = (whole(1) - t.log_ppl) / (whole(1) - whole(0));
       t.recovered_first = (first(1) - t.log_ppl_first) / (first(1) - first(0));
+      // Paired per window: gap = T - native; share = mean(none - T) / mean(none - native).
+      for (const auto& [pw, gap_se, rec_se] :
+           {std::tuple{&per_window, &t.gap_se, &t.recovered_se},
+            std::tuple{&per_window_first, &t.gap_first_se, &t.recovered_first_se}}) {
+        const std::vector<double>& native = (*pw)[0];
+        const std::vector<double>& none = (*pw)[1];
+        const std::vector<double>& translated = (*pw)[3 + i];
+        std::vector<double> gained(native.size()), benefit(native.size());
+        for (size_t w = 0; w < native.size(); ++w) {
+          gained[w] = none[w] - translated[w];
+          benefit[w] = none[w] - native[w];
+        }
+        *gap_se = PairedDifferenceStandardError(translated, native);
+        *rec_se = RatioOfMeansStandardError(gained, benefit);
+      }
       report.conditions.push_back({"translated:" + t.file, t.log_ppl, t.log_ppl_first});
       report.translated.push_back(t);
     }
@@ -392,7 +448,11 @@ json TranslatorEvalJson(const TranslatorEvalOptions& o, const TranslatorEvalRepo
                   {"gap", t.gap},
                   {"gap_first", t.gap_first},
                   {"recovered", t.recovered},
-                  {"recovered_first", t.recovered_first}});
+                  {"recovered_first", t.recovered_first},
+                  {"gap_se", t.gap_se},
+                  {"gap_first_se", t.gap_first_se},
+                  {"recovered_se", t.recovered_se},
+                  {"recovered_first_se", t.recovered_first_se}});
   }
   j["translators"] = tr;
   if (!r.accuracy.empty()) {
@@ -446,6 +506,10 @@ std::string TranslatorEvalTable(const TranslatorEvalReport& r) {
     absl::StrAppend(&out, absl::StrFormat("%-44s %9.4f %9.4f %9.4f %9.4f %8.1f%% %8.1f%%\n", name,
                                           t.log_ppl, t.log_ppl_first, t.gap, t.gap_first,
                                           100 * t.recovered, 100 * t.recovered_first));
+    absl::StrAppend(&out, absl::StrFormat("%-44s %9s %9s %9.4f %9.4f %8.1f%% %8.1f%%\n",
+                                          "  +- standard error over the windows", "", "",
+                                          t.gap_se, t.gap_first_se, 100 * t.recovered_se,
+                                          100 * t.recovered_first_se));
   }
   if (!r.accuracy.empty()) {
     absl::StrAppend(&out, "\naccuracy (greedy, kvl eval scoring)\n", absl::StrFormat("%-10s", "task"));

@@ -86,7 +86,19 @@ struct TranslatedPpl {
   double log_ppl = 0, log_ppl_first = 0;
   double gap = 0, gap_first = 0;
   double recovered = 0, recovered_first = 0;
+  // Standard errors over the windows (paired with the native and no-prefix
+  // runs on the same windows; the shares' by the delta method for a ratio of
+  // means). 0 with fewer than two windows.
+  double gap_se = 0, gap_first_se = 0;
+  double recovered_se = 0, recovered_first_se = 0;
 };
+
+// The standard error of mean(a) / mean(b) over paired samples (delta method):
+// sqrt(sum((a_i - R b_i)^2) / (n (n - 1))) / |mean(b)|, R = mean(a) / mean(b).
+// 0 with fewer than two samples.
+double RatioOfMeansStandardError(const std::vector<double>& a, const std::vector<double>& b);
+// The standard error of the mean of a - b over paired samples.
+double PairedDifferenceStandardError(const std::vector<double>& a, const std::vector<double>& b);
 
 struct AccuracyCell {
   int64_t n_items = 0, n_correct = 0, n_over_context = 0;
