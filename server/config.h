@@ -137,7 +137,7 @@ struct RoutingSection {
   // history are prefilled by the target instead of translated (0: translate
   // all). 32 cut the per-turn loss of alternating switches against
   // re-prefill by 51-56% on the house models and their whole-continuation
-  // gap from 0.032-0.038 to 0.015-0.016 nats/token, for a few milliseconds
+  // gap from 0.032-0.038 to 0.015-0.016 over the 64-window table (0.022-0.026 over 512, docs/results/translator_precision.txt) nats/token, for a few milliseconds
   // more per switch (docs/translators.md, "Deployment choices").
   int64_t native_tail_tokens = 32;
 };
