@@ -1,6 +1,6 @@
 // train_step_bench: one training step of `kvl train-lm` (ReferenceForward,
 // cross-entropy, backward) on the house model shapes, with the eager attention
-// and with ReferenceOptions::grouped_attention, alternating in one run so that
+// and with the grouped attention (training/attention.h), alternating in one run so that
 // the ratio between them comes from the same moment. Also times the float32
 // forward that `kvl eval` runs, and a step shaped like `kvl distill`'s (the
 // model as its own source: 255 prefix + 128 continuation tokens, frozen weights,
@@ -10,7 +10,7 @@
 //   train_step_bench [--threads 2] [--batch 8] [--seq-len 512] [--rounds 5]
 //                    [--block 128] [--config models/configs/kvl-large.json ...]
 //                    [--out FILE]
-// --block: ReferenceOptions::grouped_attention_block (its default: 128).
+// --block: GroupedAttention's block of queries (kDefaultAttentionBlock).
 // --trace PREFIX: also one bf16-autocast step of each kind under LibTorch's
 // profiler, written as Chrome traces PREFIX.<model>.{eager,grouped}.json
 // (per-operator self times: scripts/trace_ops.py FILE).
@@ -35,7 +35,8 @@
 #include "model/engine.h"
 #include "model/omp_wait.h"
 #include "model/reference.h"
-#include "tools/train_lm.h"
+#include "training/attention.h"
+#include "training/train_lm.h"
 
 namespace {
 
@@ -102,8 +103,7 @@ double Step(const kvl::ModelConfig& config, const kvl::ModelWeights& weights,
             const at::Tensor& inputs, const at::Tensor& targets, Mode mode, bool grouped,
             int64_t block) {
   kvl::ReferenceOptions options;
-  options.grouped_attention = grouped;
-  options.grouped_attention_block = block;
+  if (grouped) options.attention = kvl::training::GroupedAttention(block);
   return Seconds([&] {
     if (mode == Mode::kDistillStep) {
       DistillStep(config, frozen, inputs, options);
@@ -116,7 +116,7 @@ double Step(const kvl::ModelConfig& config, const kvl::ModelWeights& weights,
     }
     at::Tensor logits;
     if (mode == Mode::kBf16Step) {
-      kvl::tools::Bf16AutocastScope autocast;
+      kvl::training::Bf16AutocastScope autocast;
       logits = kvl::ReferenceForward(config, weights, inputs, options).logits;
     } else {
       logits = kvl::ReferenceForward(config, weights, inputs, options).logits;
@@ -137,7 +137,7 @@ double Median(std::vector<double> v) {
 int main(int argc, char** argv) {
   kvl::ReexecWithPassiveOpenMpWait(argv);
   int n_threads = 2, rounds = 5;
-  int64_t batch = 8, seq_len = 512, block = kvl::ReferenceOptions{}.grouped_attention_block;
+  int64_t batch = 8, seq_len = 512, block = kvl::training::kDefaultAttentionBlock;
   std::vector<std::string> configs;
   std::string out_path, trace_prefix;
   for (int i = 1; i < argc; ++i) {
@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   // As train-lm sets them up (tools/train_lm.cc).
-  n_threads = kvl::tools::SetIntraOpThreads(n_threads);
+  n_threads = kvl::training::SetIntraOpThreads(n_threads);
   kvl::TuneMallocForTensors();
   mallopt(M_MMAP_MAX, 0);
 

@@ -1,11 +1,32 @@
 #include "cache_store/cache_store.h"
 
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <chrono>
 #include <utility>
 
-#include <c10/util/Exception.h>
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 
 namespace kvl {
+namespace {
+
+// Page tokens are opaque to clients; inside they hold the creation sequence
+// number to resume from, so that removals between pages cannot shift them.
+constexpr absl::string_view kPageTokenPrefix = "p1.";
+
+int64_t WallClockSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
 
 void AppendLedgerSpan(std::vector<LedgerSpan>* ledger, int64_t begin, int64_t end, int model) {
   if (end <= begin) return;
@@ -25,6 +46,10 @@ struct TurnLease::Entry {
       : lines(n_models), evicted(n_models, false), line_bytes(n_models, 0),
         line_tokens(n_models, 0), last_use(n_models, 0), served(n_models, false) {}
 
+  uint64_t seq = 0;  // creation order, never reused
+  std::string system_prompt;
+  int64_t created_unix_seconds = 0;
+  int64_t last_active_unix_seconds = 0;
   ConversationState state;
   std::vector<std::unique_ptr<KvCache>> lines;
   std::vector<bool> evicted;
@@ -108,39 +133,85 @@ void TurnLease::Commit(ConversationState next) {
   committed_ = true;
 }
 
+bool IsValidSessionId(std::string_view id) {
+  if (id.empty() || id.size() > 128) return false;
+  return std::all_of(id.begin(), id.end(), [](char c) {
+    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == ':' ||
+           c == '-';
+  });
+}
+
 CacheStore::CacheStore(const CacheStoreOptions& options)
-    : options_(options), bytes_per_model_(options.n_models, 0) {
+    : options_(options), rng_(std::random_device{}()), bytes_per_model_(options.n_models, 0) {
   TORCH_CHECK(options.n_models >= 0);
+  if (!options_.clock) options_.clock = WallClockSeconds;
 }
 
 CacheStore::~CacheStore() = default;
 
-absl::Status CacheStore::Create(const std::string& session_id, std::vector<int64_t> preamble) {
+absl::StatusOr<SessionView> CacheStore::Create(std::string_view session_id,
+                                               std::string system_prompt,
+                                               std::vector<int64_t> preamble) {
+  if (!session_id.empty() && !IsValidSessionId(session_id)) {
+    return absl::InvalidArgumentError(
+        "session_id: expected 1-128 characters of [A-Za-z0-9._:-] (or empty to have one "
+        "generated)");
+  }
   auto entry = std::make_shared<Entry>(options_.n_models);
   entry->state.preamble = std::move(preamble);
+  entry->system_prompt = std::move(system_prompt);
+  entry->created_unix_seconds = entry->last_active_unix_seconds = options_.clock();
   absl::MutexLock lock(&mu_);
-  if (!sessions_.emplace(session_id, std::move(entry)).second) {
-    return absl::AlreadyExistsError(absl::StrCat("session '", session_id, "' already exists"));
+  std::string id(session_id);
+  if (id.empty()) {
+    // 96 random bits: collisions are not a practical concern, but a taken id is
+    // still never handed out twice.
+    do {
+      id = absl::StrFormat("s-%016x%08x", rng_(), static_cast<uint32_t>(rng_()));
+    } while (sessions_.count(id) != 0);
+  } else if (sessions_.count(id) != 0) {
+    return absl::AlreadyExistsError(absl::StrCat("session '", id, "' already exists"));
   }
-  return absl::OkStatus();
+  entry->seq = next_seq_++;
+  by_seq_.emplace(entry->seq, id);
+  SessionView view = ViewOf(id, *entry);
+  sessions_.emplace(std::move(id), std::move(entry));
+  return view;
+}
+
+void CacheStore::Erase(std::unordered_map<std::string, std::shared_ptr<Entry>>::iterator it) {
+  std::shared_ptr<Entry> entry = std::move(it->second);
+  by_seq_.erase(entry->seq);
+  sessions_.erase(it);
+  for (int m = 0; m < options_.n_models; ++m) SetLineBytes(*entry, m, 0);
+  entry->removed = true;
+  // Busy: the lease frees the lines when it ends. Otherwise they go with the
+  // last reference, at the end of this function.
 }
 
 absl::Status CacheStore::Remove(const std::string& session_id) {
-  std::shared_ptr<Entry> entry;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = sessions_.find(session_id);
-    if (it == sessions_.end()) {
-      return absl::NotFoundError(absl::StrCat("session '", session_id, "' not found"));
-    }
-    entry = it->second;
-    sessions_.erase(it);
-    for (int m = 0; m < options_.n_models; ++m) SetLineBytes(*entry, m, 0);
-    entry->removed = true;
-    if (entry->busy) return absl::OkStatus();  // the lease frees the lines
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat("session '", session_id, "' not found"));
   }
-  // Not busy and no longer reachable: the lines go with the last reference.
+  Erase(it);
   return absl::OkStatus();
+}
+
+SessionView CacheStore::ViewOf(const std::string& id, const Entry& e) const {
+  SessionView view;
+  view.session_id = id;
+  view.system_prompt = e.system_prompt;
+  view.created_unix_seconds = e.created_unix_seconds;
+  view.last_active_unix_seconds = e.last_active_unix_seconds;
+  view.in_turn = e.busy;
+  view.state = e.state;
+  for (int m = 0; m < options_.n_models; ++m) {
+    if (!e.served[m]) continue;
+    view.lines.push_back({m, e.line_tokens[m], e.line_bytes[m], static_cast<bool>(e.evicted[m])});
+  }
+  return view;
 }
 
 absl::StatusOr<SessionView> CacheStore::View(const std::string& session_id) const {
@@ -149,16 +220,58 @@ absl::StatusOr<SessionView> CacheStore::View(const std::string& session_id) cons
   if (it == sessions_.end()) {
     return absl::NotFoundError(absl::StrCat("session '", session_id, "' not found"));
   }
-  const Entry& e = *it->second;
-  SessionView view;
-  view.in_turn = e.busy;
-  view.state = e.state;
-  for (int m = 0; m < options_.n_models; ++m) {
-    if (!e.served[m]) continue;
-    view.lines.push_back(
-        {m, e.line_tokens[m], e.line_bytes[m], static_cast<bool>(e.evicted[m])});
+  return ViewOf(it->first, *it->second);
+}
+
+absl::StatusOr<SessionPage> CacheStore::List(uint32_t page_size,
+                                             std::string_view page_token) const {
+  if (page_size == 0) page_size = kDefaultPageSize;
+  page_size = std::min(page_size, kMaxPageSize);
+  uint64_t start = 0;
+  if (!page_token.empty()) {
+    absl::string_view token(page_token.data(), page_token.size());
+    if (!absl::ConsumePrefix(&token, kPageTokenPrefix) || !absl::SimpleAtoi(token, &start)) {
+      return absl::InvalidArgumentError(
+          "page_token: not a token returned by ListSessions (leave it empty for the first page)");
+    }
   }
-  return view;
+  SessionPage page;
+  absl::MutexLock lock(&mu_);
+  for (auto it = by_seq_.lower_bound(start); it != by_seq_.end(); ++it) {
+    if (page.sessions.size() == page_size) {
+      page.next_page_token = absl::StrCat(kPageTokenPrefix, it->first);
+      break;
+    }
+    page.sessions.push_back(ViewOf(it->second, *sessions_.at(it->second)));
+  }
+  return page;
+}
+
+absl::Status CacheStore::Touch(const std::string& session_id) {
+  const int64_t now = options_.clock();
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat("session '", session_id, "' not found"));
+  }
+  it->second->last_active_unix_seconds = now;
+  return absl::OkStatus();
+}
+
+std::vector<std::string> CacheStore::RemoveIdle(int64_t idle_seconds) {
+  const int64_t now = options_.clock();
+  std::vector<std::string> removed;
+  absl::MutexLock lock(&mu_);
+  for (auto seq = by_seq_.begin(); seq != by_seq_.end();) {
+    auto it = sessions_.find(seq->second);
+    ++seq;  // Erase drops this entry of by_seq_
+    const Entry& e = *it->second;
+    if (!e.busy && now - e.last_active_unix_seconds >= idle_seconds) {
+      removed.push_back(it->first);
+      Erase(it);
+    }
+  }
+  return removed;
 }
 
 absl::StatusOr<std::unique_ptr<TurnLease>> CacheStore::Begin(const std::string& session_id) {
@@ -175,6 +288,7 @@ absl::StatusOr<std::unique_ptr<TurnLease>> CacheStore::Begin(const std::string& 
     }
     entry = it->second;
     entry->busy = true;
+    entry->last_active_unix_seconds = options_.clock();
   }
   return std::unique_ptr<TurnLease>(new TurnLease(this, session_id, std::move(entry)));
 }
@@ -208,6 +322,7 @@ void CacheStore::Release(TurnLease* lease) {
     }
   }
   e.busy = false;
+  e.last_active_unix_seconds = options_.clock();
   if (e.removed) {
     for (auto& line : e.lines) line.reset();
   }

@@ -1,4 +1,7 @@
-// Per-session conversation state and KV cache lines, with a memory budget.
+// The session registry: every session the server holds, with its system
+// prompt and timestamps, its conversation state and its KV cache lines, under
+// one memory budget. The one owner of sessions: creating, listing (paged),
+// expiring and deleting a session happen here, nowhere else.
 //
 // A session is one token stream (the rendered conversation), a span ledger
 // saying which model wrote each span natively, and at most one cache line per
@@ -19,8 +22,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <random>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -71,10 +77,22 @@ struct CacheLineInfo {
 };
 
 struct SessionView {
+  std::string session_id;
+  std::string system_prompt;
+  int64_t created_unix_seconds = 0;
+  int64_t last_active_unix_seconds = 0;
   ConversationState state;
   std::vector<CacheLineInfo> lines;  // models that served the session, by index
   bool in_turn = false;
 };
+
+struct SessionPage {
+  std::vector<SessionView> sessions;
+  std::string next_page_token;  // empty on the last page
+};
+
+// 1-128 characters of [A-Za-z0-9._:-].
+bool IsValidSessionId(std::string_view id);
 
 struct CacheStoreStats {
   int64_t budget_bytes = 0;
@@ -88,6 +106,9 @@ struct CacheStoreStats {
 struct CacheStoreOptions {
   int n_models = 0;
   int64_t memory_budget_bytes = int64_t{4} << 30;
+  // Seconds since the Unix epoch, for the sessions' timestamps and expiry;
+  // null: the system clock (tests inject their own).
+  std::function<int64_t()> clock;
 };
 
 class CacheStore;
@@ -144,14 +165,31 @@ class CacheStore {
   int n_models() const { return options_.n_models; }
   int64_t budget_bytes() const { return options_.memory_budget_bytes; }
 
-  // AlreadyExists when the id is taken.
-  absl::Status Create(const std::string& session_id, std::vector<int64_t> preamble);
+  static constexpr uint32_t kDefaultPageSize = 100;
+  static constexpr uint32_t kMaxPageSize = 1000;
+
+  // A new session. An empty `session_id` gets a fresh "s-" + 24 hex character
+  // id; otherwise it must be valid (InvalidArgument naming session_id) and
+  // free (AlreadyExists). `preamble`: the tokens the system prompt renders to.
+  absl::StatusOr<SessionView> Create(std::string_view session_id, std::string system_prompt,
+                                     std::vector<int64_t> preamble);
   // Frees the session's lines. NotFound for an unknown id. A turn in progress
   // finishes on its own copy and its result is dropped.
   absl::Status Remove(const std::string& session_id);
   // NotFound for an unknown id. A session in a turn reports its state and
   // lines as they were committed last.
   absl::StatusOr<SessionView> View(const std::string& session_id) const;
+  // Sessions in creation order. page_size 0 means kDefaultPageSize; larger
+  // than kMaxPageSize is clamped. `page_token` is empty or a previous
+  // next_page_token; anything else is InvalidArgument. Sessions removed
+  // between pages are skipped, never repeated.
+  absl::StatusOr<SessionPage> List(uint32_t page_size, std::string_view page_token) const;
+  // Marks the session used now (it does not expire); NotFound if unknown.
+  // Begin and the end of a lease mark it too.
+  absl::Status Touch(const std::string& session_id);
+  // Removes the sessions idle for at least `idle_seconds` that are not in a
+  // turn; returns their ids.
+  std::vector<std::string> RemoveIdle(int64_t idle_seconds);
   // NotFound for an unknown id; Aborted when another turn holds the session.
   absl::StatusOr<std::unique_ptr<TurnLease>> Begin(const std::string& session_id);
 
@@ -168,10 +206,19 @@ class CacheStore {
   // `except`; false when there is none.
   bool EvictOne(const Entry* except) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetLineBytes(Entry& e, int model, int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  SessionView ViewOf(const std::string& id, const Entry& e) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops a session from the registry and frees its lines (now, or when its
+  // lease ends).
+  void Erase(std::unordered_map<std::string, std::shared_ptr<Entry>>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   CacheStoreOptions options_;
   mutable absl::Mutex mu_;
   std::unordered_map<std::string, std::shared_ptr<Entry>> sessions_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::string> by_seq_ ABSL_GUARDED_BY(mu_);  // creation order
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> bytes_per_model_ ABSL_GUARDED_BY(mu_);
   int64_t total_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;

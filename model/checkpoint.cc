@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/files.h"
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
 
@@ -25,25 +26,6 @@ constexpr char kConfigFile[] = "config.json";
 constexpr char kGenerationConfigFile[] = "generation_config.json";
 constexpr char kWeightsFile[] = "model.safetensors";
 constexpr char kIndexFile[] = "model.safetensors.index.json";
-
-absl::StatusOr<json> ReadJsonFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  json j = json::parse(buffer.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": malformed JSON"));
-  return j;
-}
-
-absl::Status WriteTextFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot create"));
-  out << text;
-  out.flush();
-  if (!out) return absl::DataLossError(absl::StrCat(path, ": write failed"));
-  return absl::OkStatus();
-}
 
 // generation_config.json: transformers samples only when do_sample is true,
 // so a file without it (or with false) means greedy decoding.

@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/files.h"
 #include "nlohmann/json.hpp"
 
 namespace kvl {
@@ -275,13 +276,9 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j) {
 }
 
 absl::StatusOr<ModelConfig> ModelConfig::FromFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  json j = json::parse(buffer.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": malformed JSON"));
-  absl::StatusOr<ModelConfig> config = FromJson(j);
+  absl::StatusOr<json> j = ReadJsonFile(path);
+  if (!j.ok()) return j.status();
+  absl::StatusOr<ModelConfig> config = FromJson(*j);
   if (!config.ok()) {
     return absl::Status(config.status().code(),
                         absl::StrCat(path, ": ", config.status().message()));

@@ -165,7 +165,7 @@ at::Tensor Decoder::Forward(KvCache& cache, const at::Tensor& ids, bool all_logi
       const at::Tensor qb = q_buf.narrow(1, i0, nb).view({n_head_kv, nb * n_group, d});
       // Per kv head: each head's cached keys/values are a contiguous [T, D]
       // block; at::bmm over the strided [H, T, D] views of the line falls back
-      // to a path ~10x slower than one GEMM per head (measured on prefill).
+      // to a path far slower than one GEMM per head (docs/model-runtime.md).
       at::Tensor scores = at::empty({n_head_kv, nb * n_group, n_keys}, options_);
       // HF order, q k^T then * scale, as the GEMM's alpha: the product is
       // rounded once and then scaled, as a separate multiply would, without
@@ -207,7 +207,7 @@ at::Tensor Decoder::Forward(KvCache& cache, const at::Tensor& ids, bool all_logi
 
   const at::Tensor last = all_logits ? x : x.narrow(0, n - 1, 1);
   const at::Tensor h = ops::RmsNorm(last, norm_, eps);
-  // One row: matrix-vector is ~2x faster than a 1-row GEMM here.
+  // One row: matrix-vector beats a 1-row GEMM here (docs/model-runtime.md).
   at::Tensor logits =
       h.size(0) == 1 ? at::mv(lm_head_, h[0]).unsqueeze(0) : at::mm(h, lm_head_.t());
   return logits.scalar_type() == at::kFloat ? logits : logits.to(at::kFloat);

@@ -53,10 +53,9 @@ void TuneMallocForTensors() {
   // One arena for every thread. glibc otherwise gives each thread that
   // allocates its own arena, whose memory is fresh (page-faulting) pages and
   // is not covered by the settings above: a server turn runs on whichever
-  // pool thread is free, and with per-thread arenas a 1000-token switch in
-  // kvl-server spent 3-4x longer translating (docs/model-runtime.md). Tensor
-  // allocations are few and large, so the shared arena's lock costs nothing
-  // measurable.
+  // pool thread is free, and per-thread arenas made its translations markedly
+  // slower (measured: docs/model-runtime.md). Tensor allocations are few and
+  // large, so the shared arena's lock is not a cost.
   mallopt(M_ARENA_MAX, 1);
 }
 
@@ -117,13 +116,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Checkpoint& checkpo
   return engine;
 }
 
-absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateFromDir(const std::string& dir,
-                                                              const RuntimeOptions& options) {
-  absl::StatusOr<Checkpoint> checkpoint = LoadCheckpoint(dir);
-  if (!checkpoint.ok()) return checkpoint.status();
-  return Create(*checkpoint, options);
-}
-
 KeyTapMode Engine::tap_mode() const { return decoder_->tap_mode(); }
 
 std::unique_ptr<KvCache> Engine::NewCache() const { return decoder_->NewCache(); }
@@ -168,6 +160,37 @@ absl::StatusOr<at::Tensor> Engine::Prefill(KvCache& cache, const std::vector<int
 
 absl::StatusOr<at::Tensor> Engine::Decode(KvCache& cache, int64_t id) {
   return Prefill(cache, {id});
+}
+
+absl::StatusOr<Engine::ContinuationScore> Engine::ScoreContinuation(
+    KvCache& cache, const std::vector<int64_t>& ids) {
+  if (ids.size() < 2) return absl::InvalidArgumentError("scoring needs at least two tokens");
+  const int64_t n_start = cache.Length();
+  const std::vector<int64_t> head(ids.begin(), ids.end() - 1);
+  absl::StatusOr<at::Tensor> logits = Prefill(cache, head, /*all_logits=*/true);
+  if (!logits.ok()) return logits.status();
+  ContinuationScore score;
+  score.n_scored = static_cast<int64_t>(head.size());
+  {
+    c10::InferenceMode guard;
+    // Row i predicts ids[i + 1].
+    const at::Tensor next =
+        at::from_blob(const_cast<int64_t*>(ids.data()) + 1, {score.n_scored}, at::kLong);
+    const at::Tensor lp =
+        at::log_softmax(logits->to(at::kFloat), -1).gather(1, next.unsqueeze(1)).squeeze(1);
+    score.mean_logprob = lp.mean().item<double>();
+  }
+  // The last token run once to read what follows it, then rolled back.
+  absl::StatusOr<at::Tensor> last = Prefill(cache, {ids.back()});
+  if (!last.ok()) {
+    (void)cache.Rollback(n_start);
+    return last.status();
+  }
+  if (absl::Status s = cache.Rollback(cache.Length() - 1); !s.ok()) return s;
+  c10::InferenceMode guard;
+  const at::Tensor lp = at::log_softmax(last->to(at::kFloat).reshape({-1}), -1);
+  score.next_entropy = -(lp.exp() * lp).sum().item<double>();
+  return score;
 }
 
 absl::StatusOr<GenerateResult> Engine::Generate(KvCache& cache,

@@ -5,8 +5,9 @@
 // Legend: T=tokens, V=vocab_size.
 //
 // Thread-safety: an Engine and the cache lines it creates are driven by ONE
-// thread at a time — the model's engine worker (kvlingo runs one worker per
-// model). Create and the const accessors may be called from any thread.
+// thread at a time. In kvl-server that is whichever TurnPool thread holds the
+// router's mutex for this model (router/router.h); the engine itself takes no
+// lock. Create and the const accessors may be called from any thread.
 // Create calls at::set_num_threads, which sets the calling thread's intra-op
 // thread count and the default that other threads take when they are set up
 // (at their first parallel operation, or PrepareIntraOpThread): create every
@@ -45,11 +46,10 @@ void TuneMallocForTensors();
 // does it lazily, at a thread's first parallel operation, by calling
 // at::set_num_threads, which also destroys and recreates caffe2's pthreadpool;
 // the new pool's workers then busy-wait for tens of milliseconds. A server
-// thread whose first turn is a switch used to pay that inside the turn: with 2
-// intra-op threads, the workers and OpenBLAS's spinning thread crowded out the
-// turn on a 2-core machine and a 1000-token translation took 2-4x longer than
-// with 1 (docs/server-bench.md). Threads that will run model work should call this
-// once when they start.
+// thread whose first turn is a switch used to pay that inside the turn, where
+// the workers and OpenBLAS's spinning thread crowded out the translation on a
+// 2-core machine (measured: docs/server-bench.md). Threads that will run model
+// work should call this once when they start.
 void PrepareIntraOpThread();
 
 // While alive, LibTorch operations started by the calling thread run on that
@@ -111,9 +111,6 @@ class Engine {
   // thread count and tunes malloc. InvalidArgument for bad runtime options.
   static absl::StatusOr<std::unique_ptr<Engine>> Create(const Checkpoint& checkpoint,
                                                         const RuntimeOptions& options);
-  // Loads a model directory first (errors as LoadCheckpoint's).
-  static absl::StatusOr<std::unique_ptr<Engine>> CreateFromDir(const std::string& dir,
-                                                               const RuntimeOptions& options);
   ~Engine();
 
   const ModelConfig& config() const { return config_; }
@@ -137,6 +134,20 @@ class Engine {
   // InvalidArgument for bad options; the line is rolled back on error.
   absl::StatusOr<GenerateResult> Generate(KvCache& cache, const std::vector<int64_t>& prompt_ids,
                                           const GenerateOptions& options);
+
+  // How confidently the model reads `ids` (at least 2 tokens) after what the
+  // cache holds, for the router's cascade: prefills all but the last token
+  // (the cache then holds them; the caller runs the last one itself, to sample
+  // from), scoring each against the token that follows it, then reads the
+  // next-token distribution after the last token without keeping it. Errors
+  // as Prefill's; the cache is rolled back on error.
+  struct ContinuationScore {
+    double mean_logprob = 0;  // of ids[1..T) given what precedes each, nats
+    double next_entropy = 0;  // of the token after ids, nats
+    int64_t n_scored = 0;     // T - 1
+  };
+  absl::StatusOr<ContinuationScore> ScoreContinuation(KvCache& cache,
+                                                     const std::vector<int64_t>& ids);
 
  private:
   Engine() = default;

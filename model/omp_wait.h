@@ -4,9 +4,10 @@
 namespace kvl {
 
 // LibTorch and OpenBLAS share libgomp's thread pool. By default an idle pool
-// thread spins (and calls sched_yield) for a while before it sleeps; on the
-// 2-core development machine that made a 2-thread prefill 2.5x slower than
-// with OMP_WAIT_POLICY=PASSIVE (docs/model-runtime.md, "OpenMP wait policy").
+// thread spins (and calls sched_yield) for a while before it sleeps, which on
+// a 2-core machine slows a 2-thread prefill several-fold against
+// OMP_WAIT_POLICY=PASSIVE (measured: docs/model-runtime.md, "OpenMP wait
+// policy").
 // libgomp reads the variable once, when it is loaded, so it cannot be changed
 // from main(): when OMP_WAIT_POLICY is unset, this sets it to PASSIVE and
 // re-executes the program (/proc/self/exe, same argv and pid). An explicit

@@ -1,7 +1,6 @@
 #include "model/reference.h"
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 
 #include <algorithm>
 #include <cmath>
@@ -48,70 +47,19 @@ at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
   return x * cos + RotateHalf(x) * sin;
 }
 
-// Grouped-query attention as Hugging Face writes it: kv head j serves query
-// heads j*G .. j*G+G-1, repeated to Hq heads; float32 softmax, cast to dtype.
-// q: [B, Hq, T, D], k, v: [B, H, P+T, D], masked: [T, P+T]. Returns [B, T, Hq*D].
-at::Tensor EagerAttention(const at::Tensor& q, at::Tensor k, at::Tensor v, const at::Tensor& masked,
-                          double scale, int64_t n_head_kv, at::ScalarType dtype) {
-  const int64_t n_batch = q.size(0), n_head = q.size(1), n_tokens = q.size(2), d = q.size(3);
-  const int64_t n_group = n_head / n_head_kv;
-  k = k.repeat_interleave(n_group, 1);  // [B, Hq, P+T, D]
-  v = v.repeat_interleave(n_group, 1);
-  at::Tensor scores = at::matmul(q, k.transpose(2, 3)) * scale;  // [B, Hq, T, P+T]
-  scores = scores.masked_fill(masked, -std::numeric_limits<double>::infinity());
-  const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(dtype);
-  return at::matmul(probs, v).transpose(1, 2).reshape({n_batch, n_tokens, n_head * d});
-}
-
-// The same attention with fewer passes over the scores: kv head j's G query
-// heads stacked as the rows of one product (no repeated keys/values), the scale
-// and the mask folded into baddbmm (an additive -inf bias, which needs no
-// gradient), softmax in the compute dtype: the autocast dtype when autocast is
-// on, else q's. Queries go in blocks of `block` tokens, each against only the
-// keys it may see (the prefix and ids up to its last token), so that most of the
-// causal mask's upper triangle is never computed: at T = 512 in blocks of 128,
-// 62.5% of the full [T, T] scores. Takes q, k, v, the mask and the scale as
-// EagerAttention does, and returns the same [B, T, Hq*D].
-at::Tensor GroupedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& masked, double scale, int64_t n_head_kv,
-                            int64_t block) {
-  const int64_t n_batch = q.size(0), n_head = q.size(1), n_tokens = q.size(2), d = q.size(3);
-  const int64_t n_keys = k.size(2), n_group = n_head / n_head_kv;
-  const int64_t n_prefix = n_keys - n_tokens, n_bh = n_batch * n_head_kv;  // (batch, kv head) pairs
-  TORCH_CHECK(block >= 1, "grouped attention needs a positive block size");
-  TORCH_CHECK(n_tokens >= 1, "grouped attention needs at least one query token");
-  const at::ScalarType compute =
-      at::autocast::is_cpu_enabled() ? at::autocast::get_autocast_cpu_dtype() : q.scalar_type();
-  // One cast-and-copy each into [B, H(q), T, D] order; the views below are free.
-  const auto packed = [&](const at::Tensor& x) {
-    return x.scalar_type() == compute ? x.contiguous()
-                                      : x.to(compute, /*non_blocking=*/false, /*copy=*/false,
-                                             at::MemoryFormat::Contiguous);
-  };
-  // Query head j*G + g, token t: [j, g, t] of the [B*H, G, T, D] view.
-  const at::Tensor qg = packed(q).view({n_bh, n_group, n_tokens, d});
-  const at::Tensor kg = packed(k).view({n_bh, n_keys, d});
-  const at::Tensor vg = packed(v).view({n_bh, n_keys, d});
-  std::vector<at::Tensor> parts;
-  for (int64_t t0 = 0; t0 < n_tokens; t0 += block) {
-    const int64_t n_rows = std::min(block, n_tokens - t0), n_seen = n_prefix + t0 + n_rows;
-    const at::Tensor rows = qg.narrow(2, t0, n_rows).reshape({n_bh, n_group * n_rows, d});
-    const at::Tensor bias = at::zeros({n_rows, n_seen}, q.options().dtype(compute))
-                                .masked_fill_(masked.narrow(0, t0, n_rows).narrow(1, 0, n_seen),
-                                              -std::numeric_limits<double>::infinity())
-                                .repeat({n_group, 1});  // [G*rows, seen]
-    const at::Tensor scores = at::baddbmm(bias, rows, kg.narrow(1, 0, n_seen).transpose(1, 2),
-                                          /*beta=*/1.0, /*alpha=*/scale);
-    parts.push_back(
-        at::bmm(at::softmax(scores, -1), vg.narrow(1, 0, n_seen)).view({n_bh, n_group, n_rows, d}));
-  }
-  const at::Tensor out = parts.size() == 1 ? parts[0] : at::cat(parts, 2);  // [B*H, G, T, D]
-  return out.view({n_batch, n_head, n_tokens, d})
-      .transpose(1, 2)
-      .reshape({n_batch, n_tokens, n_head * d});
-}
-
 }  // namespace
+
+at::Tensor EagerAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& masked, double scale) {
+  const int64_t n_batch = q.size(0), n_head = q.size(1), n_tokens = q.size(2), d = q.size(3);
+  const int64_t n_group = n_head / k.size(1);
+  const at::Tensor kr = k.repeat_interleave(n_group, 1);  // [B, Hq, P+T, D]
+  const at::Tensor vr = v.repeat_interleave(n_group, 1);
+  at::Tensor scores = at::matmul(q, kr.transpose(2, 3)) * scale;  // [B, Hq, T, P+T]
+  scores = scores.masked_fill(masked, -std::numeric_limits<double>::infinity());
+  const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(v.scalar_type());
+  return at::matmul(probs, vr).transpose(1, 2).reshape({n_batch, n_tokens, n_head * d});
+}
 
 ReferenceOutput ReferenceForward(const ModelConfig& config, const ModelWeights& weights,
                                  const at::Tensor& ids, const ReferenceOptions& options) {
@@ -160,10 +108,9 @@ ReferenceOutput ReferenceForward(const ModelConfig& config, const ModelWeights& 
     q = ApplyRope(q, cos, sin);
     k = ApplyRope(k, at::cat({cos_prefix, cos}, 0), at::cat({sin_prefix, sin}, 0));
 
-    const at::Tensor attn =
-        options.grouped_attention
-            ? GroupedAttention(q, k, v, masked, scale, n_head_kv, options.grouped_attention_block)
-            : EagerAttention(q, k, v, masked, scale, n_head_kv, dtype);
+    const at::Tensor attn = options.attention
+                                ? options.attention(static_cast<int64_t>(il), q, k, v, masked, scale)
+                                : EagerAttention(q, k, v, masked, scale);
     x = x + Linear(attn, w.o_proj, w.o_bias);
 
     const at::Tensor h2 = RmsNorm(x, w.post_attention_layernorm, config.rms_norm_eps);

@@ -1,9 +1,11 @@
 // The reference forward: eager, cache-free, full-sequence, written for clarity
 // with plain tensor operations in Hugging Face's order and dtypes. It is the
-// oracle for the cached decoder (tests/model/decoder_test.cc) and the
-// functional forward for training: it runs under autograd (no in-place updates
-// of anything autograd needs), on batches, and can attend to an injected prefix
-// of keys/values through which gradients flow (KV translator distillation).
+// oracle for the cached decoder (tests/model/decoder_test.cc). Because it is
+// plain tensor code (no in-place updates of anything autograd needs), it runs
+// under autograd too, on batches, with an injected prefix of keys/values that
+// gradients flow through; training brings its own attention kernel
+// (ReferenceOptions::attention, training/attention.h) and keeps everything
+// that learns out of this folder.
 //
 // Legend: B=batch, T=tokens, P=prefix tokens, L=n_layer, H=n_head_kv,
 // D=head_dim, V=vocab_size.
@@ -11,12 +13,26 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <vector>
 
 #include "model/config.h"
 #include "model/weights.h"
 
 namespace kvl {
+
+// One layer's attention: q [B, Hq, T, D] after q-norm and RoPE; k, v
+// [B, H, P+T, D] (k after k-norm and RoPE); masked [T, P+T], true where the key
+// comes after the query; scale 1/sqrt(D); layer il. Returns [B, T, Hq*D].
+using AttentionFn = std::function<at::Tensor(int64_t il, const at::Tensor& q, const at::Tensor& k,
+                                             const at::Tensor& v, const at::Tensor& masked,
+                                             double scale)>;
+
+// Grouped-query attention as Hugging Face writes it: kv head j serves query
+// heads j*G .. j*G+G-1, repeated to Hq heads; float32 softmax, cast back to
+// v's dtype.
+at::Tensor EagerAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& masked, double scale);
 
 struct ReferenceOptions {
   // Optional prefix occupying positions [0, P): per layer, keys before k-norm
@@ -29,17 +45,8 @@ struct ReferenceOptions {
   bool capture_kv = false;
   // Compute logits only for the last position (a [B, 1, V] result).
   bool last_logits_only = false;
-  // Attention for training and evaluation: each kv head's query group as one
-  // batched product with the scale and the causal mask folded in (baddbmm over
-  // an additive -inf bias), queries in blocks of grouped_attention_block tokens
-  // against only the keys they may see, softmax in the compute dtype (the
-  // autocast dtype under autocast, else the queries' dtype). Same function: in
-  // float32 it agrees with the default to rounding, in bf16 to bf16 rounding of
-  // the probabilities (the default keeps Hugging Face's float32 softmax, and
-  // stays the oracle). Faster per training step: bench/train_step_bench,
-  // docs/training.md.
-  bool grouped_attention = false;
-  int64_t grouped_attention_block = 128;
+  // The attention of each layer; null: EagerAttention (the oracle's).
+  AttentionFn attention;
 };
 
 struct ReferenceOutput {

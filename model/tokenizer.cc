@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "model/text_normalize.h"
 #include "nlohmann/json.hpp"
 
 namespace kvl {
@@ -33,18 +34,14 @@ using json = nlohmann::json;
 absl::string_view Av(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
 // ---------------------------------------------------------------------------
-// Byte-level alphabet (GPT-2): every byte has a printable stand-in code point.
-// Printable Latin-1 bytes stand for themselves; the other 68 bytes map, in
-// byte order, to U+0100 upwards.
+// The byte-level alphabet (model/text_normalize.h) with its inverse.
 struct ByteLevelAlphabet {
   uint32_t byte_to_cp[256];
   int16_t cp_to_byte[512];  // -1 where no byte maps to the code point
   ByteLevelAlphabet() {
     std::fill(std::begin(cp_to_byte), std::end(cp_to_byte), int16_t{-1});
-    uint32_t next = 256;
     for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
-      byte_to_cp[b] = printable ? static_cast<uint32_t>(b) : next++;
+      byte_to_cp[b] = ByteLevelCodePoint(static_cast<uint8_t>(b));
       cp_to_byte[byte_to_cp[b]] = static_cast<int16_t>(b);
     }
   }
@@ -108,13 +105,6 @@ bool IsWordChar(uint32_t cp) {
          (c >= UTF8PROC_CATEGORY_ND && c <= UTF8PROC_CATEGORY_NO);
 }
 
-bool IsAscii(std::string_view s) {
-  for (char c : s) {
-    if (static_cast<uint8_t>(c) >= 0x80) return false;
-  }
-  return true;
-}
-
 bool IsValidUtf8(std::string_view s) {
   if (IsAscii(s)) return true;
   std::string scratch;
@@ -123,69 +113,9 @@ bool IsValidUtf8(std::string_view s) {
   return scratch == s;
 }
 
-// NFC of valid UTF-8; embedded NUL characters are kept (length-bounded call).
-std::string Nfc(std::string_view s) {
-  utf8proc_uint8_t* out = nullptr;
-  const utf8proc_ssize_t n =
-      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
-                   static_cast<utf8proc_ssize_t>(s.size()), &out,
-                   static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
-  if (n < 0) return std::string(s);  // only on invalid input, excluded by the caller
-  std::string result(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
-  std::free(out);
-  return result;
-}
-
 // ---------------------------------------------------------------------------
-// Regexes. `tokenizers` compiles patterns with Oniguruma, whose \s is the
-// White_Space property; PCRE2's \s under UCP also matches U+180E. \s and \S
-// are therefore rewritten to explicit White_Space classes before compiling.
-constexpr char kWhiteSpaceClassBody[] =
-    "\\x{09}-\\x{0D}\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}"
-    "\\x{202F}\\x{205F}\\x{3000}";
-
-std::string RewriteWhiteSpaceEscapes(std::string_view pattern) {
-  std::string out;
-  bool in_class = false;
-  for (size_t i = 0; i < pattern.size(); ++i) {
-    const char c = pattern[i];
-    if (c == '\\' && i + 1 < pattern.size()) {
-      const char e = pattern[i + 1];
-      ++i;
-      if (e == 's') {
-        out += in_class ? std::string(kWhiteSpaceClassBody)
-                        : absl::StrCat("[", kWhiteSpaceClassBody, "]");
-      } else if (e == 'S' && !in_class) {
-        out += absl::StrCat("[^", kWhiteSpaceClassBody, "]");
-      } else {
-        // \S inside a class cannot be spelled as a union; it stays PCRE2's.
-        out.push_back('\\');
-        out.push_back(e);
-      }
-      continue;
-    }
-    if (!in_class && c == '[') {
-      in_class = true;
-      out.push_back(c);
-      // A ']' right after '[' or '[^' is a literal member.
-      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out.push_back(pattern[++i]);
-      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out.push_back(pattern[++i]);
-      continue;
-    }
-    if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {
-      const size_t end = pattern.find(":]", i + 2);  // POSIX class, e.g. [:alpha:]
-      if (end != std::string_view::npos) {
-        out.append(pattern.substr(i, end + 2 - i));
-        i = end + 1;
-        continue;
-      }
-    }
-    if (in_class && c == ']') in_class = false;
-    out.push_back(c);
-  }
-  return out;
-}
-
+// Regexes: \s and \S are rewritten to Oniguruma's White_Space before PCRE2
+// compiles them (RewriteWhiteSpaceEscapes, model/text_normalize.h).
 std::string EscapeLiteral(std::string_view s) {
   std::string out;
   for (char c : s) {

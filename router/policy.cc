@@ -1,9 +1,11 @@
 #include "router/policy.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace kvl::router {
 
@@ -47,13 +49,59 @@ const char* CachePathName(CachePath path) {
   return "?";
 }
 
+namespace {
+
+template <typename Enum, int N>
+absl::StatusOr<Enum> ParseName(absl::string_view name, const char* (*name_of)(Enum)) {
+  std::string known;
+  for (int i = 0; i < N; ++i) {
+    const Enum e = static_cast<Enum>(i);
+    if (name == name_of(e)) return e;
+    absl::StrAppend(&known, i == 0 ? "" : ", ", name_of(e));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("expected one of ", known, ", got '", name, "'"));
+}
+
+}  // namespace
+
+absl::StatusOr<Policy> ParsePolicy(absl::string_view name) {
+  return ParseName<Policy, 5>(name, PolicyName);
+}
+
+absl::StatusOr<Strategy> ParseStrategy(absl::string_view name) {
+  return ParseName<Strategy, kNumStrategies>(name, StrategyName);
+}
+
+CascadeVerdict JudgeCascade(const RoutingConfig& config, double next_entropy, double mean_logprob,
+                            int64_t n_scored, const std::string& model_name,
+                            const std::string& next_model_name) {
+  const bool unsure_entropy = next_entropy > config.cascade_max_entropy;
+  const bool unsure_mean = mean_logprob < config.cascade_min_mean_logprob;
+  // The measurements the decision used; a test that is off is omitted.
+  std::string measured = absl::StrFormat("next-token entropy %.3f nats", next_entropy);
+  if (std::isfinite(config.cascade_max_entropy)) {
+    absl::StrAppendFormat(&measured, " (max %.3f)", config.cascade_max_entropy);
+  }
+  if (std::isfinite(config.cascade_min_mean_logprob)) {
+    absl::StrAppendFormat(&measured, ", mean log-probability %.3f (min %.3f) over %d turn tokens",
+                          mean_logprob, config.cascade_min_mean_logprob, n_scored);
+  }
+  CascadeVerdict verdict;
+  verdict.confident = !unsure_entropy && !unsure_mean;
+  verdict.reason = verdict.confident
+                       ? absl::StrCat("cascade: ", model_name, " is confident (", measured, ")")
+                       : absl::StrCat("cascade: ", model_name, " is unsure (", measured,
+                                      "); escalated to ", next_model_name);
+  return verdict;
+}
+
 absl::Status CompileRule(Rule* rule) {
   if (rule->pattern.empty()) return absl::OkStatus();
   try {
     rule->compiled = std::regex(rule->pattern, std::regex::ECMAScript);
   } catch (const std::regex_error& e) {
     return absl::InvalidArgumentError(
-        absl::StrCat("pattern '", rule->pattern, "' is not a valid regular expression: ", e.what()));
+        absl::StrCat("'", rule->pattern, "' is not a valid ECMAScript regular expression: ", e.what()));
   }
   return absl::OkStatus();
 }

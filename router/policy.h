@@ -24,9 +24,13 @@ enum class CachePath { kNative, kTranslated, kReprefill };
 inline constexpr int kNumCachePaths = 3;
 inline constexpr int kNumStrategies = 3;
 
-const char* PolicyName(Policy policy);
+const char* PolicyName(Policy policy);        // "fixed", "explicit", ..., as configured
 const char* StrategyName(Strategy strategy);  // "translate", "reprefill", "reprefill-missing"
 const char* CachePathName(CachePath path);    // "native", "translated", "reprefill"
+// The inverses of PolicyName and StrategyName; InvalidArgument listing the
+// names otherwise ("expected one of fixed, explicit, ..., got 'x'").
+absl::StatusOr<Policy> ParsePolicy(absl::string_view name);
+absl::StatusOr<Strategy> ParseStrategy(absl::string_view name);
 
 // One rule of the "rules" policy; every condition set must hold.
 struct Rule {
@@ -55,8 +59,9 @@ struct RoutingConfig {
   double cascade_max_entropy = 3.0;
   double cascade_min_mean_logprob = -std::numeric_limits<double>::infinity();
   // Strategy translate: the last native_tail_tokens tokens of the history at a
-  // switch are prefilled by the target instead of translated (planner.h). The
-  // server's default is 16 (server/config.h); 0 here, the plain switch.
+  // switch are prefilled by the target instead of translated (planner.h). 0
+  // here, the plain switch; the server's configuration defaults it to
+  // kDefaultNativeTailTokens (server/config.h).
   int64_t native_tail_tokens = 0;
 };
 
@@ -64,6 +69,18 @@ struct RouteChoice {
   int model = 0;
   std::string reason;
 };
+
+// The cascade's decision at one level, from how that level's model read the
+// turn (Engine::ScoreContinuation): confident unless the next-token entropy
+// exceeds config.cascade_max_entropy or the mean log-probability is below
+// config.cascade_min_mean_logprob. The reason names the measurements it used.
+struct CascadeVerdict {
+  bool confident = true;
+  std::string reason;  // "cascade: <model> is confident (...)" or "... is unsure (...); escalated to <next>"
+};
+CascadeVerdict JudgeCascade(const RoutingConfig& config, double next_entropy, double mean_logprob,
+                            int64_t n_scored, const std::string& model_name,
+                            const std::string& next_model_name);
 
 // The model of a turn under every policy but cascade (whose first model is
 // order[cascade_level]; the orchestrator escalates from there).

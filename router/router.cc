@@ -1,13 +1,11 @@
 #include "router/router.h"
 
-#include <ATen/ATen.h>
-
 #include <algorithm>
-#include <cmath>
+#include <atomic>
+#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "model/chat_template.h"
 
@@ -21,6 +19,11 @@ using Clock = std::chrono::steady_clock;
 // max_tokens itself: the server defaults it to its limit (4096 tokens), and
 // idle sessions are charged for their lines' capacity.
 constexpr int64_t kDecodeRoom = 256;
+
+uint64_t RandomSeed() {
+  static std::atomic<uint64_t> counter{std::random_device{}()};
+  return counter.fetch_add(0x9E3779B97F4A7C15ULL);
+}
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -37,12 +40,36 @@ std::vector<int64_t> Encode(const Tokenizer& tokenizer, const std::string& text)
 struct Router::Work {
   TurnLease* lease = nullptr;
   const TurnOptions* options = nullptr;
-  std::vector<int64_t> history;     // committed history + this turn's tokens so far
-  std::vector<LedgerSpan> ledger;   // covers history
+  Policy policy = Policy::kFixed;
+  Strategy strategy = Strategy::kTranslate;
+  std::vector<int64_t> history;    // committed history + this turn's tokens so far
+  std::vector<LedgerSpan> ledger;  // covers history
+  // This turn's new tokens (the first turn's start with the system preamble);
+  // the first `consumed` of them are already in `history` (a cascade level
+  // scored them).
+  std::vector<int64_t> fresh;
+  size_t consumed = 0;
+  int cascade_level = 0;
+  HandoverPlan plan;
   TurnResult result;
   bool started = false;  // an engine mutex was taken (queue time measured)
 
   bool Cancelled() const { return options->cancelled && options->cancelled(); }
+};
+
+// Holds one model's engine for a stage of a turn; the first lock of a turn
+// ends its queue time.
+class Router::ModelLock {
+ public:
+  ModelLock(Router& router, Work& work, int model) : lock_(&router.models_[model]->mu) {
+    if (!work.started) {
+      work.started = true;
+      work.result.queue_seconds = Seconds(work.options->received, Clock::now());
+    }
+  }
+
+ private:
+  absl::MutexLock lock_;
 };
 
 absl::StatusOr<std::unique_ptr<Router>> Router::Create(std::vector<LoadedModel> models,
@@ -118,9 +145,9 @@ std::vector<int64_t> Router::RenderPreamble(const std::string& system_prompt) co
   return text.ok() ? Encode(*tokenizer_, *text) : std::vector<int64_t>{};
 }
 
-absl::Status Router::Handover(Work& work, int model, Strategy strategy, int64_t upto,
-                              int64_t extra_tokens, int64_t line_tokens, HandoverPlan* plan_out,
-                              int64_t* run_from) {
+absl::Status Router::Handover(Work& work, int model, int64_t upto, int64_t extra_tokens,
+                              int64_t line_tokens, int64_t* run_from) {
+  const Strategy strategy = work.strategy;
   TurnLease& lease = *work.lease;
   Engine& engine = *models_[model]->loaded.engine;
   const ConversationState& committed = lease.state();
@@ -210,13 +237,35 @@ absl::Status Router::Handover(Work& work, int model, Strategy strategy, int64_t 
   ev.tokens_translated += plan.tokens_translated;
   ev.tokens_reprefilled += plan.tokens_reprefilled;
   TORCH_CHECK(line->Length() == stop);
-  *plan_out = std::move(plan);
+  work.plan = std::move(plan);
+  return absl::OkStatus();
+}
+
+absl::Status Router::ValidateTurn(const TurnOptions& options) const {
+  const Policy policy = options.policy.value_or(routing_.policy);
+  if (options.explicit_model >= n_models()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("routing.model: index ", options.explicit_model, " is not a loaded model"));
+  }
+  if (policy == Policy::kExplicit && options.explicit_model < 0) {
+    return absl::InvalidArgumentError("routing.model: required by the 'explicit' policy");
+  }
+  if ((policy == Policy::kCascade || policy == Policy::kAlternate) && routing_.order.size() < 2) {
+    return absl::InvalidArgumentError(absl::StrCat("routing.policy: '", PolicyName(policy),
+                                                   "' needs at least two models in the server's "
+                                                   "routing.models"));
+  }
+  if (policy == Policy::kRules && routing_.rules.empty()) {
+    return absl::InvalidArgumentError(
+        "routing.policy: 'rules' needs routing.rules in the server's config");
+  }
   return absl::OkStatus();
 }
 
 absl::StatusOr<TurnResult> Router::RunTurn(const std::string& session_id,
                                            const TurnOptions& options,
                                            const TurnCallbacks& callbacks) {
+  if (absl::Status s = ValidateTurn(options); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<TurnLease>> lease = store_->Begin(session_id);
   if (!lease.ok()) return lease.status();
   const ConversationState& committed = (*lease)->state();
@@ -224,260 +273,211 @@ absl::StatusOr<TurnResult> Router::RunTurn(const std::string& session_id,
   Work work;
   work.lease = lease->get();
   work.options = &options;
+  work.policy = options.policy.value_or(routing_.policy);
+  work.strategy = options.strategy.value_or(routing_.strategy);
   work.history = committed.history;
   work.ledger = committed.ledger;
+  work.cascade_level = committed.cascade_level;
+  work.fresh = work.history.empty() ? committed.preamble : std::vector<int64_t>{};
+  const std::vector<int64_t> turn = Encode(*tokenizer_, RenderUserTurn(options.user_message));
+  work.fresh.insert(work.fresh.end(), turn.begin(), turn.end());
+
+  // 1. Route.
   RoutingEvent& ev = work.result.routing;
-
-  const Policy policy = options.policy.value_or(routing_.policy);
-  const Strategy strategy = options.strategy.value_or(routing_.strategy);
-  if (policy == Policy::kExplicit &&
-      (options.explicit_model < 0 || options.explicit_model >= n_models())) {
-    return absl::InvalidArgumentError("routing.model: required by the 'explicit' policy");
-  }
-  const int64_t turn_number = committed.turns + 1;
-  RouteChoice choice = ChooseModel(routing_, policy, options.user_message, turn_number,
-                                   options.explicit_model, committed.cascade_level, names_);
-  ev.policy = policy;
+  ev.policy = work.policy;
   ev.previous_model = committed.last_model;
-  ev.strategy = strategy;
-  std::string reason = choice.reason;
-
-  // This turn's new tokens; the first turn carries the system preamble.
-  std::vector<int64_t> fresh = work.history.empty() ? committed.preamble : std::vector<int64_t>{};
-  {
-    const std::vector<int64_t> turn = Encode(*tokenizer_, RenderUserTurn(options.user_message));
-    fresh.insert(fresh.end(), turn.begin(), turn.end());
-  }
-  size_t consumed = 0;  // tokens of `fresh` already in work.history
-
-  auto lock_model = [&](int m) {
-    models_[m]->mu.Lock();
-    if (!work.started) {
-      work.started = true;
-      work.result.queue_seconds = Seconds(options.received, Clock::now());
-    }
-  };
-
+  ev.strategy = work.strategy;
+  const RouteChoice choice =
+      ChooseModel(routing_, work.policy, options.user_message, committed.turns + 1,
+                  options.explicit_model, committed.cascade_level, names_);
   int model = choice.model;
-  int cascade_level = committed.cascade_level;
-  HandoverPlan plan;
-  if (policy == Policy::kCascade && !routing_.order.empty()) {
-    const int last_level = static_cast<int>(routing_.order.size()) - 1;
-    cascade_level = std::min(cascade_level, last_level);
-    while (cascade_level < last_level && fresh.size() >= 2) {
-      const int m = routing_.order[cascade_level];
-      lock_model(m);
-      absl::Status s = [&]() -> absl::Status {
-        // Every level scores the turn natively, so it takes over the history
-        // before the turn only; the turn's tokens stay attributed to the first
-        // model that ran them.
-        const int64_t upto = static_cast<int64_t>(committed.history.size());
-        // Room for the turn and, should this level answer, its first
-        // kDecodeRoom tokens: the answering hand-over then finds it sized.
-        const int64_t n_fresh = static_cast<int64_t>(fresh.size());
-        const int64_t line_tokens = upto + n_fresh + std::min(options.max_tokens, kDecodeRoom);
-        if (absl::Status h = Handover(work, m, strategy, upto, n_fresh, line_tokens, &plan);
-            !h.ok()) {
-          return h;
-        }
-        // Score all of the turn but its last token (which the answering model
-        // runs itself, to sample from).
-        const std::vector<int64_t> ids(fresh.begin(), fresh.end() - 1);
-        const Clock::time_point t0 = Clock::now();
-        absl::StatusOr<at::Tensor> logits =
-            models_[m]->loaded.engine->Prefill(*work.lease->line(m), ids, /*all_logits=*/true);
-        if (!logits.ok()) return logits.status();
-        work.result.prefill_seconds += Seconds(t0, Clock::now());
-        work.result.prefill_tokens += static_cast<int64_t>(ids.size());
-        observer_->OnPrefillTokens(m, static_cast<int64_t>(ids.size()));
-        // Row i predicts fresh[i + 1]: the turn's tokens after its first.
-        double mean = 0;
-        {
-          c10::InferenceMode guard;
-          const at::Tensor next = at::from_blob(const_cast<int64_t*>(fresh.data()) + 1,
-                                                {static_cast<int64_t>(fresh.size()) - 1}, at::kLong);
-          const at::Tensor lp = at::log_softmax(logits->to(at::kFloat), -1)
-                                    .gather(1, next.unsqueeze(1))
-                                    .squeeze(1);
-          mean = lp.mean().item<double>();
-        }
-        // The entropy of the answer's first token: the turn's last token run
-        // once to read it, then rolled back, so the answering model (this
-        // one, when it stays) runs that token itself as for any other policy.
-        double entropy = 0;
-        {
-          const Clock::time_point t1 = Clock::now();
-          KvCache& line = *work.lease->line(m);
-          absl::StatusOr<at::Tensor> last =
-              models_[m]->loaded.engine->Prefill(line, {fresh.back()});
-          if (!last.ok()) return last.status();
-          if (absl::Status r = line.Rollback(line.Length() - 1); !r.ok()) return r;
-          c10::InferenceMode guard;
-          const at::Tensor lp = at::log_softmax(last->to(at::kFloat).reshape({-1}), -1);
-          entropy = -(lp.exp() * lp).sum().item<double>();
-          work.result.prefill_seconds += Seconds(t1, Clock::now());
-        }
-        if (consumed == 0) {
-          const int64_t begin = static_cast<int64_t>(work.history.size());
-          work.history.insert(work.history.end(), ids.begin(), ids.end());
-          AppendLedgerSpan(&work.ledger, begin, static_cast<int64_t>(work.history.size()), m);
-          consumed = ids.size();
-          reason.clear();
-        } else {
-          reason += "; ";
-        }
-        const bool unsure_entropy = entropy > routing_.cascade_max_entropy;
-        const bool unsure_mean = mean < routing_.cascade_min_mean_logprob;
-        // The measurements the decision used; a test that is off is omitted.
-        std::string measured = absl::StrFormat("next-token entropy %.3f nats", entropy);
-        if (std::isfinite(routing_.cascade_max_entropy)) {
-          absl::StrAppendFormat(&measured, " (max %.3f)", routing_.cascade_max_entropy);
-        }
-        if (std::isfinite(routing_.cascade_min_mean_logprob)) {
-          absl::StrAppendFormat(&measured,
-                                ", mean log-probability %.3f (min %.3f) over %d turn tokens", mean,
-                                routing_.cascade_min_mean_logprob, ids.size());
-        }
-        if (!unsure_entropy && !unsure_mean) {
-          absl::StrAppend(&reason, "cascade: ", names_[m], " is confident (", measured, ")");
-          model = m;
-        } else {
-          absl::StrAppend(&reason, "cascade: ", names_[m], " is unsure (", measured,
-                          "); escalated to ", names_[routing_.order[cascade_level + 1]]);
-          model = -1;
-        }
-        return absl::OkStatus();
-      }();
-      models_[m]->mu.Unlock();
-      if (!s.ok()) return s;
-      if (model >= 0) break;
-      ++cascade_level;
-      model = routing_.order[cascade_level];
-    }
-    if (model < 0) model = routing_.order[cascade_level];
+  ev.reason = choice.reason;
+
+  // 2. Score: the cascade's levels read the turn and escalate while unsure.
+  if (work.policy == Policy::kCascade) {
+    absl::StatusOr<int> confident = Escalate(work);
+    if (!confident.ok()) return confident.status();
+    model = *confident;
   }
 
+  // 3 and 4. Hand over and generate.
+  absl::StatusOr<GenerateResult> generated = HandOverAndGenerate(work, model, callbacks);
+  if (!generated.ok()) return generated.status();
+
+  // 5. Commit.
+  Commit(work, model, *std::move(generated));
+  work.result.total_seconds = Seconds(options.received, Clock::now());
+  return std::move(work.result);
+}
+
+absl::StatusOr<int> Router::Escalate(Work& work) {
+  const int last_level = static_cast<int>(routing_.order.size()) - 1;
+  work.cascade_level = std::min(work.cascade_level, last_level);
+  const int64_t upto = static_cast<int64_t>(work.lease->state().history.size());
+  while (work.cascade_level < last_level && work.fresh.size() >= 2) {
+    const int m = routing_.order[work.cascade_level];
+    ModelLock lock(*this, work, m);
+    // Every level scores the turn natively, so it takes over the history
+    // before the turn only; the turn's tokens stay attributed to the first
+    // model that ran them. The line gets room for the turn and, should this
+    // level answer, its first kDecodeRoom tokens: the answering hand-over then
+    // finds it sized.
+    const int64_t n_fresh = static_cast<int64_t>(work.fresh.size());
+    const int64_t line_tokens =
+        upto + n_fresh + std::min(work.options->max_tokens, kDecodeRoom);
+    if (absl::Status s = Handover(work, m, upto, n_fresh, line_tokens); !s.ok()) return s;
+    // All of the turn but its last token is scored into the line; the
+    // answering model runs that token itself, to sample from.
+    const Clock::time_point t0 = Clock::now();
+    absl::StatusOr<Engine::ContinuationScore> score =
+        models_[m]->loaded.engine->ScoreContinuation(*work.lease->line(m), work.fresh);
+    if (!score.ok()) return score.status();
+    work.result.prefill_seconds += Seconds(t0, Clock::now());
+    work.result.prefill_tokens += score->n_scored;
+    observer_->OnPrefillTokens(m, score->n_scored);
+    if (work.consumed == 0) {
+      const int64_t begin = static_cast<int64_t>(work.history.size());
+      work.history.insert(work.history.end(), work.fresh.begin(), work.fresh.end() - 1);
+      AppendLedgerSpan(&work.ledger, begin, static_cast<int64_t>(work.history.size()), m);
+      work.consumed = work.fresh.size() - 1;
+      work.result.routing.reason.clear();
+    } else {
+      work.result.routing.reason += "; ";
+    }
+    const CascadeVerdict verdict =
+        JudgeCascade(routing_, score->next_entropy, score->mean_logprob, score->n_scored,
+                     names_[m], names_[routing_.order[work.cascade_level + 1]]);
+    work.result.routing.reason += verdict.reason;
+    if (verdict.confident) return m;
+    ++work.cascade_level;
+  }
+  return routing_.order[work.cascade_level];
+}
+
+absl::StatusOr<GenerateResult> Router::HandOverAndGenerate(Work& work, int model,
+                                                           const TurnCallbacks& callbacks) {
+  const ConversationState& committed = work.lease->state();
+  const TurnOptions& options = *work.options;
+  RoutingEvent& ev = work.result.routing;
   ev.model = model;
   ev.switched = committed.last_model >= 0 && committed.last_model != model;
-  ev.reason = reason;
   Engine& engine = *models_[model]->loaded.engine;
-  const std::vector<int64_t> prompt(fresh.begin() + consumed, fresh.end());
+  const std::vector<int64_t> prompt(work.fresh.begin() + work.consumed, work.fresh.end());
   const int64_t upto = static_cast<int64_t>(work.history.size());
-  const int64_t room =
-      engine.config().max_position_embeddings - upto - static_cast<int64_t>(prompt.size());
+  const int64_t n_prompt = static_cast<int64_t>(prompt.size());
+  const int64_t room = engine.config().max_position_embeddings - upto - n_prompt;
   if (room < 0) {
     return absl::OutOfRangeError(absl::StrCat(
-        "the conversation (", upto + static_cast<int64_t>(prompt.size()),
-        " tokens with this turn) exceeds ", names_[model], "'s context of ",
-        engine.config().max_position_embeddings, " tokens; start a new session"));
+        "the conversation (", upto + n_prompt, " tokens with this turn) exceeds ", names_[model],
+        "'s context of ", engine.config().max_position_embeddings,
+        " tokens; start a new session"));
   }
   const int64_t max_tokens = std::min(options.max_tokens, room);
 
-  lock_model(model);
-  absl::Status status = [&]() -> absl::Status {
-    int64_t run_from = upto;
-    const int64_t n_prompt = static_cast<int64_t>(prompt.size());
-    if (absl::Status h =
-            Handover(work, model, strategy, upto, n_prompt + max_tokens,
-                     upto + n_prompt + std::min(max_tokens, kDecodeRoom), &plan, &run_from);
-        !h.ok()) {
-      return h;
-    }
-    // The history's last tokens the hand-over left to run with the prompt.
-    std::vector<int64_t> to_run(work.history.begin() + run_from, work.history.begin() + upto);
-    to_run.insert(to_run.end(), prompt.begin(), prompt.end());
-    if (work.Cancelled()) return absl::CancelledError("the client cancelled the turn");
-    ev.path = plan.path;
-    if (!plan.notes.empty()) absl::StrAppend(&ev.reason, "; ", absl::StrJoin(plan.notes, "; "));
-    if (ev.switched) {
-      absl::StrAppend(&ev.reason, "; hand-over ", names_[committed.last_model], " -> ",
-                      names_[model], " by ", StrategyName(strategy), " (",
-                      CachePathName(plan.path), ")");
-    }
-    if (callbacks.on_routing) callbacks.on_routing(ev);
+  ModelLock lock(*this, work, model);
+  int64_t run_from = upto;
+  if (absl::Status s = Handover(work, model, upto, n_prompt + max_tokens,
+                                upto + n_prompt + std::min(max_tokens, kDecodeRoom), &run_from);
+      !s.ok()) {
+    return s;
+  }
+  // The history's last tokens the hand-over left to run with the prompt.
+  std::vector<int64_t> to_run(work.history.begin() + run_from, work.history.begin() + upto);
+  to_run.insert(to_run.end(), prompt.begin(), prompt.end());
+  if (work.Cancelled()) return absl::CancelledError("the client cancelled the turn");
+  ev.path = work.plan.path;
+  if (!work.plan.notes.empty()) {
+    absl::StrAppend(&ev.reason, "; ", absl::StrJoin(work.plan.notes, "; "));
+  }
+  if (ev.switched) {
+    absl::StrAppend(&ev.reason, "; hand-over ", names_[committed.last_model], " -> ",
+                    names_[model], " by ", StrategyName(work.strategy), " (",
+                    CachePathName(work.plan.path), ")");
+  }
+  if (callbacks.on_routing) callbacks.on_routing(ev);
 
-    StreamDecoder stream(*tokenizer_);
-    GenerateOptions g;
-    g.max_tokens = max_tokens;
-    g.sampling = options.sampling;
-    g.seed = options.seed;
-    g.stop_token_ids = stop_ids_;
-    g.stop_strings = options.stop;
-    g.token_text = [&](int64_t id) { return stream.Push(static_cast<int32_t>(id)); };
-    const Clock::time_point t_prefill = Clock::now();
-    Clock::time_point t_last = t_prefill, t_first = t_prefill;
-    int64_t n_emitted = 0;
-    g.on_token = [&](int64_t id, std::string_view text) {
-      const Clock::time_point now = Clock::now();
-      if (id >= 0) {
-        if (n_emitted == 0) {
-          work.result.time_to_first_token_seconds = Seconds(options.received, now);
-          work.result.prefill_seconds += Seconds(t_prefill, now);
-          t_first = now;
-          observer_->OnTimeToFirstToken(model, plan.path, work.result.time_to_first_token_seconds);
-        } else {
-          observer_->OnInterTokenLatency(model, Seconds(t_last, now));
-        }
-        ++n_emitted;
-        t_last = now;
+  StreamDecoder stream(*tokenizer_);
+  GenerateOptions g;
+  g.max_tokens = max_tokens;
+  g.sampling = options.sampling;
+  g.seed = options.seed ? *options.seed : RandomSeed();
+  g.stop_token_ids = stop_ids_;
+  g.stop_strings = options.stop;
+  g.token_text = [&](int64_t id) { return stream.Push(static_cast<int32_t>(id)); };
+  const Clock::time_point t_prefill = Clock::now();
+  Clock::time_point t_last = t_prefill, t_first = t_prefill;
+  int64_t n_emitted = 0;
+  const CachePath path = work.plan.path;
+  g.on_token = [&](int64_t id, std::string_view text) {
+    const Clock::time_point now = Clock::now();
+    if (id >= 0) {
+      if (n_emitted == 0) {
+        work.result.time_to_first_token_seconds = Seconds(options.received, now);
+        work.result.prefill_seconds += Seconds(t_prefill, now);
+        t_first = now;
+        observer_->OnTimeToFirstToken(model, path, work.result.time_to_first_token_seconds);
+      } else {
+        observer_->OnInterTokenLatency(model, Seconds(t_last, now));
       }
-      if (callbacks.on_token) callbacks.on_token(id, text);
-      return !work.Cancelled();
-    };
-    absl::StatusOr<GenerateResult> gen = engine.Generate(*work.lease->line(model), to_run, g);
-    if (!gen.ok()) return gen.status();
-    const Clock::time_point t_end = Clock::now();
-    if (gen->finish_reason == FinishReason::kCancelled || work.Cancelled()) {
-      return absl::CancelledError("the client cancelled the turn");
+      ++n_emitted;
+      t_last = now;
     }
-    if (n_emitted == 0) {
-      work.result.time_to_first_token_seconds = Seconds(options.received, t_end);
-      work.result.prefill_seconds += Seconds(t_prefill, t_end);
-      observer_->OnTimeToFirstToken(model, plan.path, work.result.time_to_first_token_seconds);
-    } else {
-      work.result.decode_seconds = Seconds(t_first, t_end);
-    }
-    work.result.prefill_tokens += static_cast<int64_t>(to_run.size());
-    observer_->OnPrefillTokens(model, static_cast<int64_t>(to_run.size()));
-    observer_->OnGeneratedTokens(model, static_cast<int64_t>(gen->tokens.size()));
-    if (ev.switched) observer_->OnSwitch(committed.last_model, model, strategy);
+    if (callbacks.on_token) callbacks.on_token(id, text);
+    return !work.Cancelled();
+  };
+  absl::StatusOr<GenerateResult> gen = engine.Generate(*work.lease->line(model), to_run, g);
+  if (!gen.ok()) return gen.status();
+  const Clock::time_point t_end = Clock::now();
+  if (gen->finish_reason == FinishReason::kCancelled || work.Cancelled()) {
+    return absl::CancelledError("the client cancelled the turn");
+  }
+  if (n_emitted == 0) {
+    work.result.time_to_first_token_seconds = Seconds(options.received, t_end);
+    work.result.prefill_seconds += Seconds(t_prefill, t_end);
+    observer_->OnTimeToFirstToken(model, path, work.result.time_to_first_token_seconds);
+  } else {
+    work.result.decode_seconds = Seconds(t_first, t_end);
+  }
+  work.result.prefill_tokens += static_cast<int64_t>(to_run.size());
+  observer_->OnPrefillTokens(model, static_cast<int64_t>(to_run.size()));
+  observer_->OnGeneratedTokens(model, static_cast<int64_t>(gen->tokens.size()));
+  if (ev.switched) observer_->OnSwitch(committed.last_model, model, work.strategy);
+  return gen;
+}
 
-    // Commit: prompt + generated tokens (+ stop token) + the closing template.
-    const int64_t begin = static_cast<int64_t>(work.history.size());
-    work.history.insert(work.history.end(), prompt.begin(), prompt.end());
-    work.history.insert(work.history.end(), gen->tokens.begin(), gen->tokens.end());
-    std::string generated_text = gen->text;
-    if (gen->finish_reason == FinishReason::kStopToken) {
-      work.history.push_back(gen->stop_token_id);
-      const std::optional<std::string> token = tokenizer_->IdToToken(
-          static_cast<int32_t>(gen->stop_token_id));
-      if (token) generated_text += *token;
-    }
-    const std::vector<int64_t> close =
-        Encode(*tokenizer_, CloseAssistantTurn(generated_text));
-    work.history.insert(work.history.end(), close.begin(), close.end());
-    AppendLedgerSpan(&work.ledger, begin, static_cast<int64_t>(work.history.size()), model);
+void Router::Commit(Work& work, int model, GenerateResult gen) {
+  const ConversationState& committed = work.lease->state();
+  const std::vector<int64_t> prompt(work.fresh.begin() + work.consumed, work.fresh.end());
+  // The prompt, the generated tokens (and the stop token), the closing template.
+  const int64_t begin = static_cast<int64_t>(work.history.size());
+  work.history.insert(work.history.end(), prompt.begin(), prompt.end());
+  work.history.insert(work.history.end(), gen.tokens.begin(), gen.tokens.end());
+  std::string generated_text = gen.text;
+  if (gen.finish_reason == FinishReason::kStopToken) {
+    work.history.push_back(gen.stop_token_id);
+    const std::optional<std::string> token =
+        tokenizer_->IdToToken(static_cast<int32_t>(gen.stop_token_id));
+    if (token) generated_text += *token;
+  }
+  const std::vector<int64_t> close = Encode(*tokenizer_, CloseAssistantTurn(generated_text));
+  work.history.insert(work.history.end(), close.begin(), close.end());
+  AppendLedgerSpan(&work.ledger, begin, static_cast<int64_t>(work.history.size()), model);
 
-    ConversationState next;
-    next.history = std::move(work.history);
-    next.ledger = std::move(work.ledger);
-    next.preamble = committed.preamble;
-    next.turns = committed.turns + 1;
-    next.last_model = model;
-    next.tail_begin = work.lease->line(model)->Length();
-    next.cascade_level = policy == Policy::kCascade ? cascade_level : committed.cascade_level;
-    work.result.history_tokens = static_cast<int64_t>(next.history.size());
-    work.result.finish_reason = gen->finish_reason;
-    work.result.generated_tokens = static_cast<int64_t>(gen->tokens.size());
-    work.result.tokens = std::move(gen->tokens);
-    work.result.text = std::move(gen->text);
-    work.lease->Commit(std::move(next));
-    return absl::OkStatus();
-  }();
-  models_[model]->mu.Unlock();
-  if (!status.ok()) return status;
-  work.result.total_seconds = Seconds(options.received, Clock::now());
-  return std::move(work.result);
+  ConversationState next;
+  next.history = std::move(work.history);
+  next.ledger = std::move(work.ledger);
+  next.preamble = committed.preamble;
+  next.turns = committed.turns + 1;
+  next.last_model = model;
+  next.tail_begin = work.lease->line(model)->Length();
+  next.cascade_level =
+      work.policy == Policy::kCascade ? work.cascade_level : committed.cascade_level;
+  work.result.history_tokens = static_cast<int64_t>(next.history.size());
+  work.result.finish_reason = gen.finish_reason;
+  work.result.generated_tokens = static_cast<int64_t>(gen.tokens.size());
+  work.result.tokens = std::move(gen.tokens);
+  work.result.text = std::move(gen.text);
+  work.lease->Commit(std::move(next));
 }
 
 }  // namespace kvl::router

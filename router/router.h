@@ -1,21 +1,22 @@
-// The turn orchestrator: runs one chat turn of one session end to end.
+// The turn orchestrator: runs one chat turn of one session end to end, in
+// named stages (RunTurn):
 //
-//   1. The policy picks the model (policy.h); "cascade" starts at the
+//   1. Route: the policy picks the model (policy.h); "cascade" starts at the
 //      session's cascade level.
-//   2. The model gets the history it lacks (planner.h): spans translated from
-//      their native writers' lines or prefilled, per the strategy.
-//   3. "cascade" only, below the last level: the model prefills the new turn
-//      and scores it: when the entropy of its next-token distribution (the
-//      answer's first token) exceeds routing.cascade_max_entropy, or the mean
-//      log-probability of the turn's tokens is below
-//      routing.cascade_min_mean_logprob, the
-//      turn escalates to the next model, which takes over the history and the
-//      turn's tokens (translated from the cheaper model where a translator
-//      exists) exactly as in step 2. The session stays escalated for later
-//      turns (the level never decreases).
-//   4. The model prefills the rest of the turn and decodes, streaming tokens.
-//   5. The history, ledger and lines are committed. On any error or
-//      cancellation the session is left exactly as it was before the turn.
+//   2. Score ("cascade" only, below the last level): the level's model takes
+//      over the history, reads the new turn (Engine::ScoreContinuation) and
+//      the policy judges its confidence (JudgeCascade); an unsure level hands
+//      the turn to the next model, which takes over the history and the turn's
+//      tokens (translated from the cheaper model where a translator exists) as
+//      in stage 3. The session stays escalated for later turns.
+//   3. Hand over: the answering model gets the history it lacks (planner.h):
+//      spans translated from their native writers' lines or prefilled, per the
+//      strategy.
+//   4. Generate: the model prefills the rest of the turn and decodes,
+//      streaming tokens.
+//   5. Commit: the history, ledger and lines become the session's. On any
+//      error or cancellation the session is left exactly as it was before the
+//      turn (the TurnLease rolls back).
 //
 // History layout: the rendered conversation as one token stream, built
 // incrementally (model/chat_template.h): [system preamble] then per turn
@@ -23,11 +24,13 @@
 // CloseAssistantTurn. The ledger attributes a turn's tokens (template and
 // user text included) to the model that ran them natively.
 //
-// Thread-safety: Router is thread-safe. RunTurn blocks its calling thread for
-// the whole turn (never call it from a gRPC reaction). Each model's engine is
-// driven by one thread at a time (a per-model mutex, held for one model's part
-// of a turn; at most one engine mutex is held at once, so turns cannot
-// deadlock); turns of different sessions on different models run in parallel.
+// Threads: Router is thread-safe. RunTurn blocks its calling thread for the
+// whole turn (the server runs turns on its TurnPool, never in a gRPC
+// reaction). Each model's engine is driven by one turn at a time: a per-model
+// mutex (ModelLock) is held for each stage that runs that model, and at most
+// one is held at once, so turns cannot deadlock. Turns on different models run
+// in parallel; turns on the same model queue on its mutex, one after another
+// (no batching yet).
 #pragma once
 
 #include <atomic>
@@ -84,7 +87,7 @@ struct TurnOptions {
   std::optional<Strategy> strategy;
   int64_t max_tokens = 256;
   SamplingParams sampling;
-  uint64_t seed = 0;
+  std::optional<uint64_t> seed;  // unset: a fresh random seed
   std::vector<std::string> stop;
   std::chrono::steady_clock::time_point received = std::chrono::steady_clock::now();
   // Polled between steps and after every token; true stops the turn, which
@@ -148,10 +151,18 @@ class Router {
   // The tokens a session's system prompt renders to (empty prompt: none).
   std::vector<int64_t> RenderPreamble(const std::string& system_prompt) const;
 
-  // Runs one turn. NotFound (unknown session), Aborted (a turn of the session
-  // is already running), ResourceExhausted (cache budget), Cancelled,
-  // OutOfRange (the conversation would exceed a model's context), or the
-  // engine's or translator's error; the session is unchanged on any error.
+  // Whether the turn's policy can run on this router: InvalidArgument naming
+  // routing.model (explicit without a model, or an index out of range) or
+  // routing.policy (cascade or alternate with fewer than two models in
+  // routing.models, rules without rules). RunTurn checks it first; the server
+  // also calls it to refuse a turn before queueing it.
+  absl::Status ValidateTurn(const TurnOptions& options) const;
+
+  // Runs one turn. ValidateTurn's errors, NotFound (unknown session), Aborted
+  // (a turn of the session is already running), ResourceExhausted (cache
+  // budget), Cancelled, OutOfRange (the conversation would exceed a model's
+  // context), or the engine's or translator's error; the session is unchanged
+  // on any error.
   absl::StatusOr<TurnResult> RunTurn(const std::string& session_id, const TurnOptions& options,
                                      const TurnCallbacks& callbacks);
 
@@ -161,11 +172,21 @@ class Router {
     int64_t bytes_per_token = 0;
     absl::Mutex mu;  // one thread drives the engine at a time
   };
-  struct Work;  // one turn's working state
+  struct Work;      // one turn's working state
+  class ModelLock;  // holds a model's engine for a stage; ends the queue time
 
   Router() = default;
-  // Brings `model`'s line to hold work.history[0, upto) per `strategy`;
-  // accumulates counts and timings into work. Caller holds the model's mutex.
+  // Stage 2: the cascade from work.cascade_level up; returns the answering
+  // model (work.cascade_level is then its level).
+  absl::StatusOr<int> Escalate(Work& work);
+  // Stages 3 and 4 on `model`, under its lock.
+  absl::StatusOr<GenerateResult> HandOverAndGenerate(Work& work, int model,
+                                                     const TurnCallbacks& callbacks);
+  // Stage 5.
+  void Commit(Work& work, int model, GenerateResult generated);
+  // Brings `model`'s line to hold work.history[0, upto) per work.strategy and
+  // leaves the plan in work.plan; accumulates counts and timings into work.
+  // Caller holds the model's lock.
   // extra_tokens: tokens the turn may add to the line, admitted against the
   // memory budget; line_tokens: the capacity the line gets before any step.
   // With run_from, a plan that ends by prefilling the history's last tokens
@@ -173,9 +194,8 @@ class Router {
   // or a span that could not be translated) stops before them: *run_from is
   // where they begin (upto when nothing is left), and the caller runs them
   // together with the turn's prompt, in one pass over the line instead of two.
-  absl::Status Handover(Work& work, int model, Strategy strategy, int64_t upto,
-                        int64_t extra_tokens, int64_t line_tokens, HandoverPlan* plan_out,
-                        int64_t* run_from = nullptr);
+  absl::Status Handover(Work& work, int model, int64_t upto, int64_t extra_tokens,
+                        int64_t line_tokens, int64_t* run_from = nullptr);
 
   std::vector<std::unique_ptr<Slot>> models_;
   std::vector<std::string> names_;

@@ -1,9 +1,10 @@
 #include "server/chat_request.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "server/session_table.h"
+#include "absl/strings/str_join.h"
 
 namespace kvl::server {
 namespace {
@@ -65,7 +66,8 @@ bool IsValidUtf8(absl::string_view text, size_t* bad_offset) {
 }
 
 absl::StatusOr<TurnRequest> ParseChatRequest(const kvlingo::v1::ChatRequest& request,
-                                             const TurnLimits& limits) {
+                                             const TurnLimits& limits,
+                                             const std::vector<std::string>& model_names) {
   TurnRequest turn;
   if (request.session_id().empty()) return Bad("session_id", "required");
   if (!IsValidSessionId(request.session_id())) {
@@ -80,29 +82,28 @@ absl::StatusOr<TurnRequest> ParseChatRequest(const kvlingo::v1::ChatRequest& req
                                             limits.max_turn_bytes, " (server.max_turn_bytes)"));
   }
   if (absl::Status s = CheckUtf8("user_message", message); !s.ok()) return s;
-  turn.user_message = message;
+  router::TurnOptions& out = turn.options;
+  out.user_message = message;
 
   const kvlingo::v1::SamplingParams& sp = request.sampling();
-  SamplingOptions& out = turn.sampling;
   if (sp.max_tokens() > limits.max_new_tokens_limit) {
     return Bad("sampling.max_tokens",
                absl::StrCat(sp.max_tokens(), " is over the server's limit of ",
                             limits.max_new_tokens_limit));
   }
-  out.max_tokens =
-      sp.max_tokens() == 0 ? static_cast<uint32_t>(limits.max_new_tokens_limit) : sp.max_tokens();
+  out.max_tokens = sp.max_tokens() == 0 ? limits.max_new_tokens_limit : sp.max_tokens();
   // Written as !(in range) so that NaN is rejected too.
   if (!(sp.temperature() >= 0 && sp.temperature() <= 2)) {
     return Bad("sampling.temperature",
                absl::StrCat("expected a value in [0, 2], got ", sp.temperature()));
   }
-  out.temperature = sp.temperature();
-  out.top_k = sp.top_k();
+  out.sampling.temperature = sp.temperature();
+  out.sampling.top_k = sp.top_k();
   if (!(sp.top_p() >= 0 && sp.top_p() <= 1)) {
     return Bad("sampling.top_p",
                absl::StrCat("expected a value in (0, 1] or 0 for unset, got ", sp.top_p()));
   }
-  out.top_p = sp.top_p() == 0 ? 1.0f : sp.top_p();
+  out.sampling.top_p = sp.top_p() == 0 ? 1.0f : sp.top_p();
   if (sp.has_seed()) out.seed = sp.seed();
   if (static_cast<size_t>(sp.stop_size()) > kMaxStopStrings) {
     return Bad("sampling.stop",
@@ -117,28 +118,31 @@ absl::StatusOr<TurnRequest> ParseChatRequest(const kvlingo::v1::ChatRequest& req
 
   const kvlingo::v1::RoutingHints& hints = request.routing();
   if (!hints.policy().empty()) {
-    absl::StatusOr<RoutingPolicy> policy = ParseRoutingPolicy(hints.policy());
+    absl::StatusOr<router::Policy> policy = router::ParsePolicy(hints.policy());
     if (!policy.ok()) return Bad("routing.policy", policy.status().message());
-    turn.policy = *policy;
+    out.policy = *policy;
   }
-  if (!hints.model().empty() && !IsValidUtf8(hints.model())) {
-    return Bad("routing.model", "not valid UTF-8");
-  }
-  turn.model = hints.model();
-  if (turn.policy == RoutingPolicy::kExplicit && turn.model.empty()) {
-    return Bad("routing.model", "required by the 'explicit' policy");
+  if (!hints.model().empty()) {
+    if (!IsValidUtf8(hints.model())) return Bad("routing.model", "not valid UTF-8");
+    const auto it = std::find(model_names.begin(), model_names.end(), hints.model());
+    if (it == model_names.end()) {
+      return absl::NotFoundError(absl::StrCat(
+          "routing.model: no model named '", hints.model(), "' is loaded (loaded: ",
+          model_names.empty() ? "none" : absl::StrJoin(model_names, ", "), ")"));
+    }
+    out.explicit_model = static_cast<int>(it - model_names.begin());
   }
   switch (hints.strategy()) {
     case kvlingo::v1::SWITCH_STRATEGY_UNSPECIFIED:
       break;
     case kvlingo::v1::SWITCH_STRATEGY_TRANSLATE:
-      turn.strategy = SwitchStrategy::kTranslate;
+      out.strategy = router::Strategy::kTranslate;
       break;
     case kvlingo::v1::SWITCH_STRATEGY_REPREFILL:
-      turn.strategy = SwitchStrategy::kReprefill;
+      out.strategy = router::Strategy::kReprefill;
       break;
     case kvlingo::v1::SWITCH_STRATEGY_REPREFILL_MISSING:
-      turn.strategy = SwitchStrategy::kReprefillMissing;
+      out.strategy = router::Strategy::kReprefillMissing;
       break;
     default:
       return Bad("routing.strategy",

@@ -1,7 +1,6 @@
 // A ChatRequest turned into native types and checked against the server's
 // limits. This is the edge: nothing past it sees protobuf.
-#ifndef KVLINGO_SERVER_CHAT_REQUEST_H_
-#define KVLINGO_SERVER_CHAT_REQUEST_H_
+#pragma once
 
 #include <cstdint>
 #include <optional>
@@ -11,28 +10,17 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kvlingo/v1/chat.pb.h"
-#include "server/config.h"
+#include "router/router.h"
 
 namespace kvl::server {
 
-struct SamplingOptions {
-  // Already defaulted: never 0, never above the server's limit.
-  uint32_t max_tokens = 0;
-  float temperature = 0;  // 0: greedy
-  uint32_t top_k = 0;     // 0: disabled
-  float top_p = 1;        // 1: disabled
-  std::optional<uint64_t> seed;
-  std::vector<std::string> stop;
-};
-
 struct TurnRequest {
   std::string session_id;
-  std::string user_message;
-  SamplingOptions sampling;
-  // Per-turn overrides; unset means the configured routing.
-  std::optional<RoutingPolicy> policy;
-  std::string model;
-  std::optional<SwitchStrategy> strategy;
+  // max_tokens already defaulted (never 0, never above the server's limit);
+  // policy, strategy and seed unset where the request leaves them unset;
+  // explicit_model -1 when the request names no model. `received` and
+  // `cancelled` are the caller's to set.
+  router::TurnOptions options;
 };
 
 struct TurnLimits {
@@ -47,10 +35,11 @@ inline constexpr size_t kMaxStopStrings = 16;
 bool IsValidUtf8(absl::string_view text, size_t* bad_offset = nullptr);
 
 // InvalidArgument naming the field ("user_message: ...", "sampling.top_p: ...")
-// for any value out of range. Whether the session exists is not checked here.
+// for any value out of range; NotFound naming routing.model when it is not one
+// of `model_names` (the loaded models, in the router's order). Whether the
+// session exists, and whether the turn fits the policy, the router checks.
 absl::StatusOr<TurnRequest> ParseChatRequest(const kvlingo::v1::ChatRequest& request,
-                                             const TurnLimits& limits);
+                                             const TurnLimits& limits,
+                                             const std::vector<std::string>& model_names);
 
 }  // namespace kvl::server
-
-#endif  // KVLINGO_SERVER_CHAT_REQUEST_H_

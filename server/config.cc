@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/files.h"
 #include "nlohmann/json.hpp"
 
 namespace kvl::server {
@@ -134,6 +135,7 @@ absl::Status ReadChoice(const Json& object, absl::string_view key, const std::st
 
 constexpr std::initializer_list<absl::string_view> kLogLevelNames = {"trace", "debug", "info",
                                                                      "warn", "error"};
+// In the order of the enums they name (model/config.h, router/policy.h).
 constexpr std::initializer_list<absl::string_view> kDtypeNames = {"float32", "bfloat16", "float16"};
 constexpr std::initializer_list<absl::string_view> kTranslateDtypeNames = {"auto", "float32",
                                                                           "bfloat16"};
@@ -142,10 +144,10 @@ constexpr std::initializer_list<absl::string_view> kPolicyNames = {"fixed", "exp
 constexpr std::initializer_list<absl::string_view> kStrategyNames = {"translate", "reprefill",
                                                                      "reprefill-missing"};
 
-absl::Status ReadDtype(const Json& object, const std::string& path, Dtype* out) {
+absl::Status ReadDtype(const Json& object, const std::string& path, DType* out) {
   size_t index = static_cast<size_t>(*out);
   if (absl::Status s = ReadChoice(object, "dtype", path, kDtypeNames, &index); !s.ok()) return s;
-  *out = static_cast<Dtype>(index);
+  *out = static_cast<DType>(index);
   return absl::OkStatus();
 }
 
@@ -225,7 +227,7 @@ absl::Status ReadRequiredString(const Json& object, absl::string_view key, const
 }
 
 absl::Status ParseModels(const Json& j, const std::string& path, const std::string& base_dir,
-                         Dtype default_dtype, std::vector<ModelEntry>* out) {
+                         DType default_dtype, std::vector<ModelEntry>* out) {
   if (absl::Status s = ExpectArray(j, path); !s.ok()) return s;
   std::set<std::string> names;
   for (size_t i = 0; i < j.size(); ++i) {
@@ -263,14 +265,15 @@ absl::Status ParseModels(const Json& j, const std::string& path, const std::stri
   return absl::OkStatus();
 }
 
-bool HasModel(const std::vector<ModelEntry>& models, const std::string& name) {
-  return std::any_of(models.begin(), models.end(),
-                     [&](const ModelEntry& m) { return m.name == name; });
-}
-
-absl::Status CheckModelRef(const std::vector<ModelEntry>& models, const std::string& name,
-                           const std::string& path) {
-  if (HasModel(models, name)) return absl::OkStatus();
+// The index of the model named `name`, or InvalidArgument naming `path`.
+absl::Status ResolveModel(const std::vector<ModelEntry>& models, const std::string& name,
+                          const std::string& path, int* index) {
+  for (size_t i = 0; i < models.size(); ++i) {
+    if (models[i].name == name) {
+      *index = static_cast<int>(i);
+      return absl::OkStatus();
+    }
+  }
   std::vector<std::string> known;
   for (const ModelEntry& m : models) known.push_back(m.name);
   return Invalid(path, absl::StrCat("'", name, "' is not a configured model (configured: ",
@@ -282,7 +285,7 @@ absl::Status ParseTranslators(const Json& j, const std::string& path, const std:
                               std::vector<TranslatorEntry>* out) {
   if (absl::Status s = ExpectArray(j, path); !s.ok()) return s;
   std::set<std::string> names;
-  std::set<std::pair<std::string, std::string>> pairs;
+  std::set<std::pair<int, int>> pairs;
   for (size_t i = 0; i < j.size(); ++i) {
     const std::string at = Index(path, i);
     const Json& e = j[i];
@@ -292,25 +295,27 @@ absl::Status ParseTranslators(const Json& j, const std::string& path, const std:
       return s;
     }
     TranslatorEntry t;
-    size_t compute = static_cast<size_t>(t.compute_dtype);
+    std::string source, target;
+    size_t compute = 0;  // "auto"
     absl::Status s = ReadString(e, "name", at, &t.name);
     if (s.ok()) s = ReadChoice(e, "compute_dtype", at, kTranslateDtypeNames, &compute);
-    t.compute_dtype = static_cast<TranslateDtype>(compute);
-    if (s.ok()) s = ReadRequiredString(e, "source", at, &t.source);
-    if (s.ok()) s = ReadRequiredString(e, "target", at, &t.target);
+    if (compute == 1) t.compute_dtype = DType::kFloat32;
+    if (compute == 2) t.compute_dtype = DType::kBFloat16;
+    if (s.ok()) s = ReadRequiredString(e, "source", at, &source);
+    if (s.ok()) s = ReadRequiredString(e, "target", at, &target);
     if (s.ok()) s = ReadRequiredString(e, "path", at, &t.path);
-    if (s.ok()) s = CheckModelRef(models, t.source, Child(at, "source"));
-    if (s.ok()) s = CheckModelRef(models, t.target, Child(at, "target"));
+    if (s.ok()) s = ResolveModel(models, source, Child(at, "source"), &t.source);
+    if (s.ok()) s = ResolveModel(models, target, Child(at, "target"), &t.target);
     if (!s.ok()) return s;
     if (t.source == t.target) {
-      return Invalid(Child(at, "target"), absl::StrCat("equals source '", t.source, "'"));
+      return Invalid(Child(at, "target"), absl::StrCat("equals source '", source, "'"));
     }
-    if (t.name.empty()) t.name = absl::StrCat(t.source, "->", t.target);
+    if (t.name.empty()) t.name = absl::StrCat(source, "->", target);
     if (!names.insert(t.name).second) {
       return Invalid(Child(at, "name"), absl::StrCat("duplicate translator name '", t.name, "'"));
     }
     if (!pairs.insert({t.source, t.target}).second) {
-      return Invalid(at, absl::StrCat("a second translator from '", t.source, "' to '", t.target,
+      return Invalid(at, absl::StrCat("a second translator from '", source, "' to '", target,
                                       "' (at most one per pair)"));
     }
     t.path = Resolve(base_dir, t.path);
@@ -325,7 +330,7 @@ absl::Status ParseTranslators(const Json& j, const std::string& path, const std:
 }
 
 absl::Status ReadModelList(const Json& object, absl::string_view key, const std::string& path,
-                           const std::vector<ModelEntry>& models, std::vector<std::string>* out) {
+                           const std::vector<ModelEntry>& models, std::vector<int>* out) {
   const Json* value = Find(object, key);
   if (value == nullptr) return absl::OkStatus();
   const std::string where = Child(path, key);
@@ -334,26 +339,28 @@ absl::Status ReadModelList(const Json& object, absl::string_view key, const std:
     const Json& e = (*value)[i];
     if (!e.is_string())
       return Invalid(Index(where, i), absl::StrCat("expected a string, got ", Shown(e)));
-    std::string name = e.get<std::string>();
-    if (absl::Status s = CheckModelRef(models, name, Index(where, i)); !s.ok()) return s;
-    if (std::find(out->begin(), out->end(), name) != out->end()) {
+    const std::string name = e.get<std::string>();
+    int model = 0;
+    if (absl::Status s = ResolveModel(models, name, Index(where, i), &model); !s.ok()) return s;
+    if (std::find(out->begin(), out->end(), model) != out->end()) {
       return Invalid(Index(where, i), absl::StrCat("'", name, "' is listed twice"));
     }
-    out->push_back(std::move(name));
+    out->push_back(model);
   }
   return absl::OkStatus();
 }
 
 absl::Status ParseRule(const Json& e, const std::string& at, const std::vector<ModelEntry>& models,
-                       RoutingRule* rule) {
+                       router::Rule* rule) {
   if (absl::Status s = ExpectObject(e, at); !s.ok()) return s;
   if (absl::Status s = CheckKeys(
           e, at, {"model", "contains", "min_bytes", "max_bytes", "min_turn", "max_turn", "pattern"});
       !s.ok()) {
     return s;
   }
-  absl::Status s = ReadRequiredString(e, "model", at, &rule->model);
-  if (s.ok()) s = CheckModelRef(models, rule->model, Child(at, "model"));
+  std::string model;
+  absl::Status s = ReadRequiredString(e, "model", at, &model);
+  if (s.ok()) s = ResolveModel(models, model, Child(at, "model"), &rule->model);
   if (s.ok())
     s = ReadInt(e, "min_bytes", at, 0, std::numeric_limits<int64_t>::max(), &rule->min_bytes);
   if (s.ok())
@@ -370,13 +377,8 @@ absl::Status ParseRule(const Json& e, const std::string& at, const std::vector<M
   if (rule->max_turn != 0 && rule->max_turn < rule->min_turn) {
     return Invalid(Child(at, "max_turn"), "is below min_turn");
   }
-  if (!rule->pattern.empty()) {
-    try {
-      std::regex compiled(rule->pattern, std::regex::ECMAScript);
-    } catch (const std::regex_error& err) {
-      return Invalid(Child(at, "pattern"),
-                     absl::StrCat("not a valid ECMAScript regular expression: ", err.what()));
-    }
+  if (absl::Status compiled = router::CompileRule(rule); !compiled.ok()) {
+    return Invalid(Child(at, "pattern"), compiled.message());
   }
   if (const Json* contains = Find(e, "contains"); contains != nullptr) {
     const std::string where = Child(at, "contains");
@@ -393,8 +395,11 @@ absl::Status ParseRule(const Json& e, const std::string& at, const std::vector<M
   return absl::OkStatus();
 }
 
+// `default_model`: the name routing.default_model gives (empty: none); the
+// caller resolves it once the whole file is read.
 absl::Status ParseRouting(const Json& j, const std::string& path,
-                          const std::vector<ModelEntry>& models, RoutingSection* out) {
+                          const std::vector<ModelEntry>& models, router::RoutingConfig* out,
+                          std::string* default_model) {
   if (absl::Status s = ExpectObject(j, path); !s.ok()) return s;
   if (absl::Status s = CheckKeys(
           j, path,
@@ -407,8 +412,8 @@ absl::Status ParseRouting(const Json& j, const std::string& path,
   size_t strategy = static_cast<size_t>(out->strategy);
   absl::Status s = ReadChoice(j, "policy", path, kPolicyNames, &policy);
   if (s.ok()) s = ReadChoice(j, "strategy", path, kStrategyNames, &strategy);
-  if (s.ok()) s = ReadString(j, "default_model", path, &out->default_model);
-  if (s.ok()) s = ReadModelList(j, "models", path, models, &out->models);
+  if (s.ok()) s = ReadString(j, "default_model", path, default_model);
+  if (s.ok()) s = ReadModelList(j, "models", path, models, &out->order);
   if (s.ok()) {
     s = ReadNumber(j, "cascade_max_entropy", path, 0, std::numeric_limits<double>::max(),
                    &out->cascade_max_entropy);
@@ -419,13 +424,13 @@ absl::Status ParseRouting(const Json& j, const std::string& path,
   }
   if (s.ok()) s = ReadInt(j, "native_tail_tokens", path, 0, 1 << 20, &out->native_tail_tokens);
   if (!s.ok()) return s;
-  out->policy = static_cast<RoutingPolicy>(policy);
-  out->strategy = static_cast<SwitchStrategy>(strategy);
+  out->policy = static_cast<router::Policy>(policy);
+  out->strategy = static_cast<router::Strategy>(strategy);
   if (const Json* rules = Find(j, "rules"); rules != nullptr) {
     const std::string where = Child(path, "rules");
     if (absl::Status st = ExpectArray(*rules, where); !st.ok()) return st;
     for (size_t i = 0; i < rules->size(); ++i) {
-      RoutingRule rule;
+      router::Rule rule;
       if (absl::Status st = ParseRule((*rules)[i], Index(where, i), models, &rule); !st.ok())
         return st;
       out->rules.push_back(std::move(rule));
@@ -436,30 +441,33 @@ absl::Status ParseRouting(const Json& j, const std::string& path,
 
 // Checks that need the whole file: references into `models` and what the
 // configured policy requires. Per-turn policy overrides are checked per request.
-absl::Status CrossCheck(const ServerConfig& c) {
-  const RoutingSection& r = c.routing;
+// Resolves routing.default_model into `c`.
+absl::Status CrossCheck(const std::string& default_model, ServerConfig& c) {
+  router::RoutingConfig& r = c.routing;
   if (c.models.empty()) {
-    if (!r.default_model.empty()) {
-      return CheckModelRef(c.models, r.default_model, "routing.default_model");
+    if (!default_model.empty()) {
+      return ResolveModel(c.models, default_model, "routing.default_model", &r.default_model);
     }
-    if (r.policy != RoutingPolicy::kFixed) {
-      return Invalid("routing.policy", absl::StrCat("'", RoutingPolicyName(r.policy),
+    if (r.policy != router::Policy::kFixed) {
+      return Invalid("routing.policy", absl::StrCat("'", router::PolicyName(r.policy),
                                                     "' needs configured models (there are none)"));
     }
     return absl::OkStatus();
   }
-  if (r.default_model.empty()) {
+  if (default_model.empty()) {
     return Invalid("routing.default_model", "required when models are configured");
   }
-  if (absl::Status s = CheckModelRef(c.models, r.default_model, "routing.default_model"); !s.ok()) {
+  if (absl::Status s =
+          ResolveModel(c.models, default_model, "routing.default_model", &r.default_model);
+      !s.ok()) {
     return s;
   }
-  if ((r.policy == RoutingPolicy::kAlternate || r.policy == RoutingPolicy::kCascade) &&
-      r.models.size() < 2) {
-    return Invalid("routing.models", absl::StrCat("the '", RoutingPolicyName(r.policy),
+  if ((r.policy == router::Policy::kAlternate || r.policy == router::Policy::kCascade) &&
+      r.order.size() < 2) {
+    return Invalid("routing.models", absl::StrCat("the '", router::PolicyName(r.policy),
                                                   "' policy needs at least 2 models here"));
   }
-  if (r.policy == RoutingPolicy::kRules && r.rules.empty()) {
+  if (r.policy == router::Policy::kRules && r.rules.empty()) {
     return Invalid("routing.rules", "the 'rules' policy needs at least one rule");
   }
   return absl::OkStatus();
@@ -470,16 +478,6 @@ absl::Status CrossCheck(const ServerConfig& c) {
 absl::string_view LogLevelName(LogLevel level) {
   return kLogLevelNames.begin()[static_cast<int>(level)];
 }
-absl::string_view DtypeName(Dtype dtype) { return kDtypeNames.begin()[static_cast<int>(dtype)]; }
-absl::string_view TranslateDtypeName(TranslateDtype dtype) {
-  return kTranslateDtypeNames.begin()[static_cast<int>(dtype)];
-}
-absl::string_view RoutingPolicyName(RoutingPolicy policy) {
-  return kPolicyNames.begin()[static_cast<int>(policy)];
-}
-absl::string_view SwitchStrategyName(SwitchStrategy strategy) {
-  return kStrategyNames.begin()[static_cast<int>(strategy)];
-}
 
 absl::StatusOr<LogLevel> ParseLogLevel(absl::string_view name) {
   for (size_t i = 0; i < kLogLevelNames.size(); ++i) {
@@ -487,14 +485,6 @@ absl::StatusOr<LogLevel> ParseLogLevel(absl::string_view name) {
   }
   return absl::InvalidArgumentError(
       absl::StrCat("expected one of ", absl::StrJoin(kLogLevelNames, ", "), ", got '", name, "'"));
-}
-
-absl::StatusOr<RoutingPolicy> ParseRoutingPolicy(absl::string_view name) {
-  for (size_t i = 0; i < kPolicyNames.size(); ++i) {
-    if (kPolicyNames.begin()[i] == name) return static_cast<RoutingPolicy>(i);
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("expected one of ", absl::StrJoin(kPolicyNames, ", "), ", got '", name, "'"));
 }
 
 std::string HostPort::ToString() const { return absl::StrCat(host, ":", port); }
@@ -546,6 +536,8 @@ absl::StatusOr<ServerConfig> ParseConfig(absl::string_view text, const std::stri
     return s;
   }
   ServerConfig c;
+  c.routing.native_tail_tokens = kDefaultNativeTailTokens;
+  std::string default_model;
   if (const Json* j = Find(root, "server")) {
     if (absl::Status s = ParseServer(*j, "server", &c.server); !s.ok()) return s;
   }
@@ -567,7 +559,10 @@ absl::StatusOr<ServerConfig> ParseConfig(absl::string_view text, const std::stri
     }
   }
   if (const Json* j = Find(root, "routing")) {
-    if (absl::Status s = ParseRouting(*j, "routing", c.models, &c.routing); !s.ok()) return s;
+    if (absl::Status s = ParseRouting(*j, "routing", c.models, &c.routing, &default_model);
+        !s.ok()) {
+      return s;
+    }
   }
   if (const Json* j = Find(root, "sessions")) {
     if (absl::Status s = ExpectObject(*j, "sessions"); !s.ok()) return s;
@@ -583,20 +578,17 @@ absl::StatusOr<ServerConfig> ParseConfig(absl::string_view text, const std::stri
     }
     if (!s.ok()) return s;
   }
-  if (absl::Status s = CrossCheck(c); !s.ok()) return s;
+  if (absl::Status s = CrossCheck(default_model, c); !s.ok()) return s;
   return c;
 }
 
 absl::StatusOr<ServerConfig> LoadConfigFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
   std::error_code ec;
-  if (!in || fs::is_directory(path, ec)) {
-    return absl::NotFoundError(absl::StrCat("config: cannot read '", path, "'"));
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
+  absl::StatusOr<std::string> text =
+      fs::is_directory(path, ec) ? absl::NotFoundError("a directory") : ReadTextFile(path);
+  if (!text.ok()) return absl::NotFoundError(absl::StrCat("config: cannot read '", path, "'"));
   const std::string base_dir = fs::absolute(fs::path(path), ec).parent_path().string();
-  return ParseConfig(text.str(), base_dir);
+  return ParseConfig(*text, base_dir);
 }
 
 }  // namespace kvl::server

@@ -7,44 +7,27 @@
 //   config: server.listen_address: expected host:port, got 'x'
 // Unknown keys at any level are errors, so that a typo never silently falls
 // back to a default.
-#ifndef KVLINGO_SERVER_CONFIG_H_
-#define KVLINGO_SERVER_CONFIG_H_
+#pragma once
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "model/config.h"
+#include "router/policy.h"
 
 namespace kvl::server {
 
 enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError };
 
-// Runtime dtype of a model's weights and KV cache.
-enum class Dtype { kFloat32, kBFloat16, kFloat16 };
-
-enum class RoutingPolicy { kFixed, kExplicit, kRules, kCascade, kAlternate };
-
-// The arithmetic of a translator's products (Translator::Translate). kAuto:
-// bfloat16 where the CPU has bfloat16 dot-product instructions, else float32
-// (kvl::FastestTranslateDtype).
-enum class TranslateDtype { kAuto, kFloat32, kBFloat16 };
-
-// How a conversation is handed over when the chosen model lacks some history.
-enum class SwitchStrategy { kTranslate, kReprefill, kReprefillMissing };
-
-// "trace", "float32", "fixed", "reprefill-missing", ...: the spelling used in
-// the config file (and, for policies, in RoutingHints.policy).
+// "trace", ..., "error": the spelling used in the config file and --log-level.
 absl::string_view LogLevelName(LogLevel level);
-absl::string_view DtypeName(Dtype dtype);
-absl::string_view TranslateDtypeName(TranslateDtype dtype);
-absl::string_view RoutingPolicyName(RoutingPolicy policy);
-absl::string_view SwitchStrategyName(SwitchStrategy strategy);
 absl::StatusOr<LogLevel> ParseLogLevel(absl::string_view name);
-absl::StatusOr<RoutingPolicy> ParseRoutingPolicy(absl::string_view name);
 
 // host:port with a numeric port in [0, 65535]; host is a name, an IPv4 address
 // or a bracketed IPv6 address ("[::1]:50051"). Port 0 asks the OS for a free
@@ -74,7 +57,7 @@ struct LogSection {
 struct RuntimeSection {
   // LibTorch intra-op threads; 0 means one per hardware thread.
   int threads = 0;
-  Dtype dtype = Dtype::kFloat32;
+  DType dtype = DType::kFloat32;
 };
 
 struct ModelEntry {
@@ -83,64 +66,24 @@ struct ModelEntry {
   // the config file). A directory holding a Hugging Face config.json.
   std::string path;
   // runtime.dtype unless the entry sets its own.
-  Dtype dtype = Dtype::kFloat32;
+  DType dtype = DType::kFloat32;
 };
 
 struct TranslatorEntry {
   // "<source>-><target>" unless the entry names it.
   std::string name;
-  std::string source;
-  std::string target;
-  std::string path;  // absolute, resolved like ModelEntry::path
-  TranslateDtype compute_dtype = TranslateDtype::kAuto;
+  int source = 0, target = 0;  // indices into ServerConfig::models
+  std::string path;            // absolute, resolved like ModelEntry::path
+  // The arithmetic of the translator's products (Translator::Translate);
+  // unset ("auto" in the file): bfloat16 where the CPU has bfloat16
+  // dot-product instructions, else float32 (kvl::FastestTranslateDtype).
+  std::optional<DType> compute_dtype;
 };
 
-// One rule of the "rules" policy: the first rule whose conditions all hold for
-// the user's turn picks its model; no match picks routing.default_model.
-struct RoutingRule {
-  std::string model;
-  // Any of these substrings (case-sensitive) appears in the turn; empty: no
-  // condition.
-  std::vector<std::string> contains;
-  // The turn's length in bytes is within [min_bytes, max_bytes]; max_bytes 0
-  // means no upper bound.
-  int64_t min_bytes = 0;
-  int64_t max_bytes = 0;
-  // The turn number (1-based) is within [min_turn, max_turn]; max_turn 0 means
-  // no upper bound.
-  int64_t min_turn = 0;
-  int64_t max_turn = 0;
-  // An ECMAScript regular expression searched for in the turn; empty: no
-  // condition.
-  std::string pattern;
-};
-
-struct RoutingSection {
-  RoutingPolicy policy = RoutingPolicy::kFixed;
-  // The model for "fixed", and the fallback of every other policy. Empty only
-  // when no models are configured.
-  std::string default_model;
-  SwitchStrategy strategy = SwitchStrategy::kTranslate;
-  // Ordered model list of the "alternate" (round robin per turn) and "cascade"
-  // (cheapest first, escalate on low confidence) policies.
-  std::vector<std::string> models;
-  std::vector<RoutingRule> rules;
-  // "cascade": the current model prefills the new user turn; when the entropy
-  // of its distribution for the answer's first token exceeds
-  // cascade_max_entropy (nats), or the mean log-probability it assigns to the
-  // turn's tokens is below cascade_min_mean_logprob, the turn escalates to the
-  // next model in `models`; the session then stays escalated. Either test is
-  // off at its default infinity (the mean test unless configured).
-  double cascade_max_entropy = 3.0;
-  double cascade_min_mean_logprob = -std::numeric_limits<double>::infinity();
-  // Strategy "translate": at a switch, the last this many tokens of the
-  // history are prefilled by the target instead of translated (0: translate
-  // all). 32 cut the per-turn loss of alternating switches against
-  // re-prefill by 51-56% on the house models and their whole-continuation
-  // gap from 0.032-0.038 to 0.015-0.016 over the 64-window table (0.022-0.026 over 512, docs/results/translator_precision.txt) nats/token, for a few milliseconds
-  // more per switch (docs/translators.md, "Deployment choices").
-  int64_t native_tail_tokens = 32;
-};
+// routing.native_tail_tokens when the file does not set it: the incoming
+// model reads the last 32 tokens of the history itself at a translated switch
+// (router/planner.h; why 32: docs/translators.md, "Deployment choices").
+inline constexpr int64_t kDefaultNativeTailTokens = 32;
 
 struct SessionsSection {
   // Sessions untouched for this long are deleted; 0 disables expiry.
@@ -155,7 +98,10 @@ struct ServerConfig {
   RuntimeSection runtime;
   std::vector<ModelEntry> models;
   std::vector<TranslatorEntry> translators;
-  RoutingSection routing;
+  // Model names resolved to indices into `models`. The file's defaults where
+  // its routing section is silent (server/README.md), among them a native
+  // tail of 32 tokens at a switch.
+  router::RoutingConfig routing;
   SessionsSection sessions;
 };
 
@@ -169,5 +115,3 @@ absl::StatusOr<ServerConfig> ParseConfig(absl::string_view text, const std::stri
 absl::StatusOr<ServerConfig> LoadConfigFile(const std::string& path);
 
 }  // namespace kvl::server
-
-#endif  // KVLINGO_SERVER_CONFIG_H_

@@ -1,7 +1,6 @@
 // Admission of long-running calls (Chat streams) and waiting for them at
 // shutdown. Thread-safe.
-#ifndef KVLINGO_SERVER_DRAIN_GATE_H_
-#define KVLINGO_SERVER_DRAIN_GATE_H_
+#pragma once
 
 #include <cstdint>
 
@@ -32,5 +31,3 @@ class DrainGate {
 };
 
 }  // namespace kvl::server
-
-#endif  // KVLINGO_SERVER_DRAIN_GATE_H_

@@ -1,8 +1,5 @@
-// kvl-server: serves the kvlingo.v1 API described by a config file.
-//
-//   kvl-server --config FILE [--log-level L] [--listen ADDR] [--metrics-address ADDR]
-//
-// Flags override the config file. Exit codes: 0 after a clean shutdown on
+// kvl-server: serves the kvlingo.v1 API described by a config file
+// (`kvl-server --help`). Flags override the config file. Exit codes: 0 after a clean shutdown on
 // SIGTERM/SIGINT, 1 when the server cannot start (e.g. an address in use), 2 for
 // bad usage or a bad config (one message naming the problem on stderr).
 #include <fcntl.h>
@@ -15,11 +12,12 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "base/flags.h"
 #include "model/engine.h"
 #include "model/omp_wait.h"
 #include "server/config.h"
@@ -32,55 +30,12 @@ namespace {
 constexpr int kExitStartFailed = 1;
 constexpr int kExitBadConfig = 2;
 
-constexpr const char* kUsage =
-    "usage: kvl-server --config FILE [--log-level trace|debug|info|warn|error]\n"
-    "                  [--listen HOST:PORT] [--metrics-address HOST:PORT]\n";
-
 struct Flags {
   std::string config;
   std::optional<std::string> log_level;
   std::optional<std::string> listen;
   std::optional<std::string> metrics_address;
 };
-
-// Accepts "--name value" and "--name=value". Returns an error message or "".
-std::string ParseFlags(int argc, char** argv, Flags* flags, bool* help) {
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      *help = true;
-      return "";
-    }
-    std::string name(arg);
-    std::optional<std::string> value;
-    if (const size_t eq = arg.find('=');
-        absl::StartsWith(arg, "--") && eq != absl::string_view::npos) {
-      name = std::string(arg.substr(0, eq));
-      value = std::string(arg.substr(eq + 1));
-    }
-    std::optional<std::string>* target = nullptr;
-    std::optional<std::string> config;
-    if (name == "--config") {
-      target = &config;
-    } else if (name == "--log-level") {
-      target = &flags->log_level;
-    } else if (name == "--listen") {
-      target = &flags->listen;
-    } else if (name == "--metrics-address") {
-      target = &flags->metrics_address;
-    } else {
-      return absl::StrCat("unknown argument '", arg, "'");
-    }
-    if (!value) {
-      if (i + 1 >= argc) return absl::StrCat(name, ": missing value");
-      value = argv[++i];
-    }
-    *target = *value;
-    if (config) flags->config = *config;
-  }
-  if (flags->config.empty()) return "--config: required";
-  return "";
-}
 
 spdlog::level::level_enum ToSpdlog(kvl::server::LogLevel level) {
   switch (level) {
@@ -161,14 +116,20 @@ int WaitForShutdownSignal() {
 int main(int argc, char** argv) {
   kvl::ReexecWithPassiveOpenMpWait(argv);
   Flags flags;
-  bool help = false;
-  if (std::string error = ParseFlags(argc, argv, &flags, &help); !error.empty()) {
-    std::cerr << "kvl-server: " << error << "\n" << kUsage;
-    return kExitBadConfig;
-  }
-  if (help) {
-    std::cout << kUsage;
-    return 0;
+  kvl::FlagSet flag_set(
+      "kvl-server",
+      "Serves the kvlingo.v1 gRPC API (chat, sessions, models) and GET /metrics as the\n"
+      "config file describes (server/README.md). Flags override the file. Exit codes: 0\n"
+      "after a clean shutdown on SIGTERM/SIGINT, 1 when the server cannot start (e.g. an\n"
+      "address in use), 2 for bad usage or a bad config.");
+  flag_set.Required("config", &flags.config, "FILE", "the server's JSON configuration");
+  flag_set.Add("log-level", &flags.log_level, "trace|debug|info|warn|error",
+               "overrides log.level");
+  flag_set.Add("listen", &flags.listen, "HOST:PORT", "overrides server.listen_address");
+  flag_set.Add("metrics-address", &flags.metrics_address, "HOST:PORT",
+               "overrides server.metrics_address");
+  if (std::optional<int> exit = flag_set.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc))) {
+    return *exit == 0 ? 0 : kExitBadConfig;
   }
 
   // Before any thread starts: every thread then shares the tuned heap.
@@ -194,7 +155,7 @@ int main(int argc, char** argv) {
   spdlog::set_level(ToSpdlog(config->log.level));
   spdlog::info("kvl-server {} starting with {} model(s), {} translator(s), policy {}",
                kvl::server::Version(), config->models.size(), config->translators.size(),
-               std::string(kvl::server::RoutingPolicyName(config->routing.policy)));
+               kvl::router::PolicyName(config->routing.policy));
 
   // A model or translator that cannot be loaded is a bad config (exit 2); an
   // address that cannot be bound is a failed start (exit 1).

@@ -184,6 +184,7 @@ void ServerMetrics::SetCacheStats(const CacheStoreStats& stats) {
   for (int m = 0; m < n_models_ && m < static_cast<int>(stats.bytes_per_model.size()); ++m) {
     cache_bytes_[m]->Set(static_cast<double>(stats.bytes_per_model[m]));
   }
+  sessions_active_->Set(static_cast<double>(stats.sessions));
   sessions_evicted_->Set(static_cast<double>(stats.sessions_with_evicted_lines));
   cache_budget_->Set(static_cast<double>(stats.budget_bytes));
   const double delta = static_cast<double>(stats.lines_evicted_total) - evicted_lines_->Value();
@@ -221,7 +222,6 @@ void ServerMetrics::CountRpc(RpcMethod method, int code) {
       ->Increment();
 }
 
-void ServerMetrics::SetSessionsActive(int64_t n) { sessions_active_->Set(static_cast<double>(n)); }
 
 void ServerMetrics::SetUp(bool up) { up_->Set(up ? 1 : 0); }
 

@@ -4,8 +4,7 @@
 // an atomic add: no label lookup by string on a request path.
 //
 // Thread-safe: all methods may be called from any thread.
-#ifndef KVLINGO_SERVER_METRICS_H_
-#define KVLINGO_SERVER_METRICS_H_
+#pragma once
 
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
@@ -59,13 +58,12 @@ class ServerMetrics final : public router::TurnObserver {
   // kvlingo_grpc_requests_total{method, code}; `code` is a grpc::StatusCode
   // value. Codes outside [0, 16] count as UNKNOWN.
   void CountRpc(RpcMethod method, int code);
-  // kvlingo_sessions_active.
-  void SetSessionsActive(int64_t n);
   // kvlingo_up: 1 while serving, 0 while draining.
   void SetUp(bool up);
 
-  // kvlingo_cache_bytes{model}, kvlingo_sessions_evicted,
-  // kvlingo_cache_evicted_lines_total from the store's accounting.
+  // kvlingo_sessions_active, kvlingo_cache_bytes{model},
+  // kvlingo_sessions_evicted, kvlingo_cache_evicted_lines_total from the
+  // store's accounting.
   void SetCacheStats(const CacheStoreStats& stats);
 
   // router::TurnObserver.
@@ -102,5 +100,3 @@ class ServerMetrics final : public router::TurnObserver {
 };
 
 }  // namespace kvl::server
-
-#endif  // KVLINGO_SERVER_METRICS_H_

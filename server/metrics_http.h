@@ -2,8 +2,7 @@
 //
 // prometheus-cpp's own exposer (civetweb) is deliberately not used: it fails to
 // start its threads in a process that also links LibTorch and OpenBLAS.
-#ifndef KVLINGO_SERVER_METRICS_HTTP_H_
-#define KVLINGO_SERVER_METRICS_HTTP_H_
+#pragma once
 
 #include <functional>
 #include <memory>
@@ -43,5 +42,3 @@ class MetricsHttpServer {
 };
 
 }  // namespace kvl::server
-
-#endif  // KVLINGO_SERVER_METRICS_HTTP_H_

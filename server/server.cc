@@ -62,32 +62,29 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Load(const ServerConfig& config)
 absl::Status Server::Serve() {
   Server* self = this;
   const ServerConfig& config = config_;
-  if (runtime_ != nullptr) {
+  metrics_.SetCacheStats(runtime_->store->Stats());
+  if (runtime_->router != nullptr) {
     // Turns block their thread on a model's engine; a few per model keep every
     // engine busy while others wait for theirs. Each thread does LibTorch's
     // per-thread set-up before the server takes requests.
     turn_pool_ = std::make_unique<TurnPool>(
         std::max<int>(4, 4 * static_cast<int>(config.models.size())), PrepareIntraOpThread);
-    metrics_.SetCacheStats(runtime_->store->Stats());
   }
   ServiceDeps deps;
-  deps.sessions = &self->sessions_;
+  deps.store = runtime_->store.get();
   deps.metrics = &self->metrics_;
   deps.chat_gate = &self->chat_gate_;
   deps.limits.max_turn_bytes = config.server.max_turn_bytes;
   deps.limits.max_new_tokens_limit = config.server.max_new_tokens_limit;
-  if (runtime_ != nullptr) {
-    deps.router = runtime_->router.get();
-    deps.store = runtime_->store.get();
-    deps.pool = turn_pool_.get();
-  }
+  deps.router = runtime_->router.get();
+  deps.pool = turn_pool_.get();
   self->session_service_ = std::make_unique<SessionServiceImpl>(deps);
   self->chat_service_ = std::make_unique<ChatServiceImpl>(deps);
   self->model_service_ = std::make_unique<ModelServiceImpl>(deps);
 
   absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http = MetricsHttpServer::Start(
       config.server.metrics_address, [self] {
-        if (self->runtime_ != nullptr) self->metrics_.SetCacheStats(self->runtime_->store->Stats());
+        self->metrics_.SetCacheStats(self->runtime_->store->Stats());
         return self->metrics_.RenderText();
       });
   if (!http.ok()) return http.status();
@@ -164,12 +161,9 @@ void Server::SweepIdleSessions() {
   absl::MutexLock lock(&sweeper_mu_);
   while (!sweeper_mu_.AwaitWithTimeout(absl::Condition(&stopping_), period)) {
     sweeper_mu_.Unlock();
-    std::vector<std::string> removed = sessions_.RemoveIdle(idle);
-    if (runtime_ != nullptr) {
-      for (const std::string& id : removed) (void)runtime_->store->Remove(id);
-    }
+    std::vector<std::string> removed = runtime_->store->RemoveIdle(idle);
     if (!removed.empty()) {
-      metrics_.SetSessionsActive(static_cast<int64_t>(sessions_.size()));
+      metrics_.SetCacheStats(runtime_->store->Stats());
       spdlog::info("expired {} idle session(s)", removed.size());
     }
     sweeper_mu_.Lock();

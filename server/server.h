@@ -3,8 +3,7 @@
 //
 // Lifetime: Start() -> (serving) -> Shutdown(). Shutdown() is called from one
 // thread (main's signal loop); the rest of the class is driven by gRPC.
-#ifndef KVLINGO_SERVER_SERVER_H_
-#define KVLINGO_SERVER_SERVER_H_
+#pragma once
 
 #include <grpcpp/server.h>
 
@@ -22,7 +21,6 @@
 #include "server/model_runtime.h"
 #include "server/services.h"
 #include "server/turn_pool.h"
-#include "server/session_table.h"
 
 namespace kvl::server {
 
@@ -60,9 +58,8 @@ class Server {
 
   ServerConfig config_;
   ServerMetrics metrics_;
-  SessionTable sessions_;
   DrainGate chat_gate_;
-  std::unique_ptr<ModelRuntime> runtime_;  // null without models
+  std::unique_ptr<ModelRuntime> runtime_;
   std::unique_ptr<TurnPool> turn_pool_;
   std::unique_ptr<SessionServiceImpl> session_service_;
   std::unique_ptr<ChatServiceImpl> chat_service_;
@@ -79,5 +76,3 @@ class Server {
 };
 
 }  // namespace kvl::server
-
-#endif  // KVLINGO_SERVER_SERVER_H_

@@ -4,12 +4,10 @@
 #include <chrono>
 #include <deque>
 #include <optional>
-#include <random>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "server/model_runtime.h"
 #include "server/status.h"
 #include "spdlog/spdlog.h"
@@ -29,25 +27,19 @@ grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context, Serv
   return reactor;
 }
 
-void ToProto(const ServiceDeps& deps, const SessionInfo& info, kvlingo::v1::Session* out) {
-  out->set_session_id(info.session_id);
-  out->set_system_prompt(info.system_prompt);
-  out->set_turns(info.turns);
-  out->set_history_tokens(info.history_tokens);
-  out->set_last_model(info.last_model);
-  out->set_created_unix_seconds(info.created_unix_seconds);
-  out->set_last_active_unix_seconds(info.last_active_unix_seconds);
-  if (deps.store == nullptr) return;
-  absl::StatusOr<SessionView> view = deps.store->View(info.session_id);
-  if (!view.ok()) return;
-  out->set_turns(static_cast<uint32_t>(view->state.turns));
-  out->set_history_tokens(static_cast<uint32_t>(view->state.history.size()));
-  if (view->state.last_model >= 0) {
-    out->set_last_model(deps.router->model_names()[view->state.last_model]);
-  }
-  for (const CacheLineInfo& line : view->lines) {
+void ToProto(const ServiceDeps& deps, const SessionView& view, kvlingo::v1::Session* out) {
+  out->set_session_id(view.session_id);
+  out->set_system_prompt(view.system_prompt);
+  out->set_created_unix_seconds(view.created_unix_seconds);
+  out->set_last_active_unix_seconds(view.last_active_unix_seconds);
+  out->set_turns(static_cast<uint32_t>(view.state.turns));
+  out->set_history_tokens(static_cast<uint32_t>(view.state.history.size()));
+  if (deps.router == nullptr) return;
+  const std::vector<std::string>& names = deps.router->model_names();
+  if (view.state.last_model >= 0) out->set_last_model(names[view.state.last_model]);
+  for (const CacheLineInfo& line : view.lines) {
     kvlingo::v1::CacheLine* l = out->add_cache_lines();
-    l->set_model(deps.router->model_names()[line.model]);
+    l->set_model(names[line.model]);
     l->set_tokens(static_cast<uint32_t>(line.tokens));
     l->set_bytes(static_cast<uint64_t>(line.bytes));
     l->set_evicted(line.evicted);
@@ -193,29 +185,18 @@ class ChatReactor final : public grpc::ServerWriteReactor<ChatResponse> {
   ChatResponse current_;  // the write in flight
 };
 
-uint64_t RandomSeed() {
-  static std::atomic<uint64_t> counter{std::random_device{}()};
-  return counter.fetch_add(0x9E3779B97F4A7C15ULL);
-}
-
 }  // namespace
 
 grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(
     grpc::CallbackServerContext* context, const kvlingo::v1::CreateSessionRequest* request,
     kvlingo::v1::Session* response) {
-  absl::StatusOr<SessionInfo> created =
-      deps_.sessions->Create(request->session_id(), request->system_prompt());
-  if (created.ok() && deps_.store != nullptr) {
-    absl::Status s = deps_.store->Create(created->session_id,
-                                         deps_.router->RenderPreamble(created->system_prompt));
-    if (!s.ok()) {
-      (void)deps_.sessions->Delete(created->session_id);
-      created = s;
-    }
-  }
+  std::vector<int64_t> preamble;
+  if (deps_.router != nullptr) preamble = deps_.router->RenderPreamble(request->system_prompt());
+  absl::StatusOr<SessionView> created =
+      deps_.store->Create(request->session_id(), request->system_prompt(), std::move(preamble));
   if (created.ok()) {
     ToProto(deps_, *created, response);
-    deps_.metrics->SetSessionsActive(static_cast<int64_t>(deps_.sessions->size()));
+    deps_.metrics->SetCacheStats(deps_.store->Stats());
     SPDLOG_DEBUG("session {} created", created->session_id);
   }
   return FinishUnary(context, deps_.metrics, RpcMethod::kCreateSession, created.status());
@@ -224,18 +205,18 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(
 grpc::ServerUnaryReactor* SessionServiceImpl::GetSession(
     grpc::CallbackServerContext* context, const kvlingo::v1::GetSessionRequest* request,
     kvlingo::v1::Session* response) {
-  absl::StatusOr<SessionInfo> info = deps_.sessions->Get(request->session_id());
-  if (info.ok()) ToProto(deps_, *info, response);
-  return FinishUnary(context, deps_.metrics, RpcMethod::kGetSession, info.status());
+  absl::StatusOr<SessionView> view = deps_.store->View(request->session_id());
+  if (view.ok()) ToProto(deps_, *view, response);
+  return FinishUnary(context, deps_.metrics, RpcMethod::kGetSession, view.status());
 }
 
 grpc::ServerUnaryReactor* SessionServiceImpl::ListSessions(
     grpc::CallbackServerContext* context, const kvlingo::v1::ListSessionsRequest* request,
     kvlingo::v1::ListSessionsResponse* response) {
   absl::StatusOr<SessionPage> page =
-      deps_.sessions->List(request->page_size(), request->page_token());
+      deps_.store->List(request->page_size(), request->page_token());
   if (page.ok()) {
-    for (const SessionInfo& info : page->sessions) ToProto(deps_, info, response->add_sessions());
+    for (const SessionView& view : page->sessions) ToProto(deps_, view, response->add_sessions());
     response->set_next_page_token(page->next_page_token);
   }
   return FinishUnary(context, deps_.metrics, RpcMethod::kListSessions, page.status());
@@ -244,10 +225,9 @@ grpc::ServerUnaryReactor* SessionServiceImpl::ListSessions(
 grpc::ServerUnaryReactor* SessionServiceImpl::DeleteSession(
     grpc::CallbackServerContext* context, const kvlingo::v1::DeleteSessionRequest* request,
     kvlingo::v1::DeleteSessionResponse* /*response*/) {
-  absl::Status status = deps_.sessions->Delete(request->session_id());
+  absl::Status status = deps_.store->Remove(request->session_id());
   if (status.ok()) {
-    if (deps_.store != nullptr) (void)deps_.store->Remove(request->session_id());
-    deps_.metrics->SetSessionsActive(static_cast<int64_t>(deps_.sessions->size()));
+    deps_.metrics->SetCacheStats(deps_.store->Stats());
     SPDLOG_DEBUG("session {} deleted", request->session_id());
   }
   return FinishUnary(context, deps_.metrics, RpcMethod::kDeleteSession, status);
@@ -263,12 +243,14 @@ grpc::ServerWriteReactor<ChatResponse>* ChatServiceImpl::Chat(
         absl::UnavailableError("the server is shutting down; retry on another replica"));
     return reactor;
   }
-  absl::StatusOr<TurnRequest> turn = ParseChatRequest(*request, deps_.limits);
+  static const std::vector<std::string> kNoModels;
+  absl::StatusOr<TurnRequest> turn = ParseChatRequest(
+      *request, deps_.limits, deps_.router != nullptr ? deps_.router->model_names() : kNoModels);
   if (!turn.ok()) {
     reactor->FinishWith(turn.status());
     return reactor;
   }
-  if (absl::Status s = deps_.sessions->Touch(turn->session_id); !s.ok()) {
+  if (absl::Status s = deps_.store->Touch(turn->session_id); !s.ok()) {
     reactor->FinishWith(s);
     return reactor;
   }
@@ -278,40 +260,12 @@ grpc::ServerWriteReactor<ChatResponse>* ChatServiceImpl::Chat(
         "empty), so it only manages sessions"));
     return reactor;
   }
-  router::Router& router = *deps_.router;
-  router::TurnOptions options;
+  if (absl::Status s = deps_.router->ValidateTurn(turn->options); !s.ok()) {
+    reactor->FinishWith(s);
+    return reactor;
+  }
+  router::TurnOptions options = std::move(turn->options);
   options.received = received;
-  options.user_message = turn->user_message;
-  if (turn->policy) options.policy = ToRouterPolicy(*turn->policy);
-  if (turn->strategy) options.strategy = ToRouterStrategy(*turn->strategy);
-  if (!turn->model.empty()) {
-    options.explicit_model = router.ModelIndex(turn->model);
-    if (options.explicit_model < 0) {
-      reactor->FinishWith(absl::NotFoundError(
-          absl::StrCat("routing.model: no model named '", turn->model,
-                       "' is loaded (loaded: ", absl::StrJoin(router.model_names(), ", "), ")")));
-      return reactor;
-    }
-  }
-  const router::Policy policy = options.policy.value_or(router.routing().policy);
-  if ((policy == router::Policy::kCascade || policy == router::Policy::kAlternate) &&
-      router.routing().order.size() < 2) {
-    reactor->FinishWith(absl::InvalidArgumentError(absl::StrCat(
-        "routing.policy: '", router::PolicyName(policy),
-        "' needs at least two models in the server's routing.models")));
-    return reactor;
-  }
-  if (policy == router::Policy::kRules && router.routing().rules.empty()) {
-    reactor->FinishWith(absl::InvalidArgumentError(
-        "routing.policy: 'rules' needs routing.rules in the server's config"));
-    return reactor;
-  }
-  options.max_tokens = turn->sampling.max_tokens;
-  options.sampling.temperature = turn->sampling.temperature;
-  options.sampling.top_k = turn->sampling.top_k;
-  options.sampling.top_p = turn->sampling.top_p;
-  options.seed = turn->sampling.seed.value_or(RandomSeed());
-  options.stop = turn->sampling.stop;
   const std::chrono::system_clock::time_point deadline = context->deadline();
   options.cancelled = [reactor, deadline] {
     return reactor->cancelled() || std::chrono::system_clock::now() > deadline;
@@ -347,7 +301,6 @@ grpc::ServerWriteReactor<ChatResponse>* ChatServiceImpl::Chat(
     };
     absl::StatusOr<router::TurnResult> result =
         deps.router->RunTurn(session_id, options, callbacks);
-    (void)deps.sessions->Touch(session_id);
     deps.metrics->SetCacheStats(deps.store->Stats());
     if (!result.ok()) {
       if (result.status().code() != absl::StatusCode::kCancelled) {

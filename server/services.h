@@ -3,8 +3,7 @@
 //
 // Every RPC is counted once, with its final code, in
 // kvlingo_grpc_requests_total.
-#ifndef KVLINGO_SERVER_SERVICES_H_
-#define KVLINGO_SERVER_SERVICES_H_
+#pragma once
 
 #include "kvlingo/v1/chat.grpc.pb.h"
 #include "kvlingo/v1/model.grpc.pb.h"
@@ -14,21 +13,19 @@
 #include "server/chat_request.h"
 #include "server/drain_gate.h"
 #include "server/metrics.h"
-#include "server/session_table.h"
 #include "server/turn_pool.h"
 
 namespace kvl::server {
 
 // What the services share; owned by the Server, which outlives the services.
 struct ServiceDeps {
-  SessionTable* sessions = nullptr;
+  CacheStore* store = nullptr;  // the session registry; never null
   ServerMetrics* metrics = nullptr;
   DrainGate* chat_gate = nullptr;
   TurnLimits limits;
-  // All null when the server was started without models: Chat then answers
+  // Null when the server was started without models: Chat then answers
   // UNIMPLEMENTED and sessions hold no history.
   router::Router* router = nullptr;
-  CacheStore* store = nullptr;
   TurnPool* pool = nullptr;
   // Model dtypes as configured, by model index (for ListModels).
   std::vector<std::string> model_dtypes;
@@ -85,5 +82,3 @@ class ModelServiceImpl final : public kvlingo::v1::ModelService::CallbackService
 };
 
 }  // namespace kvl::server
-
-#endif  // KVLINGO_SERVER_SERVICES_H_

@@ -1,7 +1,6 @@
 // The one place where an absl::Status becomes a grpc::Status. Every handler
 // returns its result through ToGrpcStatus so that codes stay consistent.
-#ifndef KVLINGO_SERVER_STATUS_H_
-#define KVLINGO_SERVER_STATUS_H_
+#pragma once
 
 #include <grpcpp/support/status.h>
 
@@ -14,5 +13,3 @@ namespace kvl::server {
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
 }  // namespace kvl::server
-
-#endif  // KVLINGO_SERVER_STATUS_H_

@@ -3,8 +3,7 @@
 //
 // Thread-safe: Submit may be called from any thread. The destructor runs what
 // is queued, then joins.
-#ifndef KVLINGO_SERVER_TURN_POOL_H_
-#define KVLINGO_SERVER_TURN_POOL_H_
+#pragma once
 
 #include <deque>
 #include <functional>
@@ -39,5 +38,3 @@ class TurnPool {
 };
 
 }  // namespace kvl::server
-
-#endif  // KVLINGO_SERVER_TURN_POOL_H_

@@ -7,12 +7,15 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "base/flags.h"
 #include "kvlingo/v1/chat.grpc.pb.h"
 #include "kvlingo/v1/session.grpc.pb.h"
 #include "tools/commands.h"
@@ -20,21 +23,9 @@
 namespace kvl::tools {
 namespace {
 
-constexpr char kUsage[] =
-    "usage: kvl chat [--server HOST:PORT] [--session ID] [--system TEXT] [--policy NAME]\n"
-    "                [--model NAME] [--strategy translate|reprefill|reprefill-missing]\n"
-    "                [--max-tokens N] [--temperature T] [--seed S]\n"
-    "Talks to a running kvl-server (default 127.0.0.1:50051). Creates a session\n"
-    "unless --session names an existing one. Each stdin line is a user turn; the\n"
-    "answer streams to stdout, and one line per turn on stderr shows the model that\n"
-    "answered, whether the session switched model and how (translated, re-prefilled\n"
-    "or native cache), the tokens translated and the time to first token.\n"
-    "In the conversation: '/model NAME' pins later turns to a model (explicit policy),\n"
-    "'/policy NAME' sets the policy ('' = the server's), '/quit' ends.\n";
-
-int Fail(const std::string& message, int code = 1) {
+int Fail(const std::string& message) {
   std::fprintf(stderr, "kvl chat: %s\n", message.c_str());
-  return code;
+  return 1;
 }
 
 const char* PathName(kvlingo::v1::CachePath path) {
@@ -55,12 +46,11 @@ const char* FinishName(kvlingo::v1::FinishReason reason) {
   }
 }
 
-bool ParseStrategy(const std::string& name, kvlingo::v1::SwitchStrategy* out) {
-  if (name == "translate") *out = kvlingo::v1::SWITCH_STRATEGY_TRANSLATE;
-  else if (name == "reprefill") *out = kvlingo::v1::SWITCH_STRATEGY_REPREFILL;
-  else if (name == "reprefill-missing") *out = kvlingo::v1::SWITCH_STRATEGY_REPREFILL_MISSING;
-  else return false;
-  return true;
+// One of the names --strategy admits.
+kvlingo::v1::SwitchStrategy StrategyOf(const std::string& name) {
+  if (name == "reprefill") return kvlingo::v1::SWITCH_STRATEGY_REPREFILL;
+  if (name == "reprefill-missing") return kvlingo::v1::SWITCH_STRATEGY_REPREFILL_MISSING;
+  return kvlingo::v1::SWITCH_STRATEGY_TRANSLATE;
 }
 
 // One turn: streams the answer to stdout, the status line to stderr. Returns
@@ -108,43 +98,50 @@ bool RunTurn(kvlingo::v1::ChatService::Stub& chat, const kvlingo::v1::ChatReques
 
 int RunChat(const Args& args) {
   std::string server = "127.0.0.1:50051", session_id, system_prompt;
+  std::string policy, model, strategy;
+  uint32_t max_tokens = 0;
+  float temperature = 0;
   kvlingo::v1::ChatRequest request;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (arg.rfind("--", 0) != 0) return Fail("unexpected argument '" + arg + "'", 2);
-    if (i + 1 >= args.size()) return Fail("flag " + arg + " needs a value", 2);
-    const std::string& value = args[++i];
-    uint32_t n = 0;
-    float f = 0;
-    uint64_t seed = 0;
-    if (arg == "--server") {
-      server = value;
-    } else if (arg == "--session") {
-      session_id = value;
-    } else if (arg == "--system") {
-      system_prompt = value;
-    } else if (arg == "--policy") {
-      request.mutable_routing()->set_policy(value);
-    } else if (arg == "--model") {
-      request.mutable_routing()->set_model(value);
-    } else if (arg == "--strategy") {
-      kvlingo::v1::SwitchStrategy strategy;
-      if (!ParseStrategy(value, &strategy)) return Fail("unknown --strategy '" + value + "'", 2);
-      request.mutable_routing()->set_strategy(strategy);
-    } else if (arg == "--max-tokens" && absl::SimpleAtoi(value, &n)) {
-      request.mutable_sampling()->set_max_tokens(n);
-    } else if (arg == "--temperature" && absl::SimpleAtof(value, &f)) {
-      request.mutable_sampling()->set_temperature(f);
-    } else if (arg == "--seed" && absl::SimpleAtoi(value, &seed)) {
-      request.mutable_sampling()->set_seed(seed);
-    } else {
-      return Fail("bad flag or value: " + arg + " " + value, 2);
-    }
-  }
+  FlagSet flags(
+      "kvl chat",
+      "Talks to a running kvl-server. Creates a session unless --session names an\n"
+      "existing one. Each stdin line is a user turn; the answer streams to stdout, and\n"
+      "one line per turn on stderr shows the model that answered, whether the session\n"
+      "switched model and how (translated, re-prefilled or native cache), the tokens\n"
+      "translated and the time to first token. The routing and sampling flags go with\n"
+      "every turn; those not given are left to the server.\n"
+      "In the conversation: '/model NAME' pins later turns to a model (explicit policy),\n"
+      "'/policy NAME' sets the policy ('' = the server's), '/quit' ends.");
+  flags.Add("server", &server, "HOST:PORT", "the kvl-server's gRPC address");
+  flags.Add("session", &session_id, "ID", "continue this session instead of creating one");
+  flags.Add("system", &system_prompt, "TEXT", "system prompt of the session created");
+  flags.Add("policy", &policy, "NAME",
+            "routing policy: fixed, explicit, rules, cascade or alternate");
+  flags.Add("model", &model, "NAME", "the model to use (the explicit policy)");
+  flags.Choice("strategy", &strategy, {"translate", "reprefill", "reprefill-missing"},
+               "how a model switch moves the session's cache");
+  flags.Add("max-tokens", &max_tokens, "N", "most tokens generated per turn, 0: the server's");
+  flags.Add("temperature", &temperature, "T", "softmax temperature in [0, 2], 0: greedy");
+  // Custom: a seed not given stays unset in the request (the server's choice),
+  // which no integer default could say.
+  flags.Custom("seed", "S", "sampler seed, for repeatable sampling",
+               [&request](const std::string& v) -> absl::Status {
+                 uint64_t seed = 0;
+                 if (!absl::SimpleAtoi(v, &seed)) {
+                   return absl::InvalidArgumentError("expected a non-negative integer, got '" +
+                                                     v + "'");
+                 }
+                 request.mutable_sampling()->set_seed(seed);
+                 return absl::OkStatus();
+               });
+  if (std::optional<int> exit = flags.ParseOrExit(args)) return *exit;
+  // Only what was given goes into the request: the routing and sampling
+  // messages stay absent otherwise, and the server applies its defaults.
+  if (flags.Given("policy")) request.mutable_routing()->set_policy(policy);
+  if (flags.Given("model")) request.mutable_routing()->set_model(model);
+  if (flags.Given("strategy")) request.mutable_routing()->set_strategy(StrategyOf(strategy));
+  if (flags.Given("max-tokens")) request.mutable_sampling()->set_max_tokens(max_tokens);
+  if (flags.Given("temperature")) request.mutable_sampling()->set_temperature(temperature);
 
   const std::shared_ptr<grpc::Channel> channel =
       grpc::CreateChannel(server, grpc::InsecureChannelCredentials());

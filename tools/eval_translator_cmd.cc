@@ -1,49 +1,33 @@
 // kvl eval-translator: continuation log-perplexity, suite accuracy and a
-// multi-turn run through KV-cache translators (tools/translator_eval.h).
+// multi-turn run through KV-cache translators (training/translator_eval.h).
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_split.h"
+#include "base/flags.h"
+#include "model/config.h"
 #include "nlohmann/json.hpp"
 #include "tools/commands.h"
-#include "tools/translator_eval.h"
-#include "tools/translator_tools.h"
+#include "training/translator_eval.h"
+#include "translator/translator.h"
 
 namespace kvl::tools {
-namespace {
 
-constexpr char kUsage[] =
-    "usage: kvl eval-translator --source DIR --target DIR --translator FILE[,FILE2...]\n"
-    "                           --data TEST.jsonl|TEST.txt [--prefix 255] [--continuation 128]\n"
-    "                           [--max-windows 64] [--first-k 32]\n"
-    "                           [--suites S1.jsonl,S2.jsonl,...] [--limit 50] [--max-new-tokens 64]\n"
-    "                           [--multi-turn FORWARD,REVERSE] [--switches 8] [--turn-len 64]\n"
-    "                           [--multi-turn-runs 16] [--translate-dtype auto|float32|bfloat16]\n"
-    "                           [--native-tail 0]\n"
-    "                           [--json FILE] [--threads N] [--quiet]\n"
-    "Translators go from --source to --target (closed-form and distilled side by\n"
-    "side). On windows of prefix + continuation + 1 tokens of --data, the target\n"
-    "predicts the continuation after processing the held-back last prefix token:\n"
-    "natively, from each translated cache, with no prefix, and the source natively\n"
-    "for reference; gap = translated - native, recovered = (no_prefix - translated)\n"
-    "/ (no_prefix - native), over all positions and the first --first-k. Suites:\n"
-    "greedy accuracy, scored as kvl eval, for target, source and each translator.\n"
-    "--multi-turn (source->target and target->source files): runs of switches + 1\n"
-    "turns of --turn-len tokens, the models alternating from the source; the NLL of\n"
-    "each turn under (a) span-wise translation, (b) whole-prefix re-translation,\n"
-    "(c) re-prefill. --translate-dtype: the translators' arithmetic (default\n"
-    "float32; auto: bfloat16 where the CPU has bfloat16 dot products, as the\n"
-    "server's default). --native-tail W: in the translated conditions and multi-turn (a)\n"
-    "the target prefills the last W prefix/prompt/history tokens itself,\n"
-    "attending to the translation of the rest (the server's\n"
-    "routing.native_tail_tokens). Prints a table; --json also writes the JSON\n"
-    "report.\n";
+using training::RunTranslatorEval;
+using training::TranslatorEvalJson;
+using training::TranslatorEvalOptions;
+using training::TranslatorEvalReport;
+using training::TranslatorEvalTable;
+namespace {
 
 int Fail(const std::string& message, int code = 1) {
   std::fprintf(stderr, "kvl eval-translator: %s\n", message.c_str());
   return code;
 }
+
 
 std::vector<std::string> List(const std::string& s) {
   return absl::StrSplit(s, ',', absl::SkipWhitespace());
@@ -52,54 +36,65 @@ std::vector<std::string> List(const std::string& s) {
 }  // namespace
 
 int RunEvalTranslator(const Args& args) {
-  absl::StatusOr<ParsedFlags> flags = ParseFlags(
-      args,
-      {"source", "target", "translator", "data", "prefix", "continuation", "max-windows",
-       "first-k", "suites", "limit", "max-new-tokens", "multi-turn", "switches", "turn-len",
-       "multi-turn-runs", "json", "threads", "translate-dtype", "native-tail"},
-      {"quiet"});
-  if (!flags.ok()) return Fail(std::string(flags.status().message()) + " (see --help)", 2);
-  if (flags->help) {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
-  for (const char* required : {"source", "target", "translator", "data"}) {
-    if (!flags->Has(required)) return Fail(std::string("--") + required + " is required", 2);
-  }
   TranslatorEvalOptions o;
-  o.source_dir = flags->values.at("source");
-  o.target_dir = flags->values.at("target");
-  o.translators = List(flags->values.at("translator"));
-  o.data_path = flags->values.at("data");
-  if (flags->Has("suites")) o.suites = List(flags->values.at("suites"));
-  if (flags->Has("multi-turn")) {
-    const std::vector<std::string> pair = List(flags->values.at("multi-turn"));
-    if (pair.size() != 2) return Fail("--multi-turn takes FORWARD,REVERSE", 2);
+  std::string translators, suites, multi_turn, json_path;
+  std::string translate_dtype = DTypeName(o.translate_dtype);
+  bool quiet = false;
+  FlagSet flags(
+      "kvl eval-translator",
+      "Translators go from --source to --target (closed-form and distilled side by\n"
+      "side). On windows of prefix + continuation + 1 tokens of --data, the target\n"
+      "predicts the continuation after processing the held-back last prefix token:\n"
+      "natively, from each translated cache, with no prefix, and the source natively\n"
+      "for reference; gap = translated - native, recovered = (no_prefix - translated)\n"
+      "/ (no_prefix - native), over all positions and the first --first-k. Suites:\n"
+      "greedy accuracy, scored as kvl eval, for target, source and each translator.\n"
+      "--multi-turn (source->target and target->source files): runs of switches + 1\n"
+      "turns of --turn-len tokens, the models alternating from the source; the NLL of\n"
+      "each turn under (a) span-wise translation, (b) whole-prefix re-translation,\n"
+      "(c) re-prefill. --translate-dtype auto: bfloat16 where the CPU has bfloat16\n"
+      "dot products, as the server's default. --native-tail W: in the translated\n"
+      "conditions and multi-turn (a) the target prefills the last W\n"
+      "prefix/prompt/history tokens itself, attending to the translation of the rest\n"
+      "(the server's routing.native_tail_tokens). Prints a table; --json also writes\n"
+      "the JSON report.");
+  flags.Required("source", &o.source_dir, "DIR", "the source model");
+  flags.Required("target", &o.target_dir, "DIR", "the target model");
+  flags.Required("translator", &translators, "FILE[,FILE2...]",
+                 "translators from --source to --target, compared side by side");
+  flags.Required("data", &o.data_path, "TEST.jsonl|TEST.txt", "held-out chats or text");
+  flags.Add("prefix", &o.prefix, "P", "tokens of each window the source prefills");
+  flags.Add("continuation", &o.continuation, "C", "continuation tokens scored per window");
+  flags.Add("max-windows", &o.max_windows, "N", "windows, 0: all that fit");
+  flags.Add("first-k", &o.first_k, "K", "the first-tokens statistics cover K positions");
+  flags.Add("suites", &suites, "S1.jsonl,S2.jsonl,...", "evaluation suites for accuracy");
+  flags.Add("limit", &o.suite_limit, "N", "items per suite file, 0: all");
+  flags.Add("max-new-tokens", &o.max_new_tokens, "N", "tokens generated per suite item");
+  flags.Add("multi-turn", &multi_turn, "FORWARD,REVERSE",
+            "source->target and target->source translators for the multi-turn runs");
+  flags.Add("switches", &o.n_switches, "N", "model switches per multi-turn run");
+  flags.Add("turn-len", &o.turn_len, "T", "tokens per multi-turn turn");
+  flags.Add("multi-turn-runs", &o.multi_turn_runs, "N", "multi-turn runs");
+  flags.Choice("translate-dtype", &translate_dtype, {"auto", "float32", "bfloat16"},
+               "the translators' arithmetic");
+  flags.Add("native-tail", &o.native_tail, "W",
+            "last prefix tokens the target prefills itself, 0: none");
+  flags.Add("json", &json_path, "FILE", "also write the JSON report here");
+  flags.Add("threads", &o.n_threads, "N", "intra-op threads, 0: all cores");
+  flags.Switch("quiet", &quiet, "no progress bar on stderr");
+  if (std::optional<int> exit = flags.ParseOrExit(args)) return *exit;
+  o.translators = List(translators);
+  o.suites = List(suites);
+  if (flags.Given("multi-turn")) {
+    const std::vector<std::string> pair = List(multi_turn);
+    if (pair.size() != 2) return flags.UsageError("--multi-turn takes FORWARD,REVERSE");
     o.multi_turn_forward = pair[0];
     o.multi_turn_reverse = pair[1];
   }
-  if (flags->Has("translate-dtype")) {
-    const std::string& name = flags->values.at("translate-dtype");
-    absl::StatusOr<DType> dtype =
-        name == "auto" ? absl::StatusOr<DType>(FastestTranslateDtype()) : ParseDType(name);
-    if (!dtype.ok() || *dtype == DType::kFloat16) {
-      return Fail("--translate-dtype takes auto, float32 or bfloat16, got '" + name + "'", 2);
-    }
-    o.translate_dtype = *dtype;
-  }
-  int64_t threads = 0;
-  for (absl::Status s :
-       {FlagInt(*flags, "prefix", &o.prefix), FlagInt(*flags, "continuation", &o.continuation),
-        FlagInt(*flags, "max-windows", &o.max_windows), FlagInt(*flags, "first-k", &o.first_k),
-        FlagInt(*flags, "limit", &o.suite_limit),
-        FlagInt(*flags, "max-new-tokens", &o.max_new_tokens),
-        FlagInt(*flags, "switches", &o.n_switches), FlagInt(*flags, "turn-len", &o.turn_len),
-        FlagInt(*flags, "multi-turn-runs", &o.multi_turn_runs),
-        FlagInt(*flags, "threads", &threads), FlagInt(*flags, "native-tail", &o.native_tail)}) {
-    if (!s.ok()) return Fail(std::string(s.message()), 2);
-  }
-  o.n_threads = static_cast<int>(threads);
-  o.progress = !flags->switches.count("quiet");
+  // Not auto: one of the names the Choice admits.
+  o.translate_dtype =
+      translate_dtype == "auto" ? FastestTranslateDtype() : *ParseDType(translate_dtype);
+  o.progress = !quiet;
 
   absl::StatusOr<TranslatorEvalReport> r = RunTranslatorEval(o);
   if (!r.ok()) {
@@ -107,10 +102,10 @@ int RunEvalTranslator(const Args& args) {
                 r.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1);
   }
   std::fputs(TranslatorEvalTable(*r).c_str(), stdout);
-  if (flags->Has("json")) {
-    std::ofstream out(flags->values.at("json"), std::ios::trunc);
+  if (!json_path.empty()) {
+    std::ofstream out(json_path, std::ios::trunc);
     out << TranslatorEvalJson(o, *r).dump(2) << "\n";
-    if (!out) return Fail("cannot write " + flags->values.at("json"));
+    if (!out) return Fail("cannot write " + json_path);
   }
   return 0;
 }

@@ -1,11 +1,10 @@
-// kvl fit: stage-1 closed-form translator fit (translator/fit.h,
+// kvl fit: stage-1 closed-form translator fit (training/translator_fit.h,
 // translator/README.md) from a corpus, with a per-layer R² report.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <memory>
-#include <set>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -14,58 +13,34 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "base/flags.h"
 #include "model/checkpoint.h"
 #include "model/engine.h"
+#include "model/model_dir.h"
 #include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
-#include "tools/chat_data.h"
+#include "datagen/chat_data.h"
 #include "tools/commands.h"
-#include "tools/translator_tools.h"
-#include "tools/progress.h"
-#include "tools/translator_attention.h"
-#include "translator/fit.h"
+#include "training/translator_data.h"
+#include "training/progress.h"
+#include "training/attention.h"
+#include "training/translator_fit.h"
 #include "translator/translator.h"
 
 namespace kvl::tools {
+
+using training::AccumulateSequence;
+using training::AttentionMass;
+using training::FitResult;
+using training::FormatCount;
+using training::MomentAccumulator;
+using training::ParseChatLine;
+using training::PrefixAttentionMass;
+using training::ProgressBar;
+using training::ProgressOptions;
+using training::SingleLayerR2Table;
 namespace {
 
-constexpr char kUsage[] =
-    "usage: kvl fit --source DIR --target DIR --data FILE.jsonl|FILE.txt --out FILE\n"
-    "               [--assignment same_index|relative_depth|top_r2|greedy] [--band N|all]\n"
-    "               [--inputs split|joint] [--ridge L]\n"
-    "               [--weighting uniform|attention] [--attention-queries C] [--no-bias]\n"
-    "               [--max-sequences N] [--seq-len T]\n"
-    "               [--threads N] [--quiet]\n"
-    "Prefills every sequence of the corpus with both models (which must share a\n"
-    "tokenizer), accumulates float64 second moments of their pre-norm keys and\n"
-    "values, and solves each target layer's maps in closed form (ridge relative to\n"
-    "the mean input second moment). .jsonl: one chat per line ({\"messages\": [...]}),\n"
-    "rendered as ChatML and cut to --seq-len tokens; .txt: consecutive windows of\n"
-    "--seq-len tokens. Writes the translator to --out and the per-layer R² (and the\n"
-    "single-layer R² tables) to the same path with extension .r2.json.\n"
-    "--band all: every target layer reads every source layer (the band is the\n"
-    "source's depth; the default assignment is then relative_depth).\n"
-    "--inputs joint: both maps of a target layer read the keys and the values of its\n"
-    "assigned source layers (default split: key maps read keys, value maps values;\n"
-    "the assignment is chosen by split R² either way).\n"
-    "Defaults: assignment same_index when depths match, else relative_depth; band 1;\n"
-    "ridge 1e-4; max-sequences 512 (0: all); seq-len 256; threads 0 (all cores).\n"
-    "--weighting attention: each sequence's last C tokens (--attention-queries,\n"
-    "default 64; half the sequence when it is shorter than 2C) act as continuation\n"
-    "queries; only the tokens before them are fitted, each weighted by the attention\n"
-    "the target's continuation queries give it (summed over queries, averaged over\n"
-    "layers and heads, normalised to mean 1 per sequence; KV-Lingo appendix O).\n";
-
-const std::set<std::string> kValueFlags = {"source",  "target",        "data",    "out",
-                                           "assignment", "band",       "ridge",   "weighting",
-                                           "max-sequences", "seq-len", "threads",
-                                           "attention-queries", "inputs"};
-
-int UsageError(const std::string& message) {
-  std::fprintf(stderr, "kvl fit: %s (see kvl fit --help)\n", message.c_str());
-  return 2;
-}
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "kvl fit: %s\n", message.c_str());
@@ -88,7 +63,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ReadSequences(const std::strin
       if (line.empty()) continue;
       absl::StatusOr<std::vector<ChatMessage>> messages = ParseChatLine(line, path, line_no);
       if (!messages.ok()) return messages.status();
-      const std::vector<int32_t> ids = tokenizer.Encode(RenderChatMl(*messages));
+      const std::vector<int32_t> ids = tokenizer.Encode(datagen::RenderChatMl(*messages));
       if (ids.size() < 2) continue;
       const size_t n = std::min<size_t>(ids.size(), seq_len);
       out.emplace_back(ids.begin(), ids.begin() + n);
@@ -105,30 +80,13 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ReadSequences(const std::strin
   return out;
 }
 
-struct LoadedModel {
-  Checkpoint checkpoint;
-  std::unique_ptr<Tokenizer> tokenizer;
-  std::unique_ptr<Engine> engine;
-  std::string identity;
-};
-
-absl::StatusOr<LoadedModel> Load(const std::string& dir, int n_threads, int64_t seq_len) {
-  LoadedModel m;
-  absl::StatusOr<Checkpoint> c = LoadCheckpoint(dir);
-  if (!c.ok()) return c.status();
-  m.checkpoint = std::move(*c);
-  absl::StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::FromFile(dir + "/tokenizer.json");
-  if (!t.ok()) return t.status();
-  m.tokenizer = std::move(*t);
-  m.identity = ModelIdentity(m.checkpoint.config, m.checkpoint.weights);
+// Moments are accumulated in float64 from float32 caches.
+absl::StatusOr<ModelDir> Load(const std::string& dir, int n_threads, int64_t seq_len) {
   RuntimeOptions o;
-  o.dtype = DType::kFloat32;  // moments in float64 from float32 caches
+  o.dtype = DType::kFloat32;
   o.n_threads = n_threads;
   o.prefill_chunk = std::max<int64_t>(seq_len, 1);
-  absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(m.checkpoint, o);
-  if (!e.ok()) return e.status();
-  m.engine = std::move(*e);
-  return m;
+  return LoadModelDir(dir, o);
 }
 
 // The prefix of ids (all but its last C tokens; half when shorter than 2C),
@@ -173,65 +131,69 @@ nlohmann::json TableJson(const at::Tensor& t) {
 }  // namespace
 
 int RunFit(const Args& args) {
-  std::map<std::string, std::string> flags;
-  bool quiet = false, bias = true;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (arg == "--quiet") {
-      quiet = true;
-      continue;
-    }
-    if (arg == "--no-bias") {
-      bias = false;
-      continue;
-    }
-    if (arg.rfind("--", 0) != 0) return UsageError("unexpected argument '" + arg + "'");
-    std::string key = arg.substr(2), value;
-    if (const size_t eq = key.find('='); eq != std::string::npos) {
-      value = key.substr(eq + 1);
-      key.resize(eq);
-    } else if (i + 1 < args.size()) {
-      value = args[++i];
-    } else {
-      return UsageError("flag --" + key + " needs a value");
-    }
-    if (!kValueFlags.count(key)) return UsageError("unknown flag --" + key);
-    flags[key] = value;
-  }
-  for (const char* required : {"source", "target", "data", "out"}) {
-    if (!flags.count(required)) return UsageError(std::string("--") + required + " is required");
-  }
-  int64_t band = 1, max_sequences = 512, seq_len = 256, n_threads = 0, attention_queries = 64;
-  const bool band_all = flags.count("band") && flags["band"] == "all";  // set once the source is loaded
-  if (band_all) flags.erase("band");
-  for (auto [name, out] : {std::pair{"band", &band}, {"max-sequences", &max_sequences},
-                           {"seq-len", &seq_len}, {"threads", &n_threads},
-                           {"attention-queries", &attention_queries}}) {
-    if (!flags.count(name)) continue;
-    if (!absl::SimpleAtoi(flags[name], out) || *out < 0) {
-      return UsageError(std::string("--") + name + " must be a non-negative integer");
-    }
-  }
-  if (band < 1 || seq_len < 2) return UsageError("--band must be >= 1 and --seq-len >= 2");
+  std::string source_dir, target_dir, data_path, out_path;
+  // Empty: chosen once the depths are known (see --help).
+  std::string kind;
+  std::string band_text = "1", inputs_name = MapInputsName(MapInputs::kSplit);
+  std::string weighting = "uniform";
+  int64_t max_sequences = 512, seq_len = 256, attention_queries = 64;
+  int n_threads = 0;
   double ridge = 1e-4;
-  if (flags.count("ridge") && (!absl::SimpleAtod(flags["ridge"], &ridge) || ridge < 0)) {
-    return UsageError("--ridge must be a non-negative number");
+  bool quiet = false, no_bias = false;
+  FlagSet flags(
+      "kvl fit",
+      "Prefills every sequence of the corpus with both models (which must share a\n"
+      "tokenizer), accumulates float64 second moments of their pre-norm keys and\n"
+      "values, and solves each target layer's maps in closed form (ridge relative to\n"
+      "the mean input second moment). .jsonl: one chat per line ({\"messages\": [...]}),\n"
+      "rendered as ChatML and cut to --seq-len tokens; .txt: consecutive windows of\n"
+      "--seq-len tokens. Writes the translator to --out and the per-layer R² (and the\n"
+      "single-layer R² tables) to the same path with extension .r2.json.\n"
+      "--assignment defaults to same_index when the depths match (and --band is not\n"
+      "all), else relative_depth. --band all: every target layer reads every source\n"
+      "layer (the band is the source's depth).\n"
+      "--inputs joint: both maps of a target layer read the keys and the values of its\n"
+      "assigned source layers (split: key maps read keys, value maps values; the\n"
+      "assignment is chosen by split R² either way).\n"
+      "--weighting attention: each sequence's last C tokens (--attention-queries; half\n"
+      "the sequence when it is shorter than 2C) act as continuation queries; only the\n"
+      "tokens before them are fitted, each weighted by the attention the target's\n"
+      "continuation queries give it (summed over queries, averaged over layers and\n"
+      "heads, normalised to mean 1 per sequence; KV-Lingo appendix O).");
+  flags.Required("source", &source_dir, "DIR", "the source model");
+  flags.Required("target", &target_dir, "DIR", "the target model");
+  flags.Required("data", &data_path, "FILE.jsonl|FILE.txt", "the corpus");
+  flags.Required("out", &out_path, "FILE", "the translator to write");
+  flags.Choice("assignment", &kind, {"same_index", "relative_depth", "top_r2", "greedy"},
+               "which source layers each target layer reads");
+  flags.Add("band", &band_text, "N|all", "source layers per target layer");
+  flags.Choice("inputs", &inputs_name, {"split", "joint"}, "what each map reads");
+  flags.Add("ridge", &ridge, "L", "ridge, relative to the mean input second moment, >= 0");
+  flags.Choice("weighting", &weighting, {"uniform", "attention"}, "weight of each fitted token");
+  flags.Add("attention-queries", &attention_queries, "C",
+            "continuation queries per sequence (--weighting attention), >= 1");
+  flags.Switch("no-bias", &no_bias, "maps without a bias term");
+  flags.Add("max-sequences", &max_sequences, "N", "sequences read from the corpus, 0: all");
+  flags.Add("seq-len", &seq_len, "T", "tokens per sequence, >= 2");
+  flags.Add("threads", &n_threads, "N", "intra-op threads, 0: all cores");
+  flags.Switch("quiet", &quiet, "no progress bar on stderr");
+  if (std::optional<int> exit = flags.ParseOrExit(args)) return *exit;
+  const bool band_all = band_text == "all";  // the band is set once the source is loaded
+  int64_t band = 1;
+  if (!band_all && (!absl::SimpleAtoi(band_text, &band) || band < 1)) {
+    return flags.UsageError("--band must be an integer >= 1 or all, got '" + band_text + "'");
   }
-  const std::string weighting = flags.count("weighting") ? flags["weighting"] : "uniform";
-  if (weighting != "uniform" && weighting != "attention") {
-    return UsageError("--weighting must be uniform or attention");
-  }
-  if (attention_queries < 1) return UsageError("--attention-queries must be >= 1");
-  absl::StatusOr<MapInputs> inputs = ParseMapInputs(flags.count("inputs") ? flags["inputs"] : "split");
-  if (!inputs.ok()) return UsageError("--inputs must be split or joint");
+  if (max_sequences < 0) return flags.UsageError("--max-sequences must be a non-negative integer");
+  if (seq_len < 2) return flags.UsageError("--seq-len must be >= 2");
+  if (n_threads < 0) return flags.UsageError("--threads must be a non-negative integer");
+  if (ridge < 0) return flags.UsageError("--ridge must be a non-negative number");
+  if (attention_queries < 1) return flags.UsageError("--attention-queries must be >= 1");
+  const MapInputs inputs = *ParseMapInputs(inputs_name);  // a name the Choice admits
+  const bool bias = !no_bias;
 
-  absl::StatusOr<LoadedModel> source = Load(flags["source"], n_threads, seq_len);
+  absl::StatusOr<ModelDir> source = Load(source_dir, n_threads, seq_len);
   if (!source.ok()) return Fail(std::string(source.status().message()));
-  absl::StatusOr<LoadedModel> target = Load(flags["target"], n_threads, seq_len);
+  absl::StatusOr<ModelDir> target = Load(target_dir, n_threads, seq_len);
   if (!target.ok()) return Fail(std::string(target.status().message()));
   if (source->tokenizer->content_hash() != target->tokenizer->content_hash()) {
     return Fail("source and target tokenizers differ; cross-tokenizer fitting is not supported");
@@ -239,15 +201,10 @@ int RunFit(const Args& args) {
   const ModelConfig& sc = source->checkpoint.config;
   const ModelConfig& tc = target->checkpoint.config;
   if (band_all) band = sc.n_layer;
-  std::string kind = flags.count("assignment")           ? flags["assignment"]
-                     : sc.n_layer == tc.n_layer && !band_all ? "same_index"
-                                                             : "relative_depth";
-  if (kind != "same_index" && kind != "relative_depth" && kind != "top_r2" && kind != "greedy") {
-    return UsageError("--assignment must be same_index, relative_depth, top_r2 or greedy");
-  }
+  if (kind.empty()) kind = sc.n_layer == tc.n_layer && !band_all ? "same_index" : "relative_depth";
 
   absl::StatusOr<std::vector<std::vector<int64_t>>> sequences =
-      ReadSequences(flags["data"], *source->tokenizer, seq_len, max_sequences);
+      ReadSequences(data_path, *source->tokenizer, seq_len, max_sequences);
   if (!sequences.ok()) return Fail(std::string(sequences.status().message()));
 
   TranslatorSpec spec;
@@ -256,10 +213,10 @@ int RunFit(const Args& args) {
   spec.assignment_kind = kind;
   spec.band = band;
   spec.bias = bias;
-  spec.inputs = *inputs;
+  spec.inputs = inputs;
   spec.training.method = "closed_form";
   spec.training.weighting = weighting;
-  spec.training.corpus = flags["data"];
+  spec.training.corpus = data_path;
 
   absl::StatusOr<std::unique_ptr<MomentAccumulator>> moments =
       MomentAccumulator::Create(spec.source, spec.target);
@@ -300,7 +257,7 @@ int RunFit(const Args& args) {
 
   absl::StatusOr<FitResult> fit = (*moments)->Fit(spec, ridge);
   if (!fit.ok()) return Fail(std::string(fit.status().message()));
-  if (absl::Status s = fit->translator->Save(flags["out"]); !s.ok()) {
+  if (absl::Status s = fit->translator->Save(out_path); !s.ok()) {
     return Fail(std::string(s.message()));
   }
 
@@ -322,15 +279,15 @@ int RunFit(const Args& args) {
   std::printf("mean   %-14s %-8.4f %-14s %-8.4f\n", "", mean_k, "", mean_v);
 
   nlohmann::json report = {
-      {"translator", flags["out"]},
-      {"source", flags["source"]},
-      {"target", flags["target"]},
-      {"data", flags["data"]},
+      {"translator", out_path},
+      {"source", source_dir},
+      {"target", target_dir},
+      {"data", data_path},
       {"assignment", kind},
       {"band", band},
       {"ridge", ridge},
       {"bias", bias},
-      {"inputs", MapInputsName(*inputs)},
+      {"inputs", MapInputsName(inputs)},
       {"weighting", weighting},
       {"n_sequences", (*moments)->n_spans()},
       {"n_tokens", (*moments)->n_tokens()},
@@ -344,11 +301,11 @@ int RunFit(const Args& args) {
       {"single_layer_r2_values", TableJson(single->values)},
   };
   const std::string json_path =
-      std::filesystem::path(flags["out"]).replace_extension(".r2.json").string();
+      std::filesystem::path(out_path).replace_extension(".r2.json").string();
   std::ofstream out(json_path, std::ios::trunc);
   out << report.dump(2) << "\n";
   if (!out) return Fail("cannot write " + json_path);
-  std::printf("wrote %s and %s\n", flags["out"].c_str(), json_path.c_str());
+  std::printf("wrote %s and %s\n", out_path.c_str(), json_path.c_str());
   return 0;
 }
 

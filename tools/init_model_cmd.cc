@@ -2,81 +2,51 @@
 // Hub layout, the starting point for models trained from scratch.
 #include <cstdio>
 #include <filesystem>
-#include <map>
+#include <optional>
 #include <string>
 
 #include "absl/strings/numbers.h"
+#include "base/flags.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "tools/commands.h"
 
 namespace kvl::tools {
-namespace {
-
-constexpr char kUsage[] =
-    "usage: kvl init-model --config config.json --out DIR --seed N\n"
-    "                      [--dtype float32|bfloat16|float16] [--tokenizer tokenizer.json]\n"
-    "Writes DIR/config.json, model.safetensors and generation_config.json; with\n"
-    "--tokenizer, also copies tokenizer.json and the tokenizer_config.json next to it.\n";
-
-int UsageError(const std::string& message) {
-  std::fprintf(stderr, "kvl init-model: %s (see kvl init-model --help)\n", message.c_str());
-  return 2;
-}
-
-}  // namespace
-
 int RunInitModel(const Args& args) {
-  std::map<std::string, std::string> flags;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (arg.rfind("--", 0) != 0) return UsageError("unexpected argument '" + arg + "'");
-    std::string key = arg.substr(2), value;
-    if (const size_t eq = key.find('='); eq != std::string::npos) {
-      value = key.substr(eq + 1);
-      key.resize(eq);
-    } else if (i + 1 < args.size()) {
-      value = args[++i];
-    } else {
-      return UsageError("flag --" + key + " needs a value");
-    }
-    if (key != "config" && key != "out" && key != "seed" && key != "dtype" && key != "tokenizer") {
-      return UsageError("unknown flag --" + key);
-    }
-    flags[key] = value;
-  }
-  for (const char* required : {"config", "out", "seed"}) {
-    if (!flags.count(required)) return UsageError(std::string("--") + required + " is required");
-  }
+  std::string config_path, out_dir, seed_text, tokenizer_json;
+  std::string dtype_name = DTypeName(DType::kFloat32);
+  FlagSet flags(
+      "kvl init-model",
+      "Writes DIR/config.json, model.safetensors and generation_config.json; with\n"
+      "--tokenizer, also copies tokenizer.json and the tokenizer_config.json next to it.");
+  flags.Required("config", &config_path, "config.json", "the model's Hugging Face config.json");
+  flags.Required("out", &out_dir, "DIR", "the model directory to write");
+  // Only string flags can be Required, and the seed has no default: parsed below.
+  flags.Required("seed", &seed_text, "N", "initialisation seed, a non-negative integer");
+  flags.Choice("dtype", &dtype_name, {"float32", "bfloat16", "float16"},
+               "dtype of the written weights");
+  flags.Add("tokenizer", &tokenizer_json, "tokenizer.json",
+            "copied into DIR (with tokenizer_config.json from the same directory, if present)");
+  if (std::optional<int> exit = flags.ParseOrExit(args)) return *exit;
   uint64_t seed = 0;
-  if (!absl::SimpleAtoi(flags["seed"], &seed)) {
-    return UsageError("--seed must be a non-negative integer, got '" + flags["seed"] + "'");
+  if (!absl::SimpleAtoi(seed_text, &seed)) {
+    return flags.UsageError("--seed must be a non-negative integer, got '" + seed_text + "'");
   }
-  DType dtype = DType::kFloat32;
-  if (flags.count("dtype")) {
-    absl::StatusOr<DType> parsed = ParseDType(flags["dtype"]);
-    if (!parsed.ok()) return UsageError(std::string(parsed.status().message()));
-    dtype = *parsed;
-  }
+  const DType dtype = *ParseDType(dtype_name);  // one of the names the Choice admits
 
-  absl::StatusOr<ModelConfig> config = ModelConfig::FromFile(flags["config"]);
+  absl::StatusOr<ModelConfig> config = ModelConfig::FromFile(config_path);
   if (!config.ok()) {
     std::fprintf(stderr, "kvl init-model: %s\n", std::string(config.status().message()).c_str());
     return 1;
   }
-  std::string tokenizer_json, tokenizer_config_json;
-  if (flags.count("tokenizer")) {
-    tokenizer_json = flags["tokenizer"];
+  std::string tokenizer_config_json;
+  if (!tokenizer_json.empty()) {
     const std::filesystem::path sibling =
         std::filesystem::path(tokenizer_json).parent_path() / "tokenizer_config.json";
     if (std::filesystem::exists(sibling)) tokenizer_config_json = sibling.string();
   }
   const ModelWeights weights = InitWeights(*config, seed);
-  if (absl::Status s = SaveCheckpoint(flags["out"], *config, weights, dtype, tokenizer_json,
+  if (absl::Status s = SaveCheckpoint(out_dir, *config, weights, dtype, tokenizer_json,
                                       tokenizer_config_json);
       !s.ok()) {
     std::fprintf(stderr, "kvl init-model: %s\n", std::string(s.message()).c_str());
@@ -84,13 +54,13 @@ int RunInitModel(const Args& args) {
   }
   // Read back what was written: checks it, and the identity printed is the
   // one a server computes when it loads this directory.
-  absl::StatusOr<Checkpoint> written = LoadCheckpoint(flags["out"]);
+  absl::StatusOr<Checkpoint> written = LoadCheckpoint(out_dir);
   if (!written.ok()) {
     std::fprintf(stderr, "kvl init-model: reading back: %s\n",
                  std::string(written.status().message()).c_str());
     return 1;
   }
-  std::printf("wrote %s: %s, %lld parameters, %s, identity %s\n", flags["out"].c_str(),
+  std::printf("wrote %s: %s, %lld parameters, %s, identity %s\n", out_dir.c_str(),
               config->architecture_name.c_str(), static_cast<long long>(config->ParameterCount()),
               DTypeName(dtype), ModelIdentity(written->config, written->weights).c_str());
   return 0;

@@ -7,125 +7,107 @@
 #include <ATen/ATen.h>
 
 #include <cstdio>
-#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "base/flags.h"
 #include "model/config.h"
 #include "model/engine.h"
+#include "model/model_dir.h"
 #include "nlohmann/json.hpp"
 #include "tools/commands.h"
-#include "tools/translator_tools.h"
+#include "training/translator_data.h"
 #include "translator/translator.h"
 
 namespace kvl::tools {
+
+using training::ExpectationFor;
+using training::LoadTranslatorModel;
+using training::TranslatedCache;
+using training::TranslatorModel;
 namespace {
 
-constexpr char kUsage[] =
-    "usage: kvl logits --model DIR --ids 1,2,3 [--dtype float32|bfloat16] [--threads N]\n"
-    "       [--prefix-from SOURCE_DIR --translator FILE --prefix-len N\n"
-    "        [--translate-dtype auto|float32|bfloat16]]\n"
-    "Prints {\"logits\": [[...], ...]}: one row of float32 logits per position.\n"
-    "With --prefix-from, SOURCE prefills the first N ids, its cache is translated\n"
-    "into --model's cache by FILE (checked against both models), and --model\n"
-    "processes the rest: the rows are positions N..end (1 <= N < number of ids),\n"
-    "and the JSON adds \"first_position\": N. --translate-dtype: the translator's\n"
-    "arithmetic (default float32; auto as the server's compute_dtype default).\n";
-
-int Fail(const std::string& message, int code = 1) {
+int Fail(const std::string& message) {
   std::fprintf(stderr, "kvl logits: %s\n", message.c_str());
-  return code;
+  return 1;
 }
+
 
 }  // namespace
 
 int RunLogits(const Args& args) {
-  std::map<std::string, std::string> flags;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (arg.rfind("--", 0) != 0) return Fail("unexpected argument '" + arg + "'", 2);
-    std::string key = arg.substr(2), value;
-    if (const size_t eq = key.find('='); eq != std::string::npos) {
-      value = key.substr(eq + 1);
-      key.resize(eq);
-    } else if (i + 1 < args.size()) {
-      value = args[++i];
-    } else {
-      return Fail("flag --" + key + " needs a value", 2);
-    }
-    if (key != "model" && key != "ids" && key != "dtype" && key != "threads" &&
-        key != "prefix-from" && key != "translator" && key != "prefix-len" &&
-        key != "translate-dtype") {
-      return Fail("unknown flag --" + key, 2);
-    }
-    flags[key] = value;
-  }
-  if (!flags.count("model") || !flags.count("ids"))
-    return Fail("--model and --ids are required", 2);
+  std::string model_dir, ids_text, source_dir, translator_path;
+  RuntimeOptions options;
+  std::string dtype = DTypeName(options.dtype);
+  std::string translate_dtype = DTypeName(DType::kFloat32);
+  int64_t prefix_len = 0;
+  FlagSet flags(
+      "kvl logits",
+      "Prints {\"logits\": [[...], ...]}: one row of float32 logits per position.\n"
+      "With --prefix-from, SOURCE prefills the first N ids, its cache is translated\n"
+      "into --model's cache by FILE (checked against both models), and --model\n"
+      "processes the rest: the rows are positions N..end (1 <= N < number of ids),\n"
+      "and the JSON adds \"first_position\": N. --prefix-from, --translator and\n"
+      "--prefix-len go together; --translate-dtype needs them (auto: as the server's\n"
+      "compute_dtype default).");
+  flags.Required("model", &model_dir, "DIR", "the model directory whose logits are printed");
+  flags.Required("ids", &ids_text, "ID,ID,...", "the token ids, comma-separated");
+  flags.Choice("dtype", &dtype, {"float32", "bfloat16", "float16"},
+               "the model's compute dtype (the logits are printed as float32)");
+  flags.Add("threads", &options.n_threads, "N", "intra-op threads, >= 1 if given (0: all cores)");
+  flags.Add("prefix-from", &source_dir, "SOURCE_DIR", "the model that prefills the first N ids");
+  flags.Add("translator", &translator_path, "FILE",
+            "translator file from SOURCE_DIR to --model (kvl fit, kvl distill)");
+  flags.Add("prefix-len", &prefix_len, "N", "ids prefilled by SOURCE_DIR, 1 <= N < number of ids");
+  flags.Choice("translate-dtype", &translate_dtype, {"auto", "float32", "bfloat16"},
+               "the translator's arithmetic");
+  if (std::optional<int> exit = flags.ParseOrExit(args)) return *exit;
 
   std::vector<int64_t> ids;
-  for (absl::string_view piece : absl::StrSplit(flags["ids"], ',', absl::SkipWhitespace())) {
+  for (absl::string_view piece : absl::StrSplit(ids_text, ',', absl::SkipWhitespace())) {
     int64_t id = 0;
-    if (!absl::SimpleAtoi(piece, &id))
-      return Fail("--ids: '" + std::string(piece) + "' is not an integer", 2);
+    if (!absl::SimpleAtoi(piece, &id)) {
+      return flags.UsageError("--ids: '" + std::string(piece) + "' is not an integer");
+    }
     ids.push_back(id);
   }
-  RuntimeOptions options;
-  if (flags.count("dtype")) {
-    absl::StatusOr<DType> dtype = ParseDType(flags["dtype"]);
-    if (!dtype.ok()) return Fail(std::string(dtype.status().message()), 2);
-    options.dtype = *dtype;
+  options.dtype = *ParseDType(dtype);  // one of the names the Choice admits
+  if (flags.Given("threads") && options.n_threads < 1) {
+    return flags.UsageError("--threads must be a positive integer");
   }
-  if (flags.count("threads") &&
-      (!absl::SimpleAtoi(flags["threads"], &options.n_threads) || options.n_threads < 1)) {
-    return Fail("--threads must be a positive integer", 2);
-  }
-
-  const int n_translation_flags = static_cast<int>(flags.count("prefix-from")) +
-                                  static_cast<int>(flags.count("translator")) +
-                                  static_cast<int>(flags.count("prefix-len"));
+  const int n_translation_flags = static_cast<int>(flags.Given("prefix-from")) +
+                                  static_cast<int>(flags.Given("translator")) +
+                                  static_cast<int>(flags.Given("prefix-len"));
   if (n_translation_flags != 0 && n_translation_flags != 3) {
-    return Fail("--prefix-from, --translator and --prefix-len go together", 2);
+    return flags.UsageError("--prefix-from, --translator and --prefix-len go together");
   }
-  DType compute = DType::kFloat32;
-  if (flags.count("translate-dtype")) {
-    const std::string name = flags["translate-dtype"];
-    absl::StatusOr<DType> d =
-        name == "auto" ? absl::StatusOr<DType>(FastestTranslateDtype()) : ParseDType(name);
-    if (n_translation_flags != 3) return Fail("--translate-dtype needs --translator", 2);
-    if (!d.ok() || *d == DType::kFloat16) {
-      return Fail("--translate-dtype takes auto, float32 or bfloat16", 2);
-    }
-    compute = *d;
+  if (flags.Given("translate-dtype") && n_translation_flags != 3) {
+    return flags.UsageError("--translate-dtype needs --translator");
   }
-  int64_t prefix_len = 0;
+  const DType compute =
+      translate_dtype == "auto" ? FastestTranslateDtype() : *ParseDType(translate_dtype);
   if (n_translation_flags == 3 &&
-      (!absl::SimpleAtoi(flags["prefix-len"], &prefix_len) || prefix_len < 1 ||
-       prefix_len >= static_cast<int64_t>(ids.size()))) {
-    return Fail("--prefix-len must be an integer in [1, number of ids)", 2);
+      (prefix_len < 1 || prefix_len >= static_cast<int64_t>(ids.size()))) {
+    return flags.UsageError("--prefix-len must be an integer in [1, number of ids)");
   }
 
   absl::StatusOr<at::Tensor> logits;
   if (prefix_len == 0) {
-    absl::StatusOr<std::unique_ptr<Engine>> engine =
-        Engine::CreateFromDir(flags["model"], options);
-    if (!engine.ok()) return Fail(std::string(engine.status().message()));
-    std::unique_ptr<KvCache> cache = (*engine)->NewCache();
-    logits = (*engine)->Prefill(*cache, ids, /*all_logits=*/true);
+    absl::StatusOr<ModelDir> model = LoadModelDir(model_dir, options);
+    if (!model.ok()) return Fail(std::string(model.status().message()));
+    std::unique_ptr<KvCache> cache = model->engine->NewCache();
+    logits = model->engine->Prefill(*cache, ids, /*all_logits=*/true);
   } else {
     // Translators work in float32 (LoadTranslatorModel forces it).
-    absl::StatusOr<TranslatorModel> source = LoadTranslatorModel(flags["prefix-from"], options);
+    absl::StatusOr<TranslatorModel> source = LoadTranslatorModel(source_dir, options);
     if (!source.ok()) return Fail(std::string(source.status().message()));
-    absl::StatusOr<TranslatorModel> target = LoadTranslatorModel(flags["model"], options);
+    absl::StatusOr<TranslatorModel> target = LoadTranslatorModel(model_dir, options);
     if (!target.ok()) return Fail(std::string(target.status().message()));
     absl::StatusOr<std::unique_ptr<Translator>> translator =
-        Translator::Load(flags["translator"], ExpectationFor(*source, *target), compute);
+        Translator::Load(translator_path, ExpectationFor(*source, *target), compute);
     if (!translator.ok()) return Fail(std::string(translator.status().message()));
     const std::vector<int64_t> prefix(ids.begin(), ids.begin() + prefix_len);
     const std::vector<int64_t> rest(ids.begin() + prefix_len, ids.end());

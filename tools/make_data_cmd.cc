@@ -1,124 +1,71 @@
 // kvl make-data: writes the synthetic chat data set (docs/data.md).
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 
-#include "tools/chat_data.h"
+#include "absl/strings/str_cat.h"
+#include "base/flags.h"
+#include "datagen/chat_data.h"
 #include "tools/commands.h"
 
 namespace kvl::tools {
-namespace {
-
-constexpr char kUsage[] =
-    "usage: kvl make-data --out DIR [--seed N] [flags]\n"
-    "  --seed N                   generator seed (default 1)\n"
-    "  --train-conversations N    generated train conversations (default 30000)\n"
-    "  --valid-conversations N    generated valid conversations (default 1500)\n"
-    "  --test-conversations N     generated test conversations (default 1500)\n"
-    "  difficulty knobs (values reached at difficulty 3):\n"
-    "  --facts-distractors N      other facts stated besides the asked one (default 6)\n"
-    "  --facts-filler N           unrelated turns between fact and question (default 8)\n"
-    "  --kv-max-bytes N           size of the key-value document (default 12000)\n"
-    "  --arith-steps N            operations on the running total (default 8)\n"
-    "  --list-len N               items in a list, at most 14 (default 12)\n"
-    "  --string-len N             characters in a string (default 16)\n"
-    "  --allow-missing-sources    skip prose files that are not installed\n"
-    "Real-prose conversations (from fixed Debian files) come on top of the counts.\n";
-
-bool ParseInt(const std::string& s, long long lo, long long hi, long long* out) {
-  if (s.empty()) return false;
-  char* end = nullptr;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (*end != '\0' || v < lo || v > hi) return false;
-  *out = v;
-  return true;
-}
-
-}  // namespace
-
 int RunMakeData(const Args& args) {
-  DataOptions o;
+  datagen::DataOptions o;
   std::string out_dir;
-  struct IntFlag {
-    const char* name;
-    int* target;
+  FlagSet flags("kvl make-data",
+                "Writes the synthetic chat data set and its evaluation suites to DIR\n"
+                "(docs/data.md). The difficulty knobs are the values reached at difficulty 3;\n"
+                "levels 1 and 2 use smaller ones. Real-prose conversations (from fixed Debian\n"
+                "files) come on top of the conversation counts.");
+  flags.Required("out", &out_dir, "DIR", "the directory to write");
+  flags.Add("seed", &o.seed, "N", "generator seed");
+  flags.Add("train-conversations", &o.n_train, "N", "generated train conversations");
+  flags.Add("valid-conversations", &o.n_valid, "N", "generated valid conversations");
+  flags.Add("test-conversations", &o.n_test, "N", "generated test conversations");
+  flags.Add("facts-distractors", &o.facts_max_distractors, "N",
+            "difficulty knob: other facts stated besides the asked one");
+  flags.Add("facts-filler", &o.facts_max_filler, "N",
+            "difficulty knob: unrelated turns between fact and question");
+  flags.Add("kv-max-bytes", &o.kv_max_bytes, "N",
+            "difficulty knob: size of the key-value document, in bytes");
+  flags.Add("arith-steps", &o.arith_max_steps, "N",
+            "difficulty knob: operations on the running total");
+  flags.Add("list-len", &o.list_max_len, "N", "difficulty knob: items in a list, at most 14");
+  flags.Add("string-len", &o.string_max_len, "N", "difficulty knob: characters in a string");
+  flags.Switch("allow-missing-sources", &o.allow_missing_sources,
+               "skip prose files that are not installed");
+  if (std::optional<int> exit = flags.ParseOrExit(args)) return *exit;
+  if (out_dir.empty()) return flags.UsageError("--out needs a directory");
+  if (o.seed > (uint64_t{1} << 62)) return flags.UsageError("--seed must be in [0, 2^62]");
+  // Every count and knob: [0, 10^7].
+  constexpr int kMaxCount = 10000000;
+  const std::pair<const char*, int> counts[] = {
+      {"train-conversations", o.n_train},
+      {"valid-conversations", o.n_valid},
+      {"test-conversations", o.n_test},
+      {"facts-distractors", o.facts_max_distractors},
+      {"facts-filler", o.facts_max_filler},
+      {"kv-max-bytes", o.kv_max_bytes},
+      {"arith-steps", o.arith_max_steps},
+      {"list-len", o.list_max_len},
+      {"string-len", o.string_max_len},
   };
-  const IntFlag int_flags[] = {
-      {"--train-conversations", &o.n_train}, {"--valid-conversations", &o.n_valid},
-      {"--test-conversations", &o.n_test},   {"--facts-distractors", &o.facts_max_distractors},
-      {"--facts-filler", &o.facts_max_filler}, {"--kv-max-bytes", &o.kv_max_bytes},
-      {"--arith-steps", &o.arith_max_steps}, {"--list-len", &o.list_max_len},
-      {"--string-len", &o.string_max_len},
-  };
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i];
-    std::string value;
-    bool has_value = false;
-    if (const size_t eq = flag.find('='); eq != std::string::npos) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-      has_value = true;
+  for (const auto& [name, value] : counts) {
+    if (value < 0 || value > kMaxCount) {
+      return flags.UsageError(absl::StrCat("--", name, " must be in [0, ", kMaxCount, "]"));
     }
-    auto next_value = [&]() -> bool {
-      if (has_value) return true;
-      if (i + 1 >= args.size()) return false;
-      value = args[++i];
-      return true;
-    };
-    if (flag == "--help" || flag == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (flag == "--allow-missing-sources") {
-      o.allow_missing_sources = true;
-      continue;
-    }
-    if (flag == "--out") {
-      if (!next_value() || value.empty()) {
-        std::fprintf(stderr, "kvl make-data: --out needs a directory\n");
-        return 2;
-      }
-      out_dir = value;
-      continue;
-    }
-    if (flag == "--seed") {
-      long long v = 0;
-      if (!next_value() || !ParseInt(value, 0, (1LL << 62), &v)) {
-        std::fprintf(stderr, "kvl make-data: --seed needs a non-negative integer\n");
-        return 2;
-      }
-      o.seed = static_cast<uint64_t>(v);
-      continue;
-    }
-    bool known = false;
-    for (const IntFlag& f : int_flags) {
-      if (flag != f.name) continue;
-      known = true;
-      long long v = 0;
-      if (!next_value() || !ParseInt(value, 0, 10000000, &v)) {
-        std::fprintf(stderr, "kvl make-data: %s needs a non-negative integer\n", f.name);
-        return 2;
-      }
-      *f.target = static_cast<int>(v);
-    }
-    if (!known) {
-      std::fprintf(stderr, "kvl make-data: unknown flag '%s'\n%s", args[i].c_str(), kUsage);
-      return 2;
-    }
-  }
-  if (out_dir.empty()) {
-    std::fprintf(stderr, "kvl make-data: --out is required\n%s", kUsage);
-    return 2;
   }
 
   const auto t0 = std::chrono::steady_clock::now();
-  absl::StatusOr<ChatDataset> data = GenerateChatData(o);
+  absl::StatusOr<datagen::ChatDataset> data = datagen::GenerateChatData(o);
   if (!data.ok()) {
     std::fprintf(stderr, "kvl make-data: %s\n", std::string(data.status().message()).c_str());
     return 1;
   }
-  if (absl::Status s = WriteChatData(*data, out_dir); !s.ok()) {
+  if (absl::Status s = datagen::WriteChatData(*data, out_dir); !s.ok()) {
     std::fprintf(stderr, "kvl make-data: %s\n", std::string(s.message()).c_str());
     return 1;
   }
@@ -126,7 +73,7 @@ int RunMakeData(const Args& args) {
 
   int n_drift = 0;
   int n_missing = 0;
-  for (const SourceRecord& r : data->sources) {
+  for (const datagen::SourceRecord& r : data->sources) {
     if (r.status == "drift") ++n_drift;
     if (r.status == "missing") ++n_missing;
   }
@@ -139,7 +86,7 @@ int RunMakeData(const Args& args) {
   std::printf("wrote %s in %.1f s (seed %llu)\n", out_dir.c_str(), seconds,
               static_cast<unsigned long long>(o.seed));
   for (int split = 0; split < 3; ++split) {
-    std::printf("  %-5s %7zu conversations (%d prose paragraphs)\n", kSplitNames[split],
+    std::printf("  %-5s %7zu conversations (%d prose paragraphs)\n", datagen::kSplitNames[split],
                 data->splits[split].size(), data->n_prose_paragraphs[split]);
   }
   return 0;

@@ -1,60 +1,33 @@
 // `kvl tokenize`: JSON lines in, JSON lines out, one output line per input line.
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "base/flags.h"
 #include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "tools/commands.h"
 
 namespace kvl::tools {
-namespace {
-
-constexpr char kUsage[] =
-    "usage: kvl tokenize --tokenizer FILE [--decode] [--no-special]\n"
-    "\n"
-    "Encode (default): reads one JSON string per line on stdin and writes one JSON\n"
-    "array of token ids per line.\n"
-    "Decode (--decode): reads one JSON array of ids per line and writes one JSON\n"
-    "string per line.\n"
-    "\n"
-    "  --tokenizer FILE  a Hugging Face tokenizer.json (byte-level BPE)\n"
-    "  --decode          ids -> text instead of text -> ids\n"
-    "  --no-special      encode: treat special tokens such as <|im_end|> as plain text;\n"
-    "                    decode: leave special tokens out of the text\n"
-    "  --help            this text\n";
-
-int UsageError(const std::string& message) {
-  std::fprintf(stderr, "kvl tokenize: %s\n%s", message.c_str(), kUsage);
-  return 2;
-}
-
-}  // namespace
 
 int RunTokenize(const Args& args) {
   std::string tokenizer_path;
   bool decode = false;
-  bool special = true;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (a == "--decode") {
-      decode = true;
-    } else if (a == "--no-special") {
-      special = false;
-    } else if (a == "--tokenizer") {
-      if (i + 1 >= args.size()) return UsageError("--tokenizer needs a file");
-      tokenizer_path = args[++i];
-    } else if (a.rfind("--tokenizer=", 0) == 0) {
-      tokenizer_path = a.substr(12);
-    } else {
-      return UsageError("unknown argument '" + a + "'");
-    }
-  }
-  if (tokenizer_path.empty()) return UsageError("--tokenizer is required");
+  bool no_special = false;
+  FlagSet flags("kvl tokenize",
+                "Encode (default): reads one JSON string per line on stdin and writes one JSON\n"
+                "array of token ids per line.\n"
+                "Decode (--decode): reads one JSON array of ids per line and writes one JSON\n"
+                "string per line.");
+  flags.Required("tokenizer", &tokenizer_path, "FILE",
+                 "a Hugging Face tokenizer.json (byte-level BPE)");
+  flags.Switch("decode", &decode, "ids -> text instead of text -> ids");
+  flags.Switch("no-special", &no_special,
+               "encode: special tokens such as <|im_end|> are plain text; decode: leave them out");
+  if (std::optional<int> exit = flags.ParseOrExit(args)) return *exit;
+  const bool special = !no_special;
 
   auto tokenizer = Tokenizer::FromFile(tokenizer_path);
   if (!tokenizer.ok()) {

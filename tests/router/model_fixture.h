@@ -25,7 +25,7 @@
 #include "model/checkpoint.h"
 #include "model/engine.h"
 #include "model/tokenizer.h"
-#include "translator/fit.h"
+#include "training/translator_fit.h"
 #include "translator/translator.h"
 
 namespace kvl::testing {
@@ -130,18 +130,18 @@ inline absl::Status WriteFixtureTranslators(
     if (std::find(joint.begin(), joint.end(), std::pair{s_name, t_name}) != joint.end()) {
       spec.inputs = MapInputs::kJoint;
     }
-    absl::StatusOr<std::unique_ptr<MomentAccumulator>> acc =
-        MomentAccumulator::Create(spec.source, spec.target);
+    absl::StatusOr<std::unique_ptr<training::MomentAccumulator>> acc =
+        training::MomentAccumulator::Create(spec.source, spec.target);
     if (!acc.ok()) return acc.status();
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(77);
     for (int i = 0; i < 4; ++i) {
       const at::Tensor ids = at::randint(4000, {192}, gen, at::TensorOptions().dtype(at::kLong));
       std::vector<int64_t> v(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel());
-      if (absl::Status st = AccumulateSequence(*s->engine, *t->engine, v, **acc); !st.ok()) {
+      if (absl::Status st = training::AccumulateSequence(*s->engine, *t->engine, v, **acc); !st.ok()) {
         return st;
       }
     }
-    absl::StatusOr<FitResult> fit = (*acc)->Fit(spec, 1e-3);
+    absl::StatusOr<training::FitResult> fit = (*acc)->Fit(spec, 1e-3);
     if (!fit.ok()) return fit.status();
     if (absl::Status st = fit->translator->Save(TranslatorPath(dir, s_name, t_name)); !st.ok()) {
       return st;

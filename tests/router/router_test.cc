@@ -185,7 +185,7 @@ class RouterTest : public ::testing::Test {
         translators.push_back({models[s].name + "->" + models[t].name, path, s, t, *std::move(tr)});
       }
     }
-    store_ = std::make_unique<CacheStore>(CacheStoreOptions{3, budget});
+    store_ = std::make_unique<CacheStore>(CacheStoreOptions{3, budget, nullptr});
     auto r = Router::Create(std::move(models), std::move(translators), *std::move(tokenizer),
                             std::move(routing), store_.get(), observer);
     ASSERT_TRUE(r.ok()) << r.status();
@@ -233,7 +233,7 @@ class RouterTest : public ::testing::Test {
   // which computes in `compute`; the router must translate all but the last
   // native_tail tokens of the history.
   void ExpectTranslateSwitchEqualsHandDriven(DType compute, int64_t native_tail = 0) {
-    ASSERT_TRUE(store_->Create("s", router_->RenderPreamble("Be brief.")).ok());
+    ASSERT_TRUE(store_->Create("s", "", router_->RenderPreamble("Be brief.")).ok());
     auto t1 = Turn("s", "Hello there, how are you?", 0);
     ASSERT_TRUE(t1.ok()) << t1.status();
     EXPECT_EQ(t1->routing.path, CachePath::kNative);
@@ -355,7 +355,7 @@ TEST_F(RouterTest, ASwitchSizesTheTargetsLineOnceAndRunsItsNativeTailWithTheTurn
   routing.native_tail_tokens = 4;
   PrefillCalls prefills;
   MakeRouter(routing, int64_t{1} << 30, DType::kFloat32, &prefills);
-  ASSERT_TRUE(store_->Create("s", {}).ok());
+  ASSERT_TRUE(store_->Create("s", "", {}).ok());
   std::string long_turn;
   for (int i = 0; i < 80; ++i) long_turn += absl::StrFormat("word%d ", i);
   ASSERT_TRUE(Turn("s", long_turn, 0).ok());
@@ -408,7 +408,7 @@ TEST_F(RouterTest, AnUntranslatableSpanRunsWithTheTurnWhileAReprefillStaysInTheS
   // No small-b -> small translator: under strategy translate, small prefills
   // the history itself, in the same pass as the turn, and the switch took no
   // time of its own.
-  ASSERT_TRUE(store_->Create("a", {}).ok());
+  ASSERT_TRUE(store_->Create("a", "", {}).ok());
   ASSERT_TRUE(Turn("a", "Hello from the other small model.", 1).ok());
   const int64_t n_a = static_cast<int64_t>(store_->View("a")->state.history.size());
   prefills.calls.clear();
@@ -423,7 +423,7 @@ TEST_F(RouterTest, AnUntranslatableSpanRunsWithTheTurnWhileAReprefillStaysInTheS
 
   // Strategy reprefill: the history is prefilled by the hand-over, reported
   // as switch time, and the turn runs after it.
-  ASSERT_TRUE(store_->Create("b", {}).ok());
+  ASSERT_TRUE(store_->Create("b", "", {}).ok());
   ASSERT_TRUE(Turn("b", "Hello from the other small model.", 1).ok());
   const int64_t n_b = static_cast<int64_t>(store_->View("b")->state.history.size());
   prefills.calls.clear();
@@ -439,7 +439,7 @@ TEST_F(RouterTest, AnUntranslatableSpanRunsWithTheTurnWhileAReprefillStaysInTheS
 
 TEST_F(RouterTest, ReprefillOutputEqualsTheTargetsNativeOutput) {
   MakeRouter(Explicit());
-  ASSERT_TRUE(store_->Create("s", {}).ok());
+  ASSERT_TRUE(store_->Create("s", "", {}).ok());
   ASSERT_TRUE(Turn("s", "First question?", 0).ok());
   ASSERT_TRUE(Turn("s", "A second one.", 2).ok());  // large now holds a line
   const ConversationState before = store_->View("s")->state;
@@ -461,7 +461,7 @@ TEST_F(RouterTest, ReprefillOutputEqualsTheTargetsNativeOutput) {
 
 TEST_F(RouterTest, ThreeModelsRoundTripTranslatesOnlyTheMissingSpans) {
   MakeRouter(Explicit());
-  ASSERT_TRUE(store_->Create("s", {}).ok());
+  ASSERT_TRUE(store_->Create("s", "", {}).ok());
   const int order[] = {0, 1, 2, 0};  // A -> B -> C -> A
   std::vector<TurnResult> results;
   for (int i = 0; i < 4; ++i) {
@@ -493,7 +493,7 @@ TEST_F(RouterTest, ThreeModelsRoundTripTranslatesOnlyTheMissingSpans) {
 
 TEST_F(RouterTest, CancellationLeavesTheSessionExactlyAsItWas) {
   MakeRouter(Explicit());
-  ASSERT_TRUE(store_->Create("s", {}).ok());
+  ASSERT_TRUE(store_->Create("s", "", {}).ok());
   ASSERT_TRUE(Turn("s", "Hello.", 0).ok());
   const SessionView before = *store_->View("s");
   int polls = 0;
@@ -515,13 +515,44 @@ TEST_F(RouterTest, CancellationLeavesTheSessionExactlyAsItWas) {
   EXPECT_EQ(again->routing.path, CachePath::kTranslated);
 }
 
+TEST_F(RouterTest, ATurnThatDoesNotFitThePolicyIsRefusedAndChangesNothing) {
+  RoutingConfig r;  // fixed on model 0, no order, no rules
+  MakeRouter(r);
+  ASSERT_TRUE(store_->Create("s", "", {}).ok());
+  struct Case {
+    std::optional<Policy> policy;
+    int model;
+    const char* field;
+  };
+  for (const Case& c : {Case{Policy::kExplicit, -1, "routing.model: required"},
+                        Case{Policy::kExplicit, 3, "routing.model: index 3"},
+                        Case{Policy::kCascade, -1, "routing.policy: 'cascade' needs"},
+                        Case{Policy::kAlternate, -1, "routing.policy: 'alternate' needs"},
+                        Case{Policy::kRules, -1, "routing.policy: 'rules' needs"}}) {
+    TurnOptions o;
+    o.user_message = "Hi.";
+    o.policy = c.policy;
+    o.explicit_model = c.model;
+    const absl::Status v = router_->ValidateTurn(o);
+    EXPECT_EQ(v.code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_THAT(v.message(), HasSubstr(c.field));
+    auto t = Turn("s", "Hi.", c.model, Strategy::kTranslate, c.policy);
+    EXPECT_EQ(t.status(), v);
+  }
+  EXPECT_EQ(store_->View("s")->state.turns, 0);
+  EXPECT_TRUE(store_->View("s")->state.history.empty());
+  TurnOptions fixed;
+  fixed.user_message = "Hi.";
+  EXPECT_TRUE(router_->ValidateTurn(fixed).ok());
+}
+
 TEST_F(RouterTest, CascadeEscalatesAboveTheEntropyThresholdAndStaysEscalated) {
   RoutingConfig r;
   r.policy = Policy::kCascade;
   r.order = {0, 2};
   r.cascade_max_entropy = 0.0;  // every distribution has positive entropy: escalate
   MakeRouter(r);
-  ASSERT_TRUE(store_->Create("s", {}).ok());
+  ASSERT_TRUE(store_->Create("s", "", {}).ok());
   auto t1 = Turn("s", "Something hard.", -1, Strategy::kTranslate, std::nullopt);
   ASSERT_TRUE(t1.ok()) << t1.status();
   EXPECT_EQ(t1->routing.model, 2);
@@ -545,7 +576,7 @@ TEST_F(RouterTest, CascadeEscalatesBelowTheMeanLogProbabilityThreshold) {
   r.cascade_max_entropy = std::numeric_limits<double>::infinity();
   r.cascade_min_mean_logprob = 0.0;  // every turn is "unsure"
   MakeRouter(r);
-  ASSERT_TRUE(store_->Create("s", {}).ok());
+  ASSERT_TRUE(store_->Create("s", "", {}).ok());
   auto t1 = Turn("s", "Something hard.", -1, Strategy::kTranslate, std::nullopt);
   ASSERT_TRUE(t1.ok()) << t1.status();
   EXPECT_EQ(t1->routing.model, 2);
@@ -558,7 +589,7 @@ TEST_F(RouterTest, CascadeKeepsTheCheapModelWhenConfidentAndReportsItsEntropy) {
   r.order = {0, 2};
   r.cascade_max_entropy = std::numeric_limits<double>::infinity();
   MakeRouter(r);
-  ASSERT_TRUE(store_->Create("s", {}).ok());
+  ASSERT_TRUE(store_->Create("s", "", {}).ok());
   auto t1 = Turn("s", "Easy.", -1, Strategy::kTranslate, std::nullopt);
   ASSERT_TRUE(t1.ok()) << t1.status();
   EXPECT_EQ(t1->routing.model, 0);
@@ -583,8 +614,8 @@ TEST_F(RouterTest, EvictedLinesAreRebuiltByPrefillAndAnOverBudgetTurnChangesNoth
   // small plus one turn's reservation.
   const int64_t bpt = 4 * 2 * 32 * 2 * 4 + 4 * 2 * 4;  // K+V float32 + 1/rms per (layer, head)
   MakeRouter(Explicit(), 100 * bpt);
-  ASSERT_TRUE(store_->Create("x", {}).ok());
-  ASSERT_TRUE(store_->Create("y", {}).ok());
+  ASSERT_TRUE(store_->Create("x", "", {}).ok());
+  ASSERT_TRUE(store_->Create("y", "", {}).ok());
   ASSERT_TRUE(Turn("x", "Hi from x.", 0).ok());
   ASSERT_TRUE(Turn("y", "Hi from y.", 0).ok());
   EXPECT_TRUE(store_->View("x")->lines[0].evicted);

@@ -20,8 +20,10 @@ kvlingo::v1::ChatRequest Valid() {
   return r;
 }
 
+const std::vector<std::string> kModels = {"small", "large"};
+
 absl::Status Error(const kvlingo::v1::ChatRequest& r, TurnLimits limits = {}) {
-  return ParseChatRequest(r, limits).status();
+  return ParseChatRequest(r, limits, kModels).status();
 }
 
 void ExpectInvalid(const kvlingo::v1::ChatRequest& r, const std::string& field) {
@@ -31,16 +33,17 @@ void ExpectInvalid(const kvlingo::v1::ChatRequest& r, const std::string& field) 
 }
 
 TEST(ChatRequestTest, ValidRequestGetsServerDefaults) {
-  absl::StatusOr<TurnRequest> t = ParseChatRequest(Valid(), TurnLimits{100, 77});
+  absl::StatusOr<TurnRequest> t = ParseChatRequest(Valid(), TurnLimits{100, 77}, kModels);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->session_id, "s1");
-  EXPECT_EQ(t->user_message, "héllo 世界 🙂");
-  EXPECT_EQ(t->sampling.max_tokens, 77u);
-  EXPECT_EQ(t->sampling.temperature, 0.0f);
-  EXPECT_EQ(t->sampling.top_p, 1.0f);
-  EXPECT_FALSE(t->sampling.seed.has_value());
-  EXPECT_FALSE(t->policy.has_value());
-  EXPECT_FALSE(t->strategy.has_value());
+  EXPECT_EQ(t->options.user_message, "héllo 世界 🙂");
+  EXPECT_EQ(t->options.max_tokens, 77);
+  EXPECT_EQ(t->options.sampling.temperature, 0.0f);
+  EXPECT_EQ(t->options.sampling.top_p, 1.0f);
+  EXPECT_FALSE(t->options.seed.has_value());
+  EXPECT_FALSE(t->options.policy.has_value());
+  EXPECT_EQ(t->options.explicit_model, -1);
+  EXPECT_FALSE(t->options.strategy.has_value());
 }
 
 TEST(ChatRequestTest, OverridesAreCarriedOver) {
@@ -54,16 +57,17 @@ TEST(ChatRequestTest, OverridesAreCarriedOver) {
   r.mutable_routing()->set_policy("explicit");
   r.mutable_routing()->set_model("large");
   r.mutable_routing()->set_strategy(kvlingo::v1::SWITCH_STRATEGY_REPREFILL_MISSING);
-  absl::StatusOr<TurnRequest> t = ParseChatRequest(r, {});
+  absl::StatusOr<TurnRequest> t = ParseChatRequest(r, {}, kModels);
   ASSERT_TRUE(t.ok()) << t.status();
-  EXPECT_EQ(t->sampling.max_tokens, 5u);
-  EXPECT_EQ(t->sampling.top_k, 40u);
-  EXPECT_FLOAT_EQ(t->sampling.top_p, 0.9f);
-  ASSERT_TRUE(t->sampling.seed.has_value());  // an explicit 0 seed is still a seed
-  EXPECT_EQ(*t->sampling.seed, 0u);
-  EXPECT_EQ(t->policy, RoutingPolicy::kExplicit);
-  EXPECT_EQ(t->model, "large");
-  EXPECT_EQ(t->strategy, SwitchStrategy::kReprefillMissing);
+  EXPECT_EQ(t->options.max_tokens, 5);
+  EXPECT_EQ(t->options.sampling.top_k, 40);
+  EXPECT_FLOAT_EQ(t->options.sampling.top_p, 0.9f);
+  ASSERT_TRUE(t->options.seed.has_value());  // an explicit 0 seed is still a seed
+  EXPECT_EQ(*t->options.seed, 0u);
+  EXPECT_EQ(t->options.policy, router::Policy::kExplicit);
+  EXPECT_EQ(t->options.explicit_model, 1);  // large
+  EXPECT_EQ(t->options.stop, std::vector<std::string>{"\n\n"});
+  EXPECT_EQ(t->options.strategy, router::Strategy::kReprefillMissing);
 }
 
 TEST(ChatRequestTest, EachBadFieldIsNamed) {
@@ -102,17 +106,22 @@ TEST(ChatRequestTest, EachBadFieldIsNamed) {
   r.mutable_routing()->set_policy("random");
   ExpectInvalid(r, "routing.policy");
   r = Valid();
-  r.mutable_routing()->set_policy("explicit");
-  ExpectInvalid(r, "routing.model");
-  r = Valid();
   r.mutable_routing()->set_strategy(static_cast<kvlingo::v1::SwitchStrategy>(9));
   ExpectInvalid(r, "routing.strategy");
+}
+
+TEST(ChatRequestTest, AModelThatIsNotLoadedIsNotFoundAndNamesTheLoadedOnes) {
+  kvlingo::v1::ChatRequest r = Valid();
+  r.mutable_routing()->set_model("huge");
+  const absl::Status s = Error(r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(s.message(), HasSubstr("routing.model: no model named 'huge' is loaded (loaded: small, large)"));
 }
 
 TEST(ChatRequestTest, MaxTurnBytesIsInclusive) {
   kvlingo::v1::ChatRequest r = Valid();
   r.set_user_message(std::string(10, 'x'));
-  EXPECT_TRUE(ParseChatRequest(r, TurnLimits{10, 1}).ok());
+  EXPECT_TRUE(ParseChatRequest(r, TurnLimits{10, 1}, kModels).ok());
   r.set_user_message(std::string(11, 'x'));
   EXPECT_THAT(Error(r, TurnLimits{10, 1}).message(),
               HasSubstr("11 bytes is over the server's limit of 10"));

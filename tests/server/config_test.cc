@@ -37,11 +37,11 @@ TEST(ConfigTest, EmptyObjectGivesDocumentedDefaults) {
   EXPECT_EQ(c->server.max_new_tokens_limit, 4096);
   EXPECT_EQ(c->log.level, LogLevel::kInfo);
   EXPECT_EQ(c->runtime.threads, 0);
-  EXPECT_EQ(c->runtime.dtype, Dtype::kFloat32);
+  EXPECT_EQ(c->runtime.dtype, DType::kFloat32);
   EXPECT_TRUE(c->models.empty());
   EXPECT_TRUE(c->translators.empty());
-  EXPECT_EQ(c->routing.policy, RoutingPolicy::kFixed);
-  EXPECT_EQ(c->routing.strategy, SwitchStrategy::kTranslate);
+  EXPECT_EQ(c->routing.policy, router::Policy::kFixed);
+  EXPECT_EQ(c->routing.strategy, router::Strategy::kTranslate);
   EXPECT_EQ(c->routing.native_tail_tokens, 32);
   EXPECT_EQ(c->routing.cascade_max_entropy, 3.0);
   EXPECT_EQ(c->routing.cascade_min_mean_logprob, -std::numeric_limits<double>::infinity());
@@ -84,16 +84,16 @@ TEST(ConfigTest, FullConfigWithCommentsAndRelativePaths) {
   EXPECT_EQ(c->runtime.threads, 4);
   ASSERT_EQ(c->models.size(), 2u);
   EXPECT_EQ(c->models[0].path, dir.Path("models/small"));
-  EXPECT_EQ(c->models[0].dtype, Dtype::kBFloat16);  // inherits runtime.dtype
-  EXPECT_EQ(c->models[1].dtype, Dtype::kFloat32);
+  EXPECT_EQ(c->models[0].dtype, DType::kBFloat16);  // inherits runtime.dtype
+  EXPECT_EQ(c->models[1].dtype, DType::kFloat32);
   ASSERT_EQ(c->translators.size(), 1u);
   EXPECT_EQ(c->translators[0].name, "small->large");
   EXPECT_EQ(c->translators[0].path, dir.Path("translators/s2l.kvlt"));
-  EXPECT_EQ(c->translators[0].compute_dtype, TranslateDtype::kBFloat16);
-  EXPECT_EQ(c->routing.policy, RoutingPolicy::kRules);
-  EXPECT_EQ(c->routing.strategy, SwitchStrategy::kReprefillMissing);
+  EXPECT_EQ(c->translators[0].compute_dtype, DType::kBFloat16);
+  EXPECT_EQ(c->routing.policy, router::Policy::kRules);
+  EXPECT_EQ(c->routing.strategy, router::Strategy::kReprefillMissing);
   ASSERT_EQ(c->routing.rules.size(), 1u);
-  EXPECT_EQ(c->routing.rules[0].model, "large");
+  EXPECT_EQ(c->routing.rules[0].model, 1);  // large
   EXPECT_THAT(c->routing.rules[0].contains, ::testing::ElementsAre("prove", "derive"));
   EXPECT_EQ(c->routing.rules[0].min_bytes, 10);
   EXPECT_EQ(c->routing.cascade_max_entropy, 2.5);
@@ -286,11 +286,11 @@ TEST(ConfigTest, TheShippedExampleConfigIsValid) {
   absl::StatusOr<ServerConfig> c = ParseConfig(text.str(), dir.MakeDir("configs"));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->models.size(), 3u);
-  EXPECT_EQ(c->routing.policy, RoutingPolicy::kCascade);
+  EXPECT_EQ(c->routing.policy, router::Policy::kCascade);
   EXPECT_EQ(c->routing.rules[1].pattern, "^(Thanks|Thank you)");
   EXPECT_EQ(c->routing.rules[1].min_turn, 5);
-  EXPECT_EQ(c->translators[0].compute_dtype, TranslateDtype::kAuto);
-  EXPECT_EQ(c->translators[1].compute_dtype, TranslateDtype::kAuto);  // the default
+  EXPECT_FALSE(c->translators[0].compute_dtype.has_value());  // auto
+  EXPECT_FALSE(c->translators[1].compute_dtype.has_value());  // the default: auto
 }
 
 TEST(ConfigTest, RuleTurnBoundsAndPatternsAreValidated) {

@@ -61,9 +61,9 @@ class RouterE2eTest : public ::testing::Test {
   static void TearDownTestSuite() { delete dir_; }
 
   void SetUp() override {
-    if (std::string(KVL_SYSTEM_PYTHON).empty()) GTEST_SKIP() << "no system python3";
+    if (std::string(KVL_SYSTEM_PYTHON).empty()) GTEST_FAIL() << "no system python3 (scripts/setup.sh installs it)";
     auto has_grpc = testing::RunProcess({KVL_SYSTEM_PYTHON, "-c", "import grpc"}, 30s);
-    if (!has_grpc.ok() || has_grpc->exit_code != 0) GTEST_SKIP() << "no python3-grpcio";
+    if (!has_grpc.ok() || has_grpc->exit_code != 0) GTEST_FAIL() << "python3-grpcio is not installed (scripts/setup.sh installs it)";
   }
 
   static std::string Config(int64_t budget) {
@@ -145,7 +145,7 @@ class RouterE2eTest : public ::testing::Test {
     auto runtime = server::LoadModelRuntime(*config, nullptr);
     EXPECT_TRUE(runtime.ok()) << runtime.status();
     router::Router& router = *(*runtime)->router;
-    EXPECT_TRUE((*runtime)->store->Create("s", router.RenderPreamble("Be brief.")).ok());
+    EXPECT_TRUE((*runtime)->store->Create("s", "Be brief.", router.RenderPreamble("Be brief.")).ok());
     std::vector<std::vector<int64_t>> out;
     for (size_t i = 0; i < models.size(); ++i) {
       router::TurnOptions o;

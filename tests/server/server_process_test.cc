@@ -356,7 +356,7 @@ TEST_F(ServerProcessTest, InvalidUtf8TurnIsRejectedNamingTheField) {
 }
 
 TEST_F(ServerProcessTest, MetricsEndpointPassesPromtool) {
-  if (std::string(KVL_PROMTOOL).empty()) GTEST_SKIP() << "promtool not found at configure time";
+  if (std::string(KVL_PROMTOOL).empty()) GTEST_FAIL() << "promtool not found at configure time (scripts/setup.sh installs it)";
   v1::Session session;
   ASSERT_TRUE(Create("", &session).ok());
   const std::string text = Metrics();
@@ -372,10 +372,10 @@ TEST_F(ServerProcessTest, MetricsEndpointPassesPromtool) {
 
 TEST_F(ServerProcessTest, PythonClientWithGrpcioAndProtocMessages) {
   const std::string python = KVL_SYSTEM_PYTHON;
-  if (python.empty()) GTEST_SKIP() << "no system python3";
+  if (python.empty()) GTEST_FAIL() << "no system python3 (scripts/setup.sh installs it)";
   absl::StatusOr<testing::RunResult> has_grpc =
       testing::RunProcess({python, "-c", "import grpc"}, 30s);
-  if (!has_grpc.ok() || has_grpc->exit_code != 0) GTEST_SKIP() << "python3-grpcio is not installed";
+  if (!has_grpc.ok() || has_grpc->exit_code != 0) GTEST_FAIL() << "python3-grpcio is not installed (scripts/setup.sh installs it)";
   const std::string stubs = dir_.MakeDir("py");
   const std::string proto_root = std::string(KVL_SOURCE_DIR) + "/proto";
   absl::StatusOr<testing::RunResult> protoc = testing::RunProcess(

@@ -4,8 +4,7 @@
 // their generated C++), so the few messages used here are encoded and decoded
 // by hand from their published field numbers. Calls go through
 // grpc::GenericStub, on any channel.
-#ifndef KVLINGO_TESTS_TESTING_GRPC_PROBE_H_
-#define KVLINGO_TESTS_TESTING_GRPC_PROBE_H_
+#pragma once
 
 #include <grpcpp/channel.h>
 
@@ -38,5 +37,3 @@ absl::StatusOr<std::vector<std::string>> ListServicesByReflection(
 std::shared_ptr<grpc::Channel> InsecureChannel(const std::string& address);
 
 }  // namespace kvl::testing
-
-#endif  // KVLINGO_TESTS_TESTING_GRPC_PROBE_H_

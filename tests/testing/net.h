@@ -1,6 +1,5 @@
 // Loopback networking for tests: free ports and a minimal HTTP GET.
-#ifndef KVLINGO_TESTS_TESTING_NET_H_
-#define KVLINGO_TESTS_TESTING_NET_H_
+#pragma once
 
 #include <chrono>
 #include <map>
@@ -28,5 +27,3 @@ absl::StatusOr<HttpResponse> HttpGet(const std::string& host, int port, const st
                                      std::chrono::milliseconds timeout = std::chrono::seconds(10));
 
 }  // namespace kvl::testing
-
-#endif  // KVLINGO_TESTS_TESTING_NET_H_

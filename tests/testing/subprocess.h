@@ -7,8 +7,7 @@
 //
 // Exit codes: a normal exit gives its code (0-255); death by signal N gives
 // 128 + N, as shells report it.
-#ifndef KVLINGO_TESTS_TESTING_SUBPROCESS_H_
-#define KVLINGO_TESTS_TESTING_SUBPROCESS_H_
+#pragma once
 
 #include <sys/types.h>
 
@@ -98,5 +97,3 @@ absl::StatusOr<RunResult> RunProcess(const std::vector<std::string>& argv,
                                      const SubprocessOptions& options = {});
 
 }  // namespace kvl::testing
-
-#endif  // KVLINGO_TESTS_TESTING_SUBPROCESS_H_

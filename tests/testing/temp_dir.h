@@ -1,6 +1,5 @@
 // A fresh directory for one test, removed with everything in it on destruction.
-#ifndef KVLINGO_TESTS_TESTING_TEMP_DIR_H_
-#define KVLINGO_TESTS_TESTING_TEMP_DIR_H_
+#pragma once
 
 #include <string>
 
@@ -30,5 +29,3 @@ class TempDir {
 };
 
 }  // namespace kvl::testing
-
-#endif  // KVLINGO_TESTS_TESTING_TEMP_DIR_H_

@@ -1,0 +1,306 @@
+#include "training/translator_fit.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "model/engine.h"
+#include "tests/model/test_models.h"
+
+namespace kvl::training {
+namespace {
+
+using testing::MaxAbsDiff;
+
+TranslatorEndpoint Endpoint(int64_t n_layer, int64_t n_head_kv, int64_t head_dim) {
+  TranslatorEndpoint e;
+  e.identity = "m";
+  e.tokenizer_hash = "t";
+  e.n_layer = n_layer;
+  e.n_head_kv = n_head_kv;
+  e.head_dim = head_dim;
+  return e;
+}
+
+// Source [2, 2, T, 3] (6 features per layer), target [2, 1, T, 4].
+const TranslatorEndpoint kSource = Endpoint(2, 2, 3);
+const TranslatorEndpoint kTarget = Endpoint(2, 1, 4);
+
+// Target rows (one layer) [T, 4] as taps [1, T, 4] of that layer.
+at::Tensor AsLayer(const at::Tensor& rows) { return rows.unsqueeze(0); }
+// Source layer s as rows [T, 6], head-major.
+at::Tensor SourceRows(const at::Tensor& taps, int64_t s) {
+  return taps[s].permute({1, 0, 2}).reshape({taps.size(2), -1});
+}
+
+TEST(FitTest, RecoversAKnownLinearMapExactly) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  // Target layer il reads both source layers (band 2): in = 12, with bias.
+  std::vector<at::Tensor> a_keys, b_keys, a_values, b_values;
+  for (int il = 0; il < 2; ++il) {
+    a_keys.push_back(at::randn({12, 4}, gen, at::kDouble));
+    b_keys.push_back(at::randn({4}, gen, at::kDouble));
+    a_values.push_back(at::randn({12, 4}, gen, at::kDouble));
+    b_values.push_back(at::randn({4}, gen, at::kDouble));
+  }
+  for (bool weighted : {false, true}) {
+    auto acc = MomentAccumulator::Create(kSource, kTarget);
+    ASSERT_TRUE(acc.ok()) << acc.status();
+    for (int span = 0; span < 4; ++span) {
+      const int64_t n = 20 + span;
+      KvTaps src{at::randn({2, 2, n, 3}, gen, at::kDouble), at::randn({2, 2, n, 3}, gen, at::kDouble)};
+      KvTaps tgt;
+      for (const auto& [x, a, b, out] : {std::tuple{&src.keys, &a_keys, &b_keys, &tgt.keys},
+                                         {&src.values, &a_values, &b_values, &tgt.values}}) {
+        std::vector<at::Tensor> layers;
+        for (int il = 0; il < 2; ++il) {
+          const at::Tensor xi = at::cat({SourceRows(*x, 0), SourceRows(*x, 1)}, 1);
+          layers.push_back(AsLayer(xi.matmul((*a)[il]) + (*b)[il]));
+        }
+        *out = at::stack(layers);  // [2, 1, n, 4]
+      }
+      const at::Tensor w = weighted ? at::rand({n}, gen, at::kDouble) + 0.1 : at::Tensor();
+      ASSERT_TRUE((*acc)->Add(src, tgt, w).ok());
+    }
+    TranslatorSpec spec;
+    spec.source = kSource;
+    spec.target = kTarget;
+    spec.assignment = *RelativeDepthAssignment(2, 2, 2);
+    auto fit = (*acc)->Fit(spec, /*ridge=*/0.0);
+    ASSERT_TRUE(fit.ok()) << fit.status();
+    for (int il = 0; il < 2; ++il) {
+      EXPECT_LT(MaxAbsDiff(fit->translator->key_maps().weight[il], a_keys[il].t()), 1e-6);
+      EXPECT_LT(MaxAbsDiff(fit->translator->key_maps().bias[il], b_keys[il]), 1e-6);
+      EXPECT_LT(MaxAbsDiff(fit->translator->value_maps().weight[il], a_values[il].t()), 1e-6);
+      EXPECT_LT(MaxAbsDiff(fit->translator->value_maps().bias[il], b_values[il]), 1e-6);
+      EXPECT_NEAR(fit->r2_keys[il], 1.0, 1e-9);
+      EXPECT_NEAR(fit->r2_values[il], 1.0, 1e-9);
+    }
+    EXPECT_EQ(fit->translator->spec().training.n_tokens, 20 + 21 + 22 + 23);
+    // A ridge term shrinks the maps.
+    auto ridged = (*acc)->Fit(spec, 10.0);
+    ASSERT_TRUE(ridged.ok());
+    EXPECT_LT(ridged->translator->key_maps().weight[0].norm().item<double>(),
+              fit->translator->key_maps().weight[0].norm().item<double>());
+    EXPECT_LT(ridged->r2_keys[0], 1.0 - 1e-6);
+  }
+}
+
+TEST(FitTest, JointInputsRecoverMapsThatMixKeysAndValuesExactly) {
+  // Every target key and value reads both source layers' keys AND values:
+  // x = [keys 0, keys 1, values 0, values 1] (24 inputs), with bias. Joint
+  // maps recover it exactly from the same moments that fit split maps, which
+  // cannot (they see half the inputs).
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(17);
+  std::vector<at::Tensor> a_keys, b_keys, a_values, b_values;
+  for (int il = 0; il < 2; ++il) {
+    a_keys.push_back(at::randn({24, 4}, gen, at::kDouble));
+    b_keys.push_back(at::randn({4}, gen, at::kDouble));
+    a_values.push_back(at::randn({24, 4}, gen, at::kDouble));
+    b_values.push_back(at::randn({4}, gen, at::kDouble));
+  }
+  auto acc = MomentAccumulator::Create(kSource, kTarget);
+  ASSERT_TRUE(acc.ok()) << acc.status();
+  for (int span = 0; span < 4; ++span) {
+    const int64_t n = 30 + span;
+    KvTaps src{at::randn({2, 2, n, 3}, gen, at::kDouble), at::randn({2, 2, n, 3}, gen, at::kDouble)};
+    const at::Tensor x = at::cat({SourceRows(src.keys, 0), SourceRows(src.keys, 1),
+                                  SourceRows(src.values, 0), SourceRows(src.values, 1)},
+                                 1);  // [n, 24]
+    KvTaps tgt;
+    for (const auto& [a, b, out] :
+         {std::tuple{&a_keys, &b_keys, &tgt.keys}, {&a_values, &b_values, &tgt.values}}) {
+      *out = at::stack({AsLayer(x.matmul((*a)[0]) + (*b)[0]), AsLayer(x.matmul((*a)[1]) + (*b)[1])});
+    }
+    ASSERT_TRUE((*acc)->Add(src, tgt).ok());
+  }
+  TranslatorSpec spec;
+  spec.source = kSource;
+  spec.target = kTarget;
+  spec.assignment = *RelativeDepthAssignment(2, 2, 2);
+  spec.inputs = MapInputs::kJoint;
+  auto fit = (*acc)->Fit(spec, /*ridge=*/0.0);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_EQ(fit->translator->spec().inputs, MapInputs::kJoint);
+  for (int il = 0; il < 2; ++il) {
+    EXPECT_LT(MaxAbsDiff(fit->translator->key_maps().weight[il], a_keys[il].t()), 1e-6);
+    EXPECT_LT(MaxAbsDiff(fit->translator->key_maps().bias[il], b_keys[il]), 1e-6);
+    EXPECT_LT(MaxAbsDiff(fit->translator->value_maps().weight[il], a_values[il].t()), 1e-6);
+    EXPECT_LT(MaxAbsDiff(fit->translator->value_maps().bias[il], b_values[il]), 1e-6);
+    EXPECT_NEAR(fit->r2_keys[il], 1.0, 1e-9);
+    EXPECT_NEAR(fit->r2_values[il], 1.0, 1e-9);
+  }
+  spec.inputs = MapInputs::kSplit;
+  auto split = (*acc)->Fit(spec, 0.0);
+  ASSERT_TRUE(split.ok()) << split.status();
+  for (int il = 0; il < 2; ++il) {
+    EXPECT_LT(split->r2_keys[il], 0.8);
+    EXPECT_LT(split->r2_values[il], 0.8);
+  }
+}
+
+TEST(FitTest, SingleLayerR2FindsTheSourceLayerAndIgnoresNoise) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(8);
+  auto acc = MomentAccumulator::Create(kSource, kTarget);
+  ASSERT_TRUE(acc.ok());
+  // Keys: target layer 0 is a map of source layer 1 only, target layer 1 of
+  // source layer 0. Values: independent noise.
+  const at::Tensor a0 = at::randn({6, 4}, gen, at::kDouble);
+  const at::Tensor a1 = at::randn({6, 4}, gen, at::kDouble);
+  for (int span = 0; span < 40; ++span) {
+    const int64_t n = 500;
+    KvTaps src{at::randn({2, 2, n, 3}, gen, at::kDouble), at::randn({2, 2, n, 3}, gen, at::kDouble)};
+    KvTaps tgt{at::stack({AsLayer(SourceRows(src.keys, 1).matmul(a0)),
+                          AsLayer(SourceRows(src.keys, 0).matmul(a1))}),
+               at::randn({2, 1, n, 4}, gen, at::kDouble) + 3.0};
+    ASSERT_TRUE((*acc)->Add(src, tgt).ok());
+  }
+  auto table = (*acc)->SingleLayerR2(/*bias=*/true, /*ridge=*/0.0);
+  ASSERT_TRUE(table.ok()) << table.status();
+  EXPECT_NEAR(table->keys[0][1].item<double>(), 1.0, 1e-9);
+  EXPECT_NEAR(table->keys[1][0].item<double>(), 1.0, 1e-9);
+  // An unrelated independent layer explains nothing beyond chance (~7/20000).
+  EXPECT_LT(std::abs(table->keys[0][0].item<double>()), 0.01);
+  EXPECT_LT(std::abs(table->keys[1][1].item<double>()), 0.01);
+  EXPECT_LT(table->values.abs().max().item<double>(), 0.01);
+
+  auto top = TopR2Assignment(table->keys, table->values, 1);
+  ASSERT_TRUE(top.ok());
+  EXPECT_EQ(top->keys, (std::vector<std::vector<int64_t>>{{1}, {0}}));
+
+  TranslatorSpec spec;
+  spec.source = kSource;
+  spec.target = kTarget;
+  spec.assignment = *top;
+  auto fit = (*acc)->Fit(spec, 1e-4);
+  ASSERT_TRUE(fit.ok());
+  EXPECT_NEAR(fit->r2_keys[0], 1.0, 1e-3);
+  EXPECT_LT(std::abs(fit->r2_values[0]), 0.01);
+  // The fitted bias of pure noise is its mean, 3.
+  EXPECT_LT(MaxAbsDiff(fit->translator->value_maps().bias[0], at::full({4}, 3.0)), 0.05);
+}
+
+TEST(FitTest, GreedyAssignmentSkipsARedundantLayerThatTopR2Takes) {
+  // Four source layers [4, 1, T, 4], one target layer [1, 1, T, 4] whose keys
+  // are A + 0.8 B: source layer 0 is A, layer 1 a near copy of A, layer 2 is
+  // B, layer 3 noise. Alone, layers 0 and 1 explain most (R² ~ 0.6), so the
+  // top-R² band of 2 takes both and gains nothing from the second; greedy
+  // match adds B to A and explains everything.
+  const TranslatorEndpoint source = Endpoint(4, 1, 4), target = Endpoint(1, 1, 4);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(9);
+  auto acc = MomentAccumulator::Create(source, target);
+  ASSERT_TRUE(acc.ok()) << acc.status();
+  for (int span = 0; span < 10; ++span) {
+    const int64_t n = 400;
+    const at::Tensor a = at::randn({n, 4}, gen, at::kDouble);
+    const at::Tensor b = at::randn({n, 4}, gen, at::kDouble);
+    const at::Tensor near_a = a + 0.01 * at::randn({n, 4}, gen, at::kDouble);
+    const at::Tensor noise = at::randn({n, 4}, gen, at::kDouble);
+    const at::Tensor x = at::stack({a, near_a, b, noise}).unsqueeze(1);  // [4, 1, n, 4]
+    const at::Tensor y = (a + 0.8 * b).unsqueeze(0).unsqueeze(0);      // [1, 1, n, 4]
+    ASSERT_TRUE((*acc)->Add(KvTaps{x, x}, KvTaps{y, y}).ok());
+  }
+  auto table = (*acc)->SingleLayerR2(/*bias=*/true, /*ridge=*/0.0);
+  ASSERT_TRUE(table.ok()) << table.status();
+  auto top = TopR2Assignment(table->keys, table->values, 2);
+  ASSERT_TRUE(top.ok());
+  EXPECT_EQ(top->keys, (std::vector<std::vector<int64_t>>{{0, 1}}));
+
+  auto greedy = (*acc)->GreedyAssignment(2, /*bias=*/true, /*ridge=*/0.0);
+  ASSERT_TRUE(greedy.ok()) << greedy.status();
+  EXPECT_EQ(greedy->keys, (std::vector<std::vector<int64_t>>{{0, 2}}));
+  EXPECT_EQ(greedy->values, greedy->keys);
+  // Band 1: the best single layer, as top-R² picks it.
+  auto one = (*acc)->GreedyAssignment(1, true, 0.0);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->keys, (*TopR2Assignment(table->keys, table->values, 1)).keys);
+
+  // The fits confirm it: greedy explains the target, top-R² does not.
+  TranslatorSpec spec;
+  spec.source = source;
+  spec.target = target;
+  spec.assignment = *greedy;
+  auto fit_greedy = (*acc)->Fit(spec, 0.0);
+  spec.assignment = *top;
+  auto fit_top = (*acc)->Fit(spec, 0.0);
+  ASSERT_TRUE(fit_greedy.ok() && fit_top.ok());
+  EXPECT_NEAR(fit_greedy->r2_keys[0], 1.0, 1e-9);
+  EXPECT_LT(fit_top->r2_keys[0], 0.7);
+
+  EXPECT_EQ((*acc)->GreedyAssignment(0, true, 0.0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*acc)->GreedyAssignment(5, true, 0.0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto empty = MomentAccumulator::Create(source, target);
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ((*empty)->GreedyAssignment(1, true, 0.0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(FitTest, ErrorsHaveSpecificCodes) {
+  auto acc = MomentAccumulator::Create(kSource, kTarget);
+  ASSERT_TRUE(acc.ok());
+  TranslatorSpec spec;
+  spec.source = kSource;
+  spec.target = kTarget;
+  spec.assignment = *SameIndexAssignment(2, 2);
+  EXPECT_EQ((*acc)->Fit(spec, 0.0).status().code(), absl::StatusCode::kFailedPrecondition);
+  KvTaps src{at::zeros({2, 2, 5, 3}), at::zeros({2, 2, 5, 3})};
+  KvTaps tgt{at::zeros({2, 1, 4, 4}), at::zeros({2, 1, 4, 4})};
+  EXPECT_EQ((*acc)->Add(src, tgt).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*acc)->Add(tgt, src).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MomentAccumulator::Create(kSource, kTarget, /*max_bytes=*/1000).status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+// Fitting a model to itself from its own caches gives the identity maps, and a
+// cache translated with them decodes as the native one does.
+TEST(FitTest, SelfFitFromEnginesIsTheIdentity) {
+  Checkpoint c;
+  c.config = testing::TinyConfig({"qwen3", true, false, false, 4, 2}, 2);
+  c.weights = testing::RandomWeights(c.config, 3);
+  RuntimeOptions o;
+  o.n_threads = 1;
+  auto engine = Engine::Create(c, o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const TranslatorEndpoint e = EndpointOf(c.config, "self", "tok");
+  auto acc = MomentAccumulator::Create(e, e);
+  ASSERT_TRUE(acc.ok());
+  for (uint64_t seed = 0; seed < 4; ++seed) {
+    const at::Tensor ids = testing::RandomIds(c.config.vocab_size, {24}, 100 + seed);
+    ASSERT_TRUE(AccumulateSequence(**engine, **engine,
+                                   std::vector<int64_t>(ids.data_ptr<int64_t>(),
+                                                        ids.data_ptr<int64_t>() + 24),
+                                   **acc)
+                    .ok());
+  }
+  TranslatorSpec spec;
+  spec.source = e;
+  spec.target = e;
+  spec.assignment = *SameIndexAssignment(2, 2);
+  auto fit = (*acc)->Fit(spec, 0.0);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  const int64_t width = c.config.n_head_kv * c.config.head_dim;
+  for (int il = 0; il < 2; ++il) {
+    EXPECT_LT(MaxAbsDiff(fit->translator->key_maps().weight[il], at::eye(width)), 1e-6);
+    EXPECT_LT(MaxAbsDiff(fit->translator->value_maps().weight[il], at::eye(width)), 1e-6);
+    EXPECT_NEAR(fit->r2_keys[il], 1.0, 1e-9);
+    EXPECT_NEAR(fit->r2_values[il], 1.0, 1e-9);
+  }
+
+  const std::vector<int64_t> prefix = {1, 2, 3, 4, 5, 6}, turn = {7, 8, 9};
+  auto native = (*engine)->NewCache();
+  ASSERT_TRUE((*engine)->Prefill(*native, prefix).ok());
+  auto translated = fit->translator->Translate(*native->Taps(0, 6));
+  ASSERT_TRUE(translated.ok());
+  auto foreign = (*engine)->NewCache();
+  ASSERT_TRUE(foreign->Accept(translated->keys, translated->values).ok());
+  auto want = (*engine)->Prefill(*native, turn, true);
+  auto got = (*engine)->Prefill(*foreign, turn, true);
+  ASSERT_TRUE(want.ok() && got.ok());
+  EXPECT_LT(MaxAbsDiff(*got, *want), 1e-4);
+}
+
+}  // namespace
+}  // namespace kvl::training

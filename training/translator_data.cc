@@ -1,0 +1,118 @@
+#include "training/translator_data.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "datagen/chat_data.h"
+
+namespace kvl::training {
+
+TranslatorEndpoint TranslatorModel::Endpoint() const {
+  return EndpointOf(config(), identity, tokenizer->content_hash());
+}
+
+absl::StatusOr<TranslatorModel> LoadTranslatorModel(const std::string& dir,
+                                                    RuntimeOptions options) {
+  options.dtype = DType::kFloat32;
+  absl::StatusOr<ModelDir> loaded = LoadModelDir(dir, options);
+  if (!loaded.ok()) return loaded.status();
+  TranslatorModel m;
+  static_cast<ModelDir&>(m) = *std::move(loaded);
+  m.weights32 = m.checkpoint.weights.To(at::kFloat, "cpu");
+  return m;
+}
+
+TranslatorExpectation ExpectationFor(const TranslatorModel& source, const TranslatorModel& target) {
+  return {source.identity, target.identity, source.tokenizer->content_hash(),
+          target.tokenizer->content_hash()};
+}
+
+absl::Status CheckSameTokenizer(const TranslatorModel& source, const TranslatorModel& target) {
+  if (source.tokenizer->content_hash() != target.tokenizer->content_hash()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(source.path, " and ", target.path,
+                     " have different tokenizers; cross-tokenizer translation is not supported"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<ChatMessage>> ParseChatLine(const std::string& line,
+                                                       const std::string& path, int64_t line_no) {
+  std::vector<ChatMessage> messages;
+  try {
+    const nlohmann::json chat = nlohmann::json::parse(line);
+    for (const auto& m : chat.at("messages")) {
+      messages.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>()});
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ":", line_no, ": ", e.what()));
+  }
+  return messages;
+}
+
+absl::StatusOr<std::vector<int32_t>> ReadTokenStream(const std::string& path,
+                                                     const Tokenizer& tokenizer) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::vector<int32_t> ids;
+  if (path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0) {
+    std::string line;
+    for (int64_t line_no = 1; std::getline(in, line); ++line_no) {
+      if (line.empty()) continue;
+      absl::StatusOr<std::vector<ChatMessage>> messages = ParseChatLine(line, path, line_no);
+      if (!messages.ok()) return messages.status();
+      tokenizer.EncodeTo(datagen::RenderChatMl(*messages) + "\n", /*parse_special=*/true, &ids);
+    }
+  } else {
+    std::stringstream ss;
+    ss << in.rdbuf();
+    ids = tokenizer.Encode(ss.str(), /*parse_special=*/true);
+  }
+  return ids;
+}
+
+std::vector<std::vector<int64_t>> ConsecutiveWindows(const std::vector<int32_t>& stream,
+                                                     int64_t length, int64_t max_windows) {
+  std::vector<std::vector<int64_t>> out;
+  for (size_t t = 0; length > 0 && t + static_cast<size_t>(length) <= stream.size();
+       t += static_cast<size_t>(length)) {
+    if (max_windows > 0 && static_cast<int64_t>(out.size()) >= max_windows) break;
+    out.emplace_back(stream.begin() + static_cast<int64_t>(t),
+                     stream.begin() + static_cast<int64_t>(t) + length);
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<KvCache>> TranslatedCache(Engine& source, Engine& target,
+                                                         const Translator& translator,
+                                                         const std::vector<int64_t>& prefix) {
+  std::unique_ptr<KvCache> source_cache = source.NewCache();
+  if (absl::StatusOr<at::Tensor> s = source.Prefill(*source_cache, prefix); !s.ok()) {
+    return s.status();
+  }
+  absl::StatusOr<KvTaps> taps = source_cache->Taps(0, source_cache->Length());
+  if (!taps.ok()) return taps.status();
+  absl::StatusOr<KvTaps> translated = translator.Translate(*taps);
+  if (!translated.ok()) return translated.status();
+  std::unique_ptr<KvCache> cache = target.NewCache();
+  if (absl::Status s = cache->Accept(translated->keys, translated->values); !s.ok()) return s;
+  return cache;
+}
+
+std::vector<double> TokenNll(const at::Tensor& logits, const std::vector<int64_t>& labels) {
+  c10::InferenceMode guard;
+  const at::Tensor logp = at::log_softmax(logits.to(at::kDouble), -1);  // [T, V]
+  const at::Tensor idx = at::tensor(labels, at::kLong).unsqueeze(1);
+  const at::Tensor picked = logp.gather(1, idx).squeeze(1).neg().contiguous();
+  const double* p = picked.data_ptr<double>();
+  return std::vector<double>(p, p + picked.numel());
+}
+
+}  // namespace kvl::training

@@ -1,0 +1,82 @@
+// Shared plumbing of the translator commands (kvl logits --translator, kvl
+// distill, kvl eval-translator, kvl fit): loading a model together with what a
+// translator file is checked against, reading a corpus as one token stream,
+// cutting it into fixed windows, and the switch itself (source prefill ->
+// taps -> translation -> target cache).
+//
+// Legend: L=n_layer, H=n_head_kv, T=tokens, D=head_dim.
+//
+// Thread safety: free functions; a TranslatorModel is driven by one thread.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "model/checkpoint.h"
+#include "model/config.h"
+#include "model/engine.h"
+#include "model/kv_cache.h"
+#include "model/model_dir.h"
+#include "model/tokenizer.h"
+#include "datagen/chat_data.h"
+#include "translator/translator.h"
+
+namespace kvl::training {
+
+// One model directory, loaded for translator work: a float32 engine and a
+// float32 copy of the weights for the training forward.
+struct TranslatorModel : ModelDir {
+  ModelWeights weights32;  // float32 CPU copy for ReferenceForward
+
+  TranslatorEndpoint Endpoint() const;
+};
+
+// Loads dir (config, weights, tokenizer.json) and creates a float32 engine
+// with `options` (its dtype is forced to float32: translators and their
+// evaluation work in float32). Errors as LoadCheckpoint / Tokenizer::FromFile.
+absl::StatusOr<TranslatorModel> LoadTranslatorModel(const std::string& dir,
+                                                    RuntimeOptions options = {});
+
+// What a translator from `source` to `target` must have been built for.
+TranslatorExpectation ExpectationFor(const TranslatorModel& source, const TranslatorModel& target);
+
+// FailedPrecondition unless both models use the same tokenizer (cross-
+// tokenizer translation is not supported).
+absl::Status CheckSameTokenizer(const TranslatorModel& source, const TranslatorModel& target);
+
+// A corpus as one token stream. .jsonl: one chat per line ({"messages":
+// [{"role","content"}...]}), each rendered as ChatML followed by one "\n" —
+// byte for byte what `kvl make-data` writes to the .txt split; anything else:
+// the file's text. Special tokens are parsed. NotFound for a missing file,
+// InvalidArgument for a malformed line.
+// One line of a chat .jsonl file ({"messages": [{"role", "content"}, ...]});
+// InvalidArgument naming path:line_no when it is malformed.
+absl::StatusOr<std::vector<ChatMessage>> ParseChatLine(const std::string& line,
+                                                       const std::string& path, int64_t line_no);
+
+absl::StatusOr<std::vector<int32_t>> ReadTokenStream(const std::string& path,
+                                                     const Tokenizer& tokenizer);
+
+// Consecutive, non-overlapping windows of `length` tokens from the start of
+// the stream, at most max_windows (0: all that fit).
+std::vector<std::vector<int64_t>> ConsecutiveWindows(const std::vector<int32_t>& stream,
+                                                     int64_t length, int64_t max_windows);
+
+// The switch: source prefills prefix into a fresh cache line, the taps of all
+// its tokens are translated and accepted into a fresh cache line of target.
+// Errors as Engine::Prefill / KvCache::Accept / Translator::Translate.
+absl::StatusOr<std::unique_ptr<KvCache>> TranslatedCache(Engine& source, Engine& target,
+                                                         const Translator& translator,
+                                                         const std::vector<int64_t>& prefix);
+
+// Per-position negative log-likelihood: logits [T, V] float32, labels T ids;
+// returns T values (double).
+std::vector<double> TokenNll(const at::Tensor& logits, const std::vector<int64_t>& labels);
+
+}  // namespace kvl::training

@@ -1,0 +1,282 @@
+#include "training/translator_fit.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "model/engine.h"
+
+namespace kvl::training {
+namespace {
+
+// [L, H, T, D] -> [T, L*H*D] float64, layer-major then head-major per row.
+at::Tensor Rows(const at::Tensor& taps) {
+  const int64_t n_tokens = taps.size(2);
+  return taps.to(at::kCPU, at::kDouble).permute({2, 0, 1, 3}).reshape({n_tokens, -1});
+}
+
+absl::Status CheckTaps(const KvTaps& taps, const TranslatorEndpoint& e, const char* which) {
+  for (const at::Tensor* t : {&taps.keys, &taps.values}) {
+    if (!t->defined() || t->dim() != 4 || t->size(0) != e.n_layer || t->size(1) != e.n_head_kv ||
+        t->size(3) != e.head_dim || !t->is_floating_point()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          which, " taps must be float [", e.n_layer, ", ", e.n_head_kv, ", T, ", e.head_dim,
+          "], got ", t->defined() ? c10::str(t->sizes()) : std::string("undefined")));
+    }
+  }
+  if (taps.keys.size(2) != taps.values.size(2)) {
+    return absl::InvalidArgumentError(absl::StrCat(which, " keys and values differ in length"));
+  }
+  return absl::OkStatus();
+}
+
+bool SameShape(const TranslatorEndpoint& a, const TranslatorEndpoint& b) {
+  return a.n_layer == b.n_layer && a.n_head_kv == b.n_head_kv && a.head_dim == b.head_dim;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MomentAccumulator>> MomentAccumulator::Create(
+    const TranslatorEndpoint& source, const TranslatorEndpoint& target, int64_t max_bytes) {
+  for (const TranslatorEndpoint* e : {&source, &target}) {
+    if (e->n_layer <= 0 || e->n_head_kv <= 0 || e->head_dim <= 0) {
+      return absl::InvalidArgumentError("model shapes must be positive");
+    }
+  }
+  std::unique_ptr<MomentAccumulator> m(new MomentAccumulator());
+  m->source_ = source;
+  m->target_ = target;
+  m->n_in_ = source.n_layer * source.n_head_kv * source.head_dim;
+  m->n_out_ = target.n_layer * target.n_head_kv * target.head_dim;
+  if (m->Bytes() > max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "moments need ", m->Bytes(), " bytes (N_in ", m->n_in_, ", N_out ", m->n_out_,
+        "), over the limit of ", max_bytes));
+  }
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  m->xx_ = at::zeros({2 * m->n_in_ + 1, 2 * m->n_in_ + 1}, f64);
+  m->xy_ = at::zeros({2 * m->n_in_ + 1, 2 * m->n_out_}, f64);
+  m->yy_ = at::zeros({2 * m->n_out_}, f64);
+  return m;
+}
+
+int64_t MomentAccumulator::Bytes() const {
+  return 8 * ((2 * n_in_ + 1) * (2 * n_in_ + 1) + (2 * n_in_ + 1) * 2 * n_out_ + 2 * n_out_);
+}
+
+absl::Status MomentAccumulator::Add(const KvTaps& source, const KvTaps& target,
+                                    const at::Tensor& weights) {
+  if (absl::Status s = CheckTaps(source, source_, "source"); !s.ok()) return s;
+  if (absl::Status s = CheckTaps(target, target_, "target"); !s.ok()) return s;
+  const int64_t n_tokens = source.keys.size(2);
+  if (target.keys.size(2) != n_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("source has ", n_tokens, " tokens, target ",
+                                                   target.keys.size(2)));
+  }
+  if (weights.defined() && (weights.dim() != 1 || weights.size(0) != n_tokens)) {
+    return absl::InvalidArgumentError(absl::StrCat("weights must be [", n_tokens, "]"));
+  }
+  try {
+    c10::InferenceMode guard;
+    const at::Tensor w = weights.defined() ? weights.to(at::kCPU, at::kDouble).unsqueeze(1)
+                                           : at::Tensor();
+    const at::Tensor x =
+        at::cat({Rows(source.keys), Rows(source.values),
+                 at::ones({n_tokens, 1}, at::TensorOptions().dtype(at::kDouble))},
+                1);
+    const at::Tensor y = at::cat({Rows(target.keys), Rows(target.values)}, 1);
+    const at::Tensor xw = w.defined() ? x * w : x;
+    xx_.addmm_(xw.t(), x);
+    xy_.addmm_(xw.t(), y);
+    yy_.add_(w.defined() ? (y * y * w).sum(0) : (y * y).sum(0));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("accumulating moments: ", e.what_without_backtrace()));
+  }
+  n_tokens_ += n_tokens;
+  ++n_spans_;
+  return absl::OkStatus();
+}
+
+at::Tensor MomentAccumulator::SolveOne(const std::vector<int64_t>& blocks, int64_t il,
+                                       bool values, bool bias, double ridge, double* r2) const {
+  const int64_t in_per_layer = source_.n_head_kv * source_.head_dim;
+  const int64_t out = target_.n_head_kv * target_.head_dim;
+  std::vector<int64_t> idx;
+  for (int64_t s : blocks) {
+    for (int64_t k = 0; k < in_per_layer; ++k) idx.push_back(s * in_per_layer + k);
+  }
+  const int64_t d = static_cast<int64_t>(idx.size());
+  if (bias) idx.push_back(2 * n_in_);
+  const int64_t column = (values ? n_out_ : 0) + il * out;
+  const at::Tensor index = at::tensor(idx, at::kLong);
+  const at::Tensor a = xx_.index_select(0, index).index_select(1, index);
+  const at::Tensor b = xy_.index_select(0, index).narrow(1, column, out);
+
+  at::Tensor a_reg = a.clone();
+  if (ridge > 0.0) {
+    const double scale = ridge * a.narrow(0, 0, d).narrow(1, 0, d).trace().item<double>() / d;
+    a_reg.diagonal().narrow(0, 0, d).add_(scale);
+  }
+  at::Tensor w;
+  auto [chol, info] = at::linalg_cholesky_ex(a_reg);
+  if (info.item<int64_t>() == 0) {
+    w = at::cholesky_solve(b, chol);
+  } else {
+    w = at::linalg_pinv(a_reg, /*rcond=*/1e-12, /*hermitian=*/true).matmul(b);
+  }
+  // SSE = Σ y² - 2 Σ W∘B + Σ W∘(A W), with the unregularised A.
+  const double sum_yy = yy_.narrow(0, column, out).sum().item<double>();
+  const double sse = sum_yy - 2.0 * (w * b).sum().item<double>() + (w * a.matmul(w)).sum().item<double>();
+  const double sum_w = xx_[2 * n_in_][2 * n_in_].item<double>();
+  const at::Tensor sum_y = xy_[2 * n_in_].narrow(0, column, out);
+  const double sst = sum_yy - (sum_y * sum_y).sum().item<double>() / sum_w;
+  *r2 = sst > 0.0 ? 1.0 - sse / sst : 0.0;
+  return w;
+}
+
+absl::StatusOr<FitResult> MomentAccumulator::Fit(TranslatorSpec spec, double ridge) const {
+  if (n_tokens_ == 0) return absl::FailedPreconditionError("no tokens accumulated");
+  if (!SameShape(spec.source, source_) || !SameShape(spec.target, target_)) {
+    return absl::InvalidArgumentError("spec shapes differ from the accumulated moments'");
+  }
+  if (ridge < 0.0) return absl::InvalidArgumentError("ridge must be >= 0");
+  FitResult result;
+  TranslatorMaps keys, values;
+  try {
+    c10::InferenceMode guard;
+    for (const std::vector<std::vector<int64_t>>* lists :
+         {&spec.assignment.keys, &spec.assignment.values}) {
+      if (static_cast<int64_t>(lists->size()) != target_.n_layer) {
+        return absl::InvalidArgumentError("assignment must list every target layer");
+      }
+      for (const std::vector<int64_t>& list : *lists) {
+        for (int64_t s : list) {
+          if (s < 0 || s >= source_.n_layer) {
+            return absl::InvalidArgumentError(absl::StrCat("source layer ", s, " out of range"));
+          }
+        }
+      }
+    }
+    const InputBlocks blocks = InputBlocksOf(spec.assignment, spec.inputs, source_.n_layer);
+    for (const auto& [lists, is_values, maps, r2s] :
+         {std::tuple{&blocks.keys, false, &keys, &result.r2_keys},
+          {&blocks.values, true, &values, &result.r2_values}}) {
+      for (int64_t il = 0; il < target_.n_layer; ++il) {
+        double r2 = 0.0;
+        const at::Tensor w = SolveOne((*lists)[il], il, is_values, spec.bias, ridge, &r2);
+        const int64_t d = w.size(0) - (spec.bias ? 1 : 0);
+        // Leave inference mode for the maps: distillation trains them later.
+        {
+          c10::InferenceMode off(false);
+          maps->weight.push_back(at::empty({w.size(1), d}, at::kFloat));
+          if (spec.bias) maps->bias.push_back(at::empty({w.size(1)}, at::kFloat));
+        }
+        maps->weight.back().copy_(w.narrow(0, 0, d).t());
+        if (spec.bias) maps->bias.back().copy_(w[d]);
+        r2s->push_back(r2);
+      }
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("solving: ", e.what_without_backtrace()));
+  }
+  spec.training.ridge = ridge;
+  spec.training.n_tokens = n_tokens_;
+  spec.training.n_sequences = n_spans_;
+  absl::StatusOr<std::unique_ptr<Translator>> t =
+      Translator::Create(std::move(spec), std::move(keys), std::move(values));
+  if (!t.ok()) return t.status();
+  result.translator = std::move(*t);
+  return result;
+}
+
+absl::StatusOr<SingleLayerR2Table> MomentAccumulator::SingleLayerR2(bool bias,
+                                                                     double ridge) const {
+  if (n_tokens_ == 0) return absl::FailedPreconditionError("no tokens accumulated");
+  SingleLayerR2Table table;
+  try {
+    c10::InferenceMode guard;
+    // Split semantics: target keys from source keys, values from values
+    // (block L_s + s holds the values of source layer s).
+    for (const auto& [is_values, out] : {std::pair{false, &table.keys}, {true, &table.values}}) {
+      *out = at::zeros({target_.n_layer, source_.n_layer}, at::kDouble);
+      double* p = out->data_ptr<double>();
+      const int64_t offset = is_values ? source_.n_layer : 0;
+      for (int64_t il = 0; il < target_.n_layer; ++il) {
+        for (int64_t s = 0; s < source_.n_layer; ++s) {
+          SolveOne({offset + s}, il, is_values, bias, ridge, &p[il * source_.n_layer + s]);
+        }
+      }
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("solving: ", e.what_without_backtrace()));
+  }
+  return table;
+}
+
+absl::StatusOr<LayerAssignment> MomentAccumulator::GreedyAssignment(int64_t band, bool bias,
+                                                                    double ridge) const {
+  if (band < 1 || band > source_.n_layer) {
+    return absl::InvalidArgumentError(absl::StrCat("greedy assignment: band must be in [1, ",
+                                                   source_.n_layer, "], got ", band));
+  }
+  if (n_tokens_ == 0) return absl::FailedPreconditionError("no tokens accumulated");
+  LayerAssignment assignment;
+  try {
+    c10::InferenceMode guard;
+    // Split semantics, as SingleLayerR2.
+    for (const auto& [is_values, out] :
+         {std::pair{false, &assignment.keys}, {true, &assignment.values}}) {
+      const int64_t offset = is_values ? source_.n_layer : 0;
+      out->resize(static_cast<size_t>(target_.n_layer));
+      for (int64_t il = 0; il < target_.n_layer; ++il) {
+        std::vector<int64_t> chosen;
+        while (static_cast<int64_t>(chosen.size()) < band) {
+          int64_t best = -1;
+          double best_r2 = -std::numeric_limits<double>::infinity();
+          for (int64_t s = 0; s < source_.n_layer; ++s) {
+            if (std::find(chosen.begin(), chosen.end(), s) != chosen.end()) continue;
+            std::vector<int64_t> trial = chosen;
+            trial.insert(std::upper_bound(trial.begin(), trial.end(), s), s);
+            for (int64_t& t : trial) t += offset;
+            double r2 = 0;
+            SolveOne(trial, il, is_values, bias, ridge, &r2);
+            if (r2 > best_r2) {  // ties keep the shallower layer
+              best = s;
+              best_r2 = r2;
+            }
+          }
+          chosen.insert(std::upper_bound(chosen.begin(), chosen.end(), best), best);
+        }
+        (*out)[static_cast<size_t>(il)] = std::move(chosen);
+      }
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("solving: ", e.what_without_backtrace()));
+  }
+  return assignment;
+}
+
+absl::Status AccumulateSequence(Engine& source, Engine& target, const std::vector<int64_t>& ids,
+                                MomentAccumulator& moments) {
+  std::unique_ptr<KvCache> source_cache = source.NewCache();
+  std::unique_ptr<KvCache> target_cache = target.NewCache();
+  if (absl::StatusOr<at::Tensor> r = source.Prefill(*source_cache, ids); !r.ok()) {
+    return r.status();
+  }
+  if (absl::StatusOr<at::Tensor> r = target.Prefill(*target_cache, ids); !r.ok()) {
+    return r.status();
+  }
+  const int64_t n = static_cast<int64_t>(ids.size());
+  absl::StatusOr<KvTaps> s = source_cache->Taps(0, n);
+  if (!s.ok()) return s.status();
+  absl::StatusOr<KvTaps> t = target_cache->Taps(0, n);
+  if (!t.ok()) return t.status();
+  return moments.Add(*s, *t);
+}
+
+}  // namespace kvl::training

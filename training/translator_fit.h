@@ -1,0 +1,107 @@
+// Stage 1 of translator training (KV-Lingo §3.2): closed-form ridge fits of
+// every map from second moments accumulated in float64 over a corpus, plus the
+// R² statistics that choose layer assignments for unequal depths.
+// translator/README.md has the math.
+//
+// Legend: L_s/L_t = n_layer of source/target, H = n_head_kv, D = head_dim,
+// T = tokens, N_in = L_s*H_s*D_s, N_out = L_t*H_t*D_t.
+//
+// Thread-safety: a MomentAccumulator is driven by one thread at a time; Fit and
+// SingleLayerR2 are const and may run concurrently with each other.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "model/kv_cache.h"
+#include "translator/translator.h"
+
+namespace kvl {
+class Engine;
+}  // namespace kvl
+
+namespace kvl::training {
+
+struct FitResult {
+  std::unique_ptr<Translator> translator;
+  // Per target layer, in-sample R² = 1 - ΣSSE/ΣSST over the layer's output
+  // dimensions (SST about the weighted mean), from the same moments.
+  std::vector<double> r2_keys, r2_values;
+};
+
+struct SingleLayerR2Table {
+  at::Tensor keys, values;  // [L_t, L_s] float64: R² of target layer il_t from source il_s alone
+};
+
+class MomentAccumulator {
+ public:
+  // Shapes only are read from the endpoints. The moments are joint over keys
+  // and values (rows x = [source keys, source values, 1], y = [target keys,
+  // target values]) so that split and joint maps (MapInputs) solve from the
+  // same pass: 8*((2*N_in+1)^2 + (2*N_in+1)*2*N_out + 2*N_out) bytes;
+  // ResourceExhausted above max_bytes.
+  static absl::StatusOr<std::unique_ptr<MomentAccumulator>> Create(
+      const TranslatorEndpoint& source, const TranslatorEndpoint& target,
+      int64_t max_bytes = int64_t{8} << 30);
+
+  // Adds the tokens of one aligned span: source taps [L_s, H_s, T, D_s] and
+  // target taps [L_t, H_t, T, D_t] of the same T tokens (KvCache::Taps, any
+  // float dtype). weights: optional [T] non-negative per-token weights w_t
+  // (undefined: all 1), which multiply the rows: X^T W X, X^T W Y.
+  // InvalidArgument on shape mismatch.
+  absl::Status Add(const KvTaps& source, const KvTaps& target, const at::Tensor& weights = {});
+
+  int64_t n_tokens() const { return n_tokens_; }
+  int64_t n_spans() const { return n_spans_; }
+  int64_t Bytes() const;
+
+  // Solves every map of spec.assignment, reading spec.inputs (InputBlocks;
+  // spec.bias decides the bias column):
+  //   W = (A + λ·(tr(A_x)/d)·I_x)^-1 B,  A = X^T W X over [x, 1], B = X^T W Y,
+  // where I_x covers the d input dimensions but not the bias. Cholesky in
+  // float64; a pseudo-inverse when the system is not positive definite.
+  // spec.training.ridge / n_tokens / n_sequences (= n_spans) are filled in.
+  // FailedPrecondition before any token was added; InvalidArgument for a spec
+  // whose shapes differ from the accumulator's.
+  absl::StatusOr<FitResult> Fit(TranslatorSpec spec, double ridge) const;
+
+  // R² of each (target layer, source layer) pair fitted alone, keys and values.
+  absl::StatusOr<SingleLayerR2Table> SingleLayerR2(bool bias, double ridge) const;
+
+  // Greedy match (KV-Lingo appendix H): per target layer, and separately for
+  // keys and values, grows the source support one layer at a time, each time
+  // adding the source layer whose joint fit with those already chosen has the
+  // highest in-sample R², until `band` layers (listed in ascending order).
+  // Unlike the top-R² assignment it accounts for redundancy among the chosen
+  // layers. InvalidArgument unless 1 <= band <= L_s; FailedPrecondition
+  // before any token was added.
+  absl::StatusOr<LayerAssignment> GreedyAssignment(int64_t band, bool bias, double ridge) const;
+
+ private:
+  MomentAccumulator() = default;
+  // Solves one map: source blocks `blocks` (InputBlocks, concatenated) ->
+  // target layer il's keys (values == false) or values. Returns W [in(+1),
+  // out] and writes the R² of the fit.
+  at::Tensor SolveOne(const std::vector<int64_t>& blocks, int64_t il, bool values, bool bias,
+                      double ridge, double* r2) const;
+
+  TranslatorEndpoint source_, target_;
+  int64_t n_in_ = 0, n_out_ = 0;  // per side: L_s*H_s*D_s, L_t*H_t*D_t
+  at::Tensor xx_;  // [2*N_in+1, 2*N_in+1] float64; last row/column: the ones column
+  at::Tensor xy_;  // [2*N_in+1, 2*N_out] float64
+  at::Tensor yy_;  // [2*N_out] float64: Σ w y²
+  int64_t n_tokens_ = 0, n_spans_ = 0;
+};
+
+// Runs ids (one sequence, tokens of both models' shared tokenizer) through
+// source and target into fresh cache lines and adds the aligned taps of all
+// tokens with uniform weights. Errors as Engine::Prefill's.
+absl::Status AccumulateSequence(Engine& source, Engine& target, const std::vector<int64_t>& ids,
+                                MomentAccumulator& moments);
+
+}  // namespace kvl::training
