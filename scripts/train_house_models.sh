@@ -51,7 +51,7 @@ train() {  # train NAME CONFIG SEED DRILL_ROUNDS DRILL_STEPS TASK_STEPS TASK_LR
     "$WORK/data/train.txt" "$WORK/data/valid.txt" "$c/tasks" "$init"
   # With every token weighted alike a kv answer (a few tokens after a document
   # of up to ~1,800) earns almost none of the loss, and kv stays at chance
-  # (scripts/kv_probe.sh, docs/results/kv_probe.txt): 1500 steps on the level-1
+  # (experiments/kv_lookup_training/kv_probe.sh, experiments/kv_lookup_training/kv_probe.txt): 1500 steps on the level-1
   # kv documents (<= ~360 tokens) form the lookup, 1500 on the task mix plus
   # the level-1-2 kv documents keep it and bring the other tasks back.
   ASSISTANT_WEIGHT=10 stage "$name" kvdocs "$config" 22 1500 "$task_lr" \
@@ -79,7 +79,7 @@ ONLY=${KVL_HOUSE_ONLY:-kvl-small kvl-small-b kvl-large}
 for name in $ONLY; do
   case $name in
     # kvl-small's shape needs two rounds of drills to form key lookup, kvl-large
-    # one (docs/results/drill_probe.txt).
+    # one (experiments/retrieval_drills_stage/drill_probe.txt).
     kvl-small)   train kvl-small   models/configs/kvl-small.json 1 2 3000 1600 3e-3 ;;
     kvl-small-b) train kvl-small-b models/configs/kvl-small.json 2 2 3000 1600 3e-3 ;;
     kvl-large)   train kvl-large   models/configs/kvl-large.json 3 1 3000 1600 2e-3 ;;

@@ -59,7 +59,7 @@ keep_logs() {
 # values, kvl fit --inputs joint), distilled with whitened steps (kvl distill
 # --whiten): stage 2 runs 2400 steps at lr 3e-4 -> 1e-4, stage 3 at 1e-4 ->
 # 1e-5 and stage 4 at 2e-5 -> 2e-6, a tenth of the shape-preserving pair's
-# split lrs (stage 2's as in scripts/map_inputs_ab.sh). From stage 2 alone
+# split lrs (stage 2's as in experiments/map_inputs/map_inputs_ab.sh). From stage 2 alone
 # such maps beat the split four-stage translators on the test gap and the
 # first-32 share, not on accuracy, which the later stages lift
 # (docs/translators.md, "Joint inputs and whitened steps"). kvl-small -> kvl-large stays split:
@@ -77,7 +77,7 @@ closed_form() { echo "$WORK/translators/${1}__${2}.closed-form.safetensors"; }
 # up to 512 tokens, its per-layer R² copied next to the committed maps. Each
 # target layer's maps read every source layer (--band all), in both pairs: in
 # closed form the mean R² of keys / values rises by 0.12-0.15 / 0.17-0.19 over
-# one source layer per map (docs/results/assignments.txt); for the cross-layer
+# one source layer per map (experiments/layer_assignment/assignments.txt); for the cross-layer
 # pair, after 2400 distillation steps, 4% and 22% lower validation KL than
 # greedy band 2 (docs/translators.md).
 fit_closed_form() {
@@ -150,7 +150,7 @@ for pair in $PAIRS; do
   # (docs/translators.md). 2000 steps left the best validation KL at the
   # last step in every direction. For joint maps it lowers the validation KL
   # by 2.6-6% and adds up to 0.016 of test accuracy
-  # (docs/results/translator_stages.txt).
+  # (experiments/translator_stages/translator_stages.txt).
   # Where stage 3 kept stage 2's maps there is nothing to undo: kvl-small ->
   # kvl-large moved under 1% in 700 such steps. Scoring only the first 32
   # positions (the target's first-32 share) did no better (docs/translators.md).

@@ -105,7 +105,7 @@ def why_missed(reports, names, with_tail, tail, precision):
                f"  where the targets answer {min(x for _, _, x in kv)}–{max(x for _, _, x in kv)} "
                "on their own caches: an exact key lookup in a",
                "  document does not survive these linear maps, and distilling on kv hand-overs",
-               "  did not bring it back ([kv_handover_probe.txt](kv_handover_probe.txt)). Facts",
+               "  did not bring it back ([kv_handover_probe.txt](../../experiments/kv_handover_distill/kv_handover_probe.txt)). Facts",
                "  and lists lose part of their accuracy the same way (table below)."]
     md += [f"- Distillation factor: the closed forms, whose maps read every source layer (and",
            "  in three directions keys and values together), already start at "
@@ -156,7 +156,7 @@ def main():
         "anywhere, then on windows that end where a chat hands over (`kvl distill",
         "--hand-over chat`), then, where that moved the maps, 4000 steps back on windows",
         "that start anywhere at low lr (scripts/train_translators.sh; what each stage",
-        "buys: [translator_stages.txt](translator_stages.txt)).",
+        "buys: [translator_stages.txt](../../experiments/translator_stages/translator_stages.txt)).",
         "",
         f"Log-perplexity of the target over the continuation (all / first {first_k} tokens):",
         "natively, with no prefix (it sees only the continuation), from the closed-form and",

@@ -6,7 +6,7 @@
 # on the test split (64 windows, the five test suites) of every variant beside
 # the recipe's own stage-3 maps. Stage 4 is not run: the question is which
 # start it gets.
-#   scripts/stage3_lr_probe.sh WORK_DIR [S:T] [LRS]
+#   experiments/stage3_lr/stage3_lr_probe.sh WORK_DIR [S:T] [LRS]
 #   default S:T kvl-small:kvl-small-b, LRS "3e-4 3e-5"
 # Needs WORK_DIR/data (kvl make-data, the recipe's corpus) and the stage-2 and
 # stage-3 maps train_translators.sh leaves in WORK_DIR/translators
@@ -14,15 +14,15 @@
 # KVL_TRANSLATOR_PAIRS=S:T KVL_SKIP_EVAL=1 KVL_HOUSE_WORK=WORK_DIR
 # scripts/train_translators.sh, which also rewrites the committed S__T files
 # in models/translators: `git checkout models/translators` to keep them). Writes WORK_DIR/stage3_lr/S__T.lrX.* and
-# docs/results/stage3_lr/S__T.json with each variant's distillation log
+# experiments/stage3_lr/results/S__T.json with each variant's distillation log
 # (S__T.lrX.distill.json); prints each distillation's summary and
-# last the table (from its "# scripts/stage3_lr_probe.sh" line on), which is
-# docs/results/stage3_lr.txt. KVL_TRAIN_THREADS (default 1) per run.
+# last the table (from its "# experiments/stage3_lr/stage3_lr_probe.sh" line on), which is
+# experiments/stage3_lr/stage3_lr.txt. KVL_TRAIN_THREADS (default 1) per run.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 KVL=${KVL_BIN:-build/tools/kvl}
 PY=${KVL_PYTHON:-/usr/bin/python3}
-work=${1:?usage: scripts/stage3_lr_probe.sh WORK_DIR [S:T] [LRS]}
+work=${1:?usage: experiments/stage3_lr/stage3_lr_probe.sh WORK_DIR [S:T] [LRS]}
 pair=${2:-kvl-small:kvl-small-b}
 lrs=${3:-3e-4 3e-5}
 threads=${KVL_TRAIN_THREADS:-1}
@@ -42,7 +42,7 @@ for k in train valid test suites/test_facts suites/test_kv suites/test_arith sui
   [ -f "$work/data/$k.jsonl" ] || { echo "stage3_lr_probe: $work/data/$k.jsonl is missing (kvl make-data)" >&2; exit 2; }
 done
 out="$work/stage3_lr"
-mkdir -p "$out" docs/results/stage3_lr
+mkdir -p "$out" experiments/stage3_lr/results
 files=("$chat")
 for lr in $lrs; do
   min=$("$PY" -c 'import sys; print(f"{float(sys.argv[1]) / 10:g}")' "$lr")
@@ -52,11 +52,11 @@ for lr in $lrs; do
     --data "$work/data/train.jsonl" --valid "$work/data/valid.jsonl" --out "$f" \
     --hand-over chat --continuation 64 --steps 600 --lr "$lr" --min-lr "$min" \
     --eval-every 100 --threads "$threads" --quiet --bf16 --whiten
-  cp "${f%.safetensors}.distill.json" docs/results/stage3_lr/
+  cp "${f%.safetensors}.distill.json" experiments/stage3_lr/results/
   files+=("$f")
 done
 suites=$(for k in facts kv arith lists strings; do printf '%s,' "$work/data/suites/test_$k.jsonl"; done)
-json="docs/results/stage3_lr/${s}__${t}.json"
+json="experiments/stage3_lr/results/${s}__${t}.json"
 "$KVL" eval-translator --source "models/$s" --target "models/$t" \
   --translator "$(IFS=,; echo "${files[*]}")" --data "$work/data/test.jsonl" \
   --suites "${suites%,}" --threads "$threads" --quiet --json "$json" > /dev/null
@@ -64,7 +64,7 @@ json="docs/results/stage3_lr/${s}__${t}.json"
 import json, os, sys
 path, pair, lrs, out = sys.argv[1:]
 r = json.load(open(path))
-print(f"# scripts/stage3_lr_probe.sh WORK {pair} \"{lrs}\": stage 3 from the same stage-2 maps, "
+print(f"# experiments/stage3_lr/stage3_lr_probe.sh WORK {pair} \"{lrs}\": stage 3 from the same stage-2 maps, "
       "600 steps at chat hand-overs, peak lr -> a tenth; kvl eval-translator on the test split")
 print()
 print("| stage-3 peak lr | best valid KL (step) | gap (all / first 32) | recovered first 32 "

@@ -15,14 +15,14 @@
 # suite's items answered by kind (forward lookups of words or numbers,
 # reverse lookups) and level. DRILL_STEPS 0 is the control: no drill round,
 # the task stage starts from FROM.
-#   scripts/records_probe.sh WORK FROM NAME DRILL_STEPS TASK_STEPS
+#   experiments/record_drills/records_probe.sh WORK FROM NAME DRILL_STEPS TASK_STEPS
 # WORK holds data/ (kvl make-data) as for scripts/train_house_models.sh.
 # KVL_DRILL_CONFIG: the model shape (default models/configs/kvl-small.json);
 # KVL_TRAIN_THREADS: threads (default 2). Finished stages are not retrained.
 # Output: WORK/drills/NAME-tasks/probe.txt (NAME-mix/ with KVL_RECORDS_IN_TASKS=1;
-# docs/results/records_probe.txt collects runs).
+# experiments/record_drills/records_probe.txt collects runs).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 KVL=${KVL_BIN:-build/tools/kvl}
 THREADS=${KVL_TRAIN_THREADS:-2}
 [ $# -eq 5 ] || { sed -n '2,/^set /p' "$0" | grep '^#'; exit 2; }
@@ -84,7 +84,7 @@ for s, it in scored(sys.argv[1]):
         bins[k][1] += 1
 print(line("held-out record drills correct by records per document", bins))
 PY
-  /usr/bin/python3 scripts/kv_breakdown.py "$work/data/suites/test_kv.jsonl" "$1" "$2"
+  /usr/bin/python3 experiments/kv_lookup_training/kv_breakdown.py "$work/data/suites/test_kv.jsonl" "$1" "$2"
 }
 s="$work/data/suites"
 probe() {  # probe MODEL: the record drills and the kv suite
@@ -95,7 +95,7 @@ probe() {  # probe MODEL: the record drills and the kv suite
 }
 {
   mix=""; [ "${KVL_RECORDS_IN_TASKS:-0}" = 1 ] && mix="KVL_RECORDS_IN_TASKS=1 "
-  echo "# ${mix}KVL_TRAIN_THREADS=$THREADS scripts/records_probe.sh $work $from $name $drill_steps $task_steps"
+  echo "# ${mix}KVL_TRAIN_THREADS=$THREADS experiments/record_drills/records_probe.sh $work $from $name $drill_steps $task_steps"
   probe "$from"
   [ "$drilled" = "$from" ] || probe "$drilled"
   echo "after the task stage ($tasks, test split):"

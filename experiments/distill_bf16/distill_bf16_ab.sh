@@ -3,9 +3,9 @@
 # the same committed translator and on the same windows: seconds per step and
 # the (float32) validation KL every 50 steps. Continues the committed
 # kvl-small -> kvl-large translator at chat hand-overs, as its last stage ran.
-#   scripts/distill_bf16_ab.sh WORK_DIR [STEPS]     # WORK_DIR/data from kvl make-data
+#   experiments/distill_bf16/distill_bf16_ab.sh WORK_DIR [STEPS]     # WORK_DIR/data from kvl make-data
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 KVL=${KVL_BIN:-build/tools/kvl}
 work=$1; steps=${2:-150}
 out="$work/distill_bf16_ab"

@@ -12,18 +12,18 @@
 # stage's lr, with ASSISTANT_WEIGHT W (the loss weight of assistant-written
 # tokens; 1 is the task stage's). Then `kvl eval` on the test split's five
 # suites and test.txt, and the kv items answered by kind and level
-# (scripts/kv_breakdown.py). l1aw10 then l1_then_kv12 are the recipe's kvdocs
+# (experiments/kv_lookup_training/kv_breakdown.py). l1aw10 then l1_then_kv12 are the recipe's kvdocs
 # and mix stages (same corpora, seeds and settings; the recipe exports mix in
 # bf16).
-#   scripts/kv_probe.sh WORK [RUN ...]     (default: every run below, in order)
+#   experiments/kv_lookup_training/kv_probe.sh WORK [RUN ...]     (default: every run below, in order)
 # KVL_KV_MODEL: kvl-small (default), kvl-small-b or kvl-large; KVL_TRAIN_THREADS:
 # threads (default 2). Finished runs are not retrained (a finished run trained
 # with another lr, weight, seed or start is an error: remove its folder), an
 # interrupted one resumes. Output: WORK/kvprobe/MODEL/NAME/ per run,
-# WORK/kvprobe/MODEL/probe.txt (the table); docs/results/kv_probe.txt collects
+# WORK/kvprobe/MODEL/probe.txt (the table); experiments/kv_lookup_training/kv_probe.txt collects
 # runs.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 KVL=${KVL_BIN:-build/tools/kvl}
 THREADS=${KVL_TRAIN_THREADS:-2}
 MODEL=${KVL_KV_MODEL:-kvl-small}
@@ -101,7 +101,7 @@ done <<< "$RUNS"
 # The table: FROM itself, then every run evaluated so far.
 evaluate "$FROM" "$r/from.eval_all.json"
 {
-  echo "# KVL_TRAIN_THREADS=$THREADS KVL_KV_MODEL=$MODEL scripts/kv_probe.sh $work${*:+ $*} (lr $LR, from $FROM)"
+  echo "# KVL_TRAIN_THREADS=$THREADS KVL_KV_MODEL=$MODEL experiments/kv_lookup_training/kv_probe.sh $work${*:+ $*} (lr $LR, from $FROM)"
   echo "| run | init | corpus | assistant weight | nats/token | facts | kv | arith | lists | strings |"
   echo "|---|---|---|---|---|---|---|---|---|---|"
   rows=$(echo "from - - -"; echo "$RUNS")
@@ -118,6 +118,6 @@ PY
   while read -r name _; do
     [ "$name" = from ] && json="$r/from.eval_all.json" || json="$r/$name/eval_all.json"
     [ -f "$json" ] || continue
-    /usr/bin/python3 scripts/kv_breakdown.py "$work/data/suites/test_kv.jsonl" "$json" "$name"
+    /usr/bin/python3 experiments/kv_lookup_training/kv_breakdown.py "$work/data/suites/test_kv.jsonl" "$json" "$name"
   done <<< "$rows"
 } | tee "$r/probe.txt"

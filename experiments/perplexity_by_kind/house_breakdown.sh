@@ -3,12 +3,12 @@
 # split's rendered conversations (test.txt) by the kind of conversation
 # (test.jsonl's "task", same order) and runs `kvl eval --text` on each part
 # (up to 32768 predicted tokens each, 512-token windows), for every model.
-#   scripts/house_breakdown.sh WORK_DIR MODEL_DIR [MODEL_DIR ...]
+#   experiments/perplexity_by_kind/house_breakdown.sh WORK_DIR MODEL_DIR [MODEL_DIR ...]
 # WORK_DIR holds data/test.{txt,jsonl} (kvl make-data, as scripts/train_house_models.sh
 # writes it). Prints a Markdown table: nats/token per kind and model, each kind's
 # share of test.txt's characters, and the last model minus the first.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 KVL=${KVL_BIN:-build/tools/kvl}
 work=$1; shift
 parts="$work/breakdown"

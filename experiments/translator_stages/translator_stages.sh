@@ -9,16 +9,16 @@
 # did not run). The stage files are the ones train_translators.sh leaves in its
 # work folder, so this runs after it, with the same WORK; stages whose file is
 # missing there are left out.
-#   scripts/translator_stages.sh [WORK_DIR]   # default build/house
-#   KVL_STAGE_PAIRS="kvl-small:kvl-small-b" scripts/translator_stages.sh
-# Output: docs/results/translator_stages/<S>__<T>.json and the table
-# docs/results/translator_stages.txt (made from every JSON in that folder).
+#   experiments/translator_stages/translator_stages.sh [WORK_DIR]   # default build/house
+#   KVL_STAGE_PAIRS="kvl-small:kvl-small-b" experiments/translator_stages/translator_stages.sh
+# Output: experiments/translator_stages/results/<S>__<T>.json and the table
+# experiments/translator_stages/translator_stages.txt (made from every JSON in that folder).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 KVL=${KVL_BIN:-build/tools/kvl}
 PY=${KVL_PYTHON:-/usr/bin/python3}
 work=${1:-build/house}
-dir=docs/results/translator_stages
+dir=experiments/translator_stages/results
 mkdir -p "$dir"
 suites=$(for k in facts kv arith lists strings; do printf '%s,' "$work/data/suites/test_$k.jsonl"; done)
 PAIRS=${KVL_STAGE_PAIRS:-kvl-small:kvl-large kvl-large:kvl-small kvl-small:kvl-small-b kvl-small-b:kvl-small}
@@ -35,10 +35,10 @@ for pair in $PAIRS; do
     --data "$work/data/test.jsonl" --suites "${suites%,}" \
     --threads "${KVL_TRAIN_THREADS:-2}" --quiet --json "$dir/${s}__${t}.json" > /dev/null
 done
-"$PY" - "$dir" "$work" <<'PY' | tee docs/results/translator_stages.txt
+"$PY" - "$dir" "$work" <<'PY' | tee experiments/translator_stages/translator_stages.txt
 import glob, json, os, sys
 folder, work = sys.argv[1:]
-print(f"# scripts/translator_stages.sh {work}: kvl eval-translator on the test split, "
+print(f"# experiments/translator_stages/translator_stages.sh {work}: kvl eval-translator on the test split, "
       "per distillation stage")
 print()
 print("| direction | maps | gap (all / first 32) | recovered first 32 | accuracy all | arith | facts "

@@ -7,10 +7,10 @@
 # whose second half repeats the first (rep) or is fresh (norep). A model that
 # copies pays almost nothing for a repeated half: its gain (norep - rep, nats
 # per token) approaches half the per-token cost of the first half.
-#   scripts/copy_probe.sh WORK_DIR [N_WORDS ...]   # WORK_DIR holds data/valid.txt
-# Output: one line per vocabulary size (docs/results/copy_probe.txt).
+#   experiments/copy_vs_vocabulary/copy_probe.sh WORK_DIR [N_WORDS ...]   # WORK_DIR holds data/valid.txt
+# Output: one line per vocabulary size (experiments/copy_vs_vocabulary/copy_probe.txt).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 KVL=${KVL_BIN:-build/tools/kvl}
 work=$1; shift
 sizes=("$@"); [ ${#sizes[@]} -gt 0 ] || sizes=(all)

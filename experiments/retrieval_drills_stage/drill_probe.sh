@@ -8,11 +8,11 @@
 #     16-word pool and from every corpus word: a model that copies pays far
 #     less for a repeated answer;
 #   - greedy accuracy on 100 held-out drills (kvl eval).
-#   scripts/drill_probe.sh WORK NAME STEPS [train-lm args...]   # WORK holds data/train.txt
+#   experiments/retrieval_drills_stage/drill_probe.sh WORK NAME STEPS [train-lm args...]   # WORK holds data/train.txt
 # KVL_DRILL_CONFIG picks the model shape (default models/configs/kvl-small.json).
-# Output: WORK/drills/NAME/probe.txt (docs/results/drill_probe.txt collects runs).
+# Output: WORK/drills/NAME/probe.txt (experiments/retrieval_drills_stage/drill_probe.txt collects runs).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 KVL=${KVL_BIN:-build/tools/kvl}
 THREADS=${KVL_TRAIN_THREADS:-2}
 work=$1 name=$2 steps=$3; shift 3
@@ -31,7 +31,7 @@ nll() {
     /usr/bin/python3 -c 'import json,sys; print("%.4f" % json.load(sys.stdin)["perplexity"]["nats_per_token"])'
 }
 {
-  echo "# scripts/drill_probe.sh $work $name $steps $*"
+  echo "# experiments/retrieval_drills_stage/drill_probe.sh $work $name $steps $*"
   printf '%-6s %9s %9s %7s\n' pool rep fresh gain
   for pool in 16 all; do
     r=$(nll "$d/copy_${pool}_rep.txt"); f=$(nll "$d/copy_${pool}_fresh.txt")

@@ -9,11 +9,11 @@
 # then `kvl eval-translator` on the test split (64 windows, kv and facts
 # suites, 100 items each) with the committed translator and the probe's
 # side by side. Nothing under models/ changes.
-#   scripts/kv_handover_probe.sh WORK [STEPS]
+#   experiments/kv_handover_distill/kv_handover_probe.sh WORK [STEPS]
 # Output: WORK/kvhandover/ (data, translator and its .distill.jsonl, distill.log,
-# eval.json, eval.txt); docs/results/kv_handover_probe.txt has a run.
+# eval.json, eval.txt); experiments/kv_handover_distill/kv_handover_probe.txt has a run.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 KVL=${KVL_BIN:-build/tools/kvl}
 [ $# -ge 1 ] || { sed -n '2,/^set /p' "$0" | grep '^#'; exit 2; }
 work=$1 steps=${2:-400}

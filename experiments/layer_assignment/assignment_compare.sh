@@ -7,10 +7,10 @@
 # layer. Prints the mean
 # per-target-layer R² of keys and values (in-sample over ~40k tokens; at most
 # 769 inputs per map, so overfitting is small).
-#   scripts/assignment_compare.sh [WORK_DIR]   # default build/house; needs WORK_DIR/data
-# Output: docs/results/assignments.txt (one line per fit).
+#   experiments/layer_assignment/assignment_compare.sh [WORK_DIR]   # default build/house; needs WORK_DIR/data
+# Output: experiments/layer_assignment/assignments.txt (one line per fit).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 KVL=${KVL_BIN:-build/tools/kvl}
 work=${1:-build/house}
 out="$work/assignments"

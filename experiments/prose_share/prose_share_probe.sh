@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 4's perplexity lead with more prose: does a corpus where real prose is
-# most of the text (where kvl-large's lead is largest, results/house_breakdown.md)
+# most of the text (where kvl-large's lead is largest, experiments/perplexity_by_kind/house_breakdown.md)
 # give kvl-large a 0.1 nats/token lead over kvl-small?
 #
 # 1. A prose-heavy test split: `kvl make-data` with the recipe's options but 240
@@ -16,10 +16,10 @@
 #    (assistant weight 10, bf16, batch 8 x 512; lr 1e-3 / 7e-4 for kvl-small /
 #    kvl-large), then on the same test text and the test suites.
 # One thread per run; the two fine-tunes run side by side (about 21 min).
-#   scripts/prose_share_probe.sh [WORK_DIR]   # default build/prose_probe
-# Output: docs/results/prose_share_probe.txt.
+#   experiments/prose_share/prose_share_probe.sh [WORK_DIR]   # default build/prose_probe
+# Output: experiments/prose_share/prose_share_probe.txt.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 KVL=${KVL_BIN:-build/tools/kvl}
 work=${1:-build/prose_probe}
 suites=build/house/data/suites
@@ -60,7 +60,7 @@ for m in kvl-small kvl-large; do
 done
 wait
 
-/usr/bin/python3 - "$work" <<'PY' | tee docs/results/prose_share_probe.txt
+/usr/bin/python3 - "$work" <<'PY' | tee experiments/prose_share/prose_share_probe.txt
 import json, sys
 work = sys.argv[1]
 share = {}
@@ -69,7 +69,7 @@ for line in open(f"{work}/data/test.jsonl"):
     share[d["task"]] = share.get(d["task"], 0) + sum(len(m["content"]) for m in d["messages"])
 prose = share["prose"] / sum(share.values())
 ppl = lambda path: json.load(open(path))["perplexity"]["nats_per_token"]
-print("# scripts/prose_share_probe.sh: kvl-large's lead on a prose-heavy test split")
+print("# experiments/prose_share/prose_share_probe.sh: kvl-large's lead on a prose-heavy test split")
 print(f"# test.txt: WORK_DIR/data (the recipe's options, 240 generated test conversations);")
 print(f"# prose is {100 * prose:.1f}% of its message characters. nats/token, 512-token windows, all tokens.")
 print()

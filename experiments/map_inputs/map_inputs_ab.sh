@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Split vs joint map inputs (kvl fit --inputs), and whitened distillation
 # steps (kvl distill --whiten), on the house models.
-#   scripts/map_inputs_ab.sh WORK_DIR [closed-form|distill|cross|cross-plain|cross-eval|all]
+#   experiments/map_inputs/map_inputs_ab.sh WORK_DIR [closed-form|distill|cross|cross-plain|cross-eval|all]
 # WORK_DIR/data from kvl make-data (the recipe's corpus). Writes under
-# WORK_DIR/map_inputs_ab/ and prints the tables of docs/results/map_inputs_ab.txt:
+# WORK_DIR/map_inputs_ab/ and prints the tables of experiments/map_inputs/map_inputs_ab.txt:
 #  closed-form: both inputs fitted as scripts/train_translators.sh fits them
 #    (256 training chats of up to 512 tokens, every source layer), for all
 #    four directions, then kvl eval-translator on the test split (64 windows);
@@ -18,11 +18,11 @@
 #    kvl-small -> kvl-large translator back) for the committed kvl-large ->
 #    kvl-small translator and cross's joint, whitened one.
 # The "committed" kvl-large -> kvl-small translator of cross and cross-eval was
-# the split four-stage one when docs/results/map_inputs_ab.txt was made; since
+# the split four-stage one when experiments/map_inputs/map_inputs_ab.txt was made; since
 # 2026-12-02's retrain it is joint itself (git history has the split files), so
 # a rerun of those two modes compares other maps.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 KVL=${KVL_BIN:-build/tools/kvl}
 work=$1; what=${2:-all}
 D="$work/data"
