@@ -84,7 +84,7 @@ fi
 if [ "$what" = cross ] || [ "$what" = all ]; then
   s=kvl-large; t=kvl-small
   stage2 "$s" "$t" joint-whiten joint --whiten
-  /usr/bin/python3 - "models/translators/${s}__${t}.any.distill.jsonl" \
+  /usr/bin/python3 - "docs/results/training/${s}__${t}/${s}__${t}.any.distill.jsonl" \
     "$out/${s}__${t}.joint-whiten.distill.jsonl" <<'PY'
 import json, sys
 for name, path in zip(["committed split stage 2 (lr 1e-3, 4800 steps)", "joint --whiten (lr 3e-4, 2400 steps)"], sys.argv[1:]):

@@ -89,8 +89,8 @@ tasks = ["facts", "kv", "arith", "lists", "strings"]
 print("| models | " + " | ".join(tasks) + " | kvl-large ahead on |")
 print("|---|" + "---|" * (len(tasks) + 1))
 acc = lambda path: {t: v["accuracy"] for t, v in json.load(open(path))["tasks"].items()}
-for label, small, large in [("committed", "models/kvl-small/eval_test.json",
-                             "models/kvl-large/eval_test.json"),
+for label, small, large in [("committed", "docs/results/training/kvl-small/eval_test.json",
+                             "docs/results/training/kvl-large/eval_test.json"),
                             ("after 1000 prose-heavy steps", f"{work}/ft_eval_kvl-small.json",
                              f"{work}/ft_eval_kvl-large.json")]:
     s, l = acc(small), acc(large)

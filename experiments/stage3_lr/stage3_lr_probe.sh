@@ -13,7 +13,8 @@
 # (S__T.any.safetensors, S__T.chat.safetensors; e.g.
 # KVL_TRANSLATOR_PAIRS=S:T KVL_SKIP_EVAL=1 KVL_HOUSE_WORK=WORK_DIR
 # scripts/train_translators.sh, which also rewrites the committed S__T files
-# in models/translators: `git checkout models/translators` to keep them). Writes WORK_DIR/stage3_lr/S__T.lrX.* and
+# in models/translators and docs/results/training: `git checkout models/translators
+# docs/results/training` to keep them). Writes WORK_DIR/stage3_lr/S__T.lrX.* and
 # experiments/stage3_lr/results/S__T.json with each variant's distillation log
 # (S__T.lrX.distill.json); prints each distillation's summary and
 # last the table (from its "# experiments/stage3_lr/stage3_lr_probe.sh" line on), which is
