@@ -108,7 +108,8 @@ def card(name, summary, stages, ev, t, chances, picks):
         "",
         "A house model of kvlingo: a Qwen3-architecture decoder trained from scratch on",
         "the generated chat corpus (docs/data.md) by `scripts/train_house_models.sh`.",
-        "Hugging Face layout (`config.json`, bf16 `model.safetensors`, tokenizer files).",
+        "Hugging Face layout (`config.json`, bf16 `model.safetensors`, tokenizer files: links to "
+        "the shared `../tokenizer/`).",
         "",
         "| | |",
         "|---|---|",
