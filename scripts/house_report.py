@@ -1,8 +1,10 @@
 #!/usr/bin/python3
 """Model cards and the results table of the house models.
 
-Reads, for each model under models/: summary.json (written by kvl train-lm) and
-eval_test.json (kvl eval on the test suites and test.txt); the step times in
+Reads, for each model, from docs/results/training/<name>/ (where
+scripts/train_house_models.sh keeps a model's training logs): summary.json and
+summary_<stage>.json (written by kvl train-lm) and eval_test.json (kvl eval on
+the test suites and test.txt); the step times in
 $WORK/times.tsv (scripts/train_house_models.sh); the test suites, for the
 chance baselines. Writes models/<name>/README.md and
 docs/results/house_models.{md,json} and docs/results/house_times.tsv. Touches
@@ -26,6 +28,7 @@ import sys
 
 TASKS = ["facts", "kv", "arith", "lists", "strings"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LOGS = os.path.join(ROOT, "docs", "results", "training")
 
 
 def normalise(text, rule):
@@ -79,7 +82,7 @@ LATER_STAGES = ["tasks", "kvdocs"]  # summary_<stage>.json before the last stage
 
 def stages_of(name, summary):
     """[(stage, summary.json of that stage)]: the curriculum's, or one stage."""
-    d = os.path.join(ROOT, "models", name)
+    d = os.path.join(LOGS, name)
     paths = glob.glob(os.path.join(d, "summary_drills*.json"))
     rounds = sorted(int(re.fullmatch(r"summary_drills(\d+)\.json", os.path.basename(p)).group(1))
                     for p in paths)
@@ -105,7 +108,8 @@ def card(name, summary, stages, ev, t, chances, picks):
         "",
         "A house model of kvlingo: a Qwen3-architecture decoder trained from scratch on",
         "the generated chat corpus (docs/data.md) by `scripts/train_house_models.sh`.",
-        "Hugging Face layout (`config.json`, bf16 `model.safetensors`, tokenizer files).",
+        "Hugging Face layout (`config.json`, bf16 `model.safetensors`, tokenizer files: links to "
+        "the shared `../tokenizer/`).",
         "",
         "| | |",
         "|---|---|",
@@ -165,7 +169,9 @@ def card(name, summary, stages, ev, t, chances, picks):
         f"Log-perplexity on test.txt: {ev['perplexity']['nats_per_token']:.4f} nats/token "
         f"({ev['perplexity']['tokens']} tokens, 512-token windows).",
         "",
-        "Loss curve: `loss.png`. Reproduce: `scripts/train_house_models.sh` "
+        f"Training logs and plots (loss curve `loss.png`, `train_log.jsonl`, each stage's "
+        f"`summary*.json`, `eval_test.json`): [docs/results/training/{name}/]"
+        f"(../../docs/results/training/{name}/). Reproduce: `scripts/train_house_models.sh` "
         "(docs/results/house_models.md).",
         "",
     ]
@@ -184,11 +190,11 @@ def main():
     t = times(work)
     rows = []
     for name in names:
-        d = os.path.join(ROOT, "models", name)
-        summary = load(os.path.join(d, "summary.json"))
-        ev = load(os.path.join(d, "eval_test.json"))
+        logs = os.path.join(LOGS, name)
+        summary = load(os.path.join(logs, "summary.json"))
+        ev = load(os.path.join(logs, "eval_test.json"))
         stages = stages_of(name, summary)
-        with open(os.path.join(d, "README.md"), "w") as f:
+        with open(os.path.join(ROOT, "models", name, "README.md"), "w") as f:
             f.write(card(name, summary, stages, ev, t, chances, picks))
         rows.append((name, summary, stages, ev))
 

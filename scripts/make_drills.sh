@@ -4,7 +4,7 @@
 # are kept (every one is deterministic):
 #   train.txt, valid.txt  100k / 1k drills (copy, recall, next; seeds 1 and 2)
 #   test.jsonl            600 held-out drills as a kvl eval suite (seed 3)
-#   copy_{16,all}_{rep,fresh}.txt  the copying probe of scripts/drill_probe.sh
+#   copy_{16,all}_{rep,fresh}.txt  the copying probe of experiments/retrieval_drills_stage/drill_probe.sh
 #   scripts/make_drills.sh WORK
 set -euo pipefail
 cd "$(dirname "$0")/.."

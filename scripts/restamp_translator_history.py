@@ -4,16 +4,18 @@
 Until `kvl distill` kept its init's record ("training_history", translator/README.md),
 a translator's header described only its last stage. For kvl-small -> kvl-large,
 whose last stage kept the stage-2 maps, that read "distilled, 0 steps". This
-script rebuilds each committed translator's history from the stage summaries
-committed beside it (S__T.closed-form.r2.json, S__T.any.distill.json,
-S__T.chat.distill.json, S__T.distill.json), following each stage's "init" back
+script rebuilds each committed translator's history from its committed stage
+summaries (S__T.closed-form.r2.json, S__T.any.distill.json,
+S__T.chat.distill.json, S__T.distill.json, in docs/results/training/S__T/, or
+beside the translator where they are not there), following each stage's "init" back
 to the closed-form fit, and rewrites only the header's metadata; the tensors'
 bytes are unchanged (checked). It first checks that the last stage it rebuilds
 equals the record the file already holds, so a summary that does not belong to
 the file is refused.
 
 Usage: /usr/bin/python3 scripts/restamp_translator_history.py [--check] [DIR]
-(DIR: models/translators). --check changes nothing and fails if a file's
+(DIR: models/translators; the summaries are read from docs/results/training/
+of this repository). --check changes nothing and fails if a file's
 history differs from the one the summaries give.
 """
 import json
@@ -22,6 +24,8 @@ import struct
 import sys
 
 KEY = "kvlingo_translator"
+# Where scripts/train_translators.sh keeps each translator's training logs.
+LOGS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results" / "training"
 
 
 def read_header(path):
@@ -51,8 +55,15 @@ def distill_record(summary, fit):
             "n_tokens": steps * batch * window, "steps": steps}
 
 
+def summaries_dir(directory, base):
+    """docs/results/training/S__T/ where it holds the fit's summary, else DIR."""
+    logs = LOGS / base
+    return logs if (logs / f"{base}.closed-form.r2.json").exists() else directory
+
+
 def stages_of(directory, base):
     """The records of every stage, oldest first, rebuilt from the summaries."""
+    directory = summaries_dir(directory, base)
     r2 = json.loads((directory / f"{base}.closed-form.r2.json").read_text())
     fit = fit_record(r2)
     by_output = {}

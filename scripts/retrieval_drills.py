@@ -10,7 +10,7 @@ OUT the file written: chat text, or a kvl eval suite (prompts and expected
 answers, scored by exact match) when its name ends in .jsonl. Each
 conversation draws its words from a pool of 16, 64 or 512 corpus words, or
 from all of them: a small pool makes copying pay off early
-(scripts/copy_probe.sh, docs/training.md), a large one makes it general.
+(experiments/copy_vs_vocabulary/copy_probe.sh, docs/training.md), a large one makes it general.
 KINDS is a comma-separated list (default copy,recall,next), drawn in equal
 shares:
   copy     "Repeat after me: X" -> "X"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Retrains the house models from scratch: corpus, tokenizer, kvl-small,
 # kvl-small-b (kvl-small's shape, another seed) and kvl-large, then evaluates
-# each on the test split. Writes models/<name>/ (weights, card, eval) and
-# docs/results/house_models.{md,json}. Intermediate data goes to $KVL_HOUSE_WORK
+# each on the test split. Writes models/<name>/ (what the server loads and the
+# model card), docs/results/training/<name>/ (the training logs and plots of
+# every stage and the test evaluation) and docs/results/house_models.{md,json}. Intermediate data goes to $KVL_HOUSE_WORK
 # (default build/house). Each step's wall time is logged and put in the cards.
 #   scripts/train_house_models.sh            # everything
 #   KVL_HOUSE_ONLY="kvl-large" scripts/train_house_models.sh   # one model (+ eval)
@@ -12,7 +13,7 @@ cd "$(dirname "$0")/.."
 KVL=${KVL_BIN:-build/tools/kvl}
 WORK=${KVL_HOUSE_WORK:-build/house}
 THREADS=${KVL_TRAIN_THREADS:-1}
-mkdir -p "$WORK" models docs/results
+mkdir -p "$WORK" models docs/results/training
 TIMES="$WORK/times.tsv"
 touch "$TIMES"
 
@@ -51,35 +52,45 @@ train() {  # train NAME CONFIG SEED DRILL_ROUNDS DRILL_STEPS TASK_STEPS TASK_LR
     "$WORK/data/train.txt" "$WORK/data/valid.txt" "$c/tasks" "$init"
   # With every token weighted alike a kv answer (a few tokens after a document
   # of up to ~1,800) earns almost none of the loss, and kv stays at chance
-  # (scripts/kv_probe.sh, docs/results/kv_probe.txt): 1500 steps on the level-1
+  # (experiments/kv_lookup_training/kv_probe.sh, experiments/kv_lookup_training/kv_probe.txt): 1500 steps on the level-1
   # kv documents (<= ~360 tokens) form the lookup, 1500 on the task mix plus
   # the level-1-2 kv documents keep it and bring the other tasks back.
   ASSISTANT_WEIGHT=10 stage "$name" kvdocs "$config" 22 1500 "$task_lr" \
     "$WORK/kvextra/kv1.txt" "$WORK/data/valid.txt" "$c/kvdocs" "$c/tasks"
   ASSISTANT_WEIGHT=10 SAVE_DTYPE=bfloat16 stage "$name" mix "$config" 24 1500 "$task_lr" \
     "$WORK/kvextra/tasks+kv12.txt" "$WORK/data/valid.txt" "$c/mix" "$c/kvdocs"
-  # The deliverable: the final weights (bf16) and the logs of every stage.
-  mkdir -p "models/$name"
-  for f in config.json generation_config.json model.safetensors tokenizer.json \
-      tokenizer_config.json summary.json train_log.jsonl loss.png loss.dat loss.gp; do
+  # The deliverable: the final weights (bf16) in models/NAME, the tokenizer
+  # files as links to models/tokenizer's (the same bytes), and the logs of
+  # every stage in docs/results/training/NAME.
+  local logs="docs/results/training/$name"
+  mkdir -p "models/$name" "$logs"
+  for f in config.json generation_config.json model.safetensors; do
     cp "$c/mix/$f" "models/$name/$f"
   done
-  rm -f "models/$name"/summary_*.json
-  for r in $(seq "$rounds"); do
-    cp "$c/drills$r/summary.json" "models/$name/summary_drills$r.json"
+  for f in tokenizer.json tokenizer_config.json; do
+    cmp -s "$c/mix/$f" "models/tokenizer/$f" ||
+      { echo "$c/mix/$f differs from models/tokenizer/$f" >&2; exit 1; }
+    ln -sfn "../tokenizer/$f" "models/$name/$f"
   done
-  cp "$c/tasks/summary.json" "models/$name/summary_tasks.json"
-  cp "$c/kvdocs/summary.json" "models/$name/summary_kvdocs.json"
+  for f in summary.json train_log.jsonl loss.png loss.dat loss.gp; do
+    cp "$c/mix/$f" "$logs/$f"
+  done
+  rm -f "$logs"/summary_*.json
+  for r in $(seq "$rounds"); do
+    cp "$c/drills$r/summary.json" "$logs/summary_drills$r.json"
+  done
+  cp "$c/tasks/summary.json" "$logs/summary_tasks.json"
+  cp "$c/kvdocs/summary.json" "$logs/summary_kvdocs.json"
   timed "eval $name" "$KVL" eval --model "models/$name" \
     $(for t in facts kv arith lists strings; do echo --suite "$WORK/data/suites/test_$t.jsonl"; done) \
-    --text "$WORK/data/test.txt" --threads "$THREADS" --json "models/$name/eval_test.json"
+    --text "$WORK/data/test.txt" --threads "$THREADS" --json "$logs/eval_test.json"
 }
 
 ONLY=${KVL_HOUSE_ONLY:-kvl-small kvl-small-b kvl-large}
 for name in $ONLY; do
   case $name in
     # kvl-small's shape needs two rounds of drills to form key lookup, kvl-large
-    # one (docs/results/drill_probe.txt).
+    # one (experiments/retrieval_drills_stage/drill_probe.txt).
     kvl-small)   train kvl-small   models/configs/kvl-small.json 1 2 3000 1600 3e-3 ;;
     kvl-small-b) train kvl-small-b models/configs/kvl-small.json 2 2 3000 1600 3e-3 ;;
     kvl-large)   train kvl-large   models/configs/kvl-large.json 3 1 3000 1600 2e-3 ;;
@@ -89,8 +100,9 @@ done
 echo "step times (seconds) in $TIMES:"; cat "$TIMES"
 
 # Cards, the results table and the in-context copying probe, once all three exist.
-if [ -f models/kvl-small/eval_test.json ] && [ -f models/kvl-small-b/eval_test.json ] &&
-   [ -f models/kvl-large/eval_test.json ]; then
+if [ -f docs/results/training/kvl-small/eval_test.json ] &&
+   [ -f docs/results/training/kvl-small-b/eval_test.json ] &&
+   [ -f docs/results/training/kvl-large/eval_test.json ]; then
   /usr/bin/python3 scripts/house_report.py "$WORK"
   scripts/induction_probe.sh "$WORK" models/kvl-small models/kvl-small-b models/kvl-large |
     tee docs/results/induction_probe.txt

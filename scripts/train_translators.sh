@@ -7,9 +7,11 @@
 #   kvl-small <-> kvl-small-b   (shape-preserving, independent seeds)
 # Needs the house models (scripts/train_house_models.sh) and its corpus in
 # $KVL_HOUSE_WORK/data. Writes models/translators/<source>__<target>.safetensors
-# (distilled, what the server loads), the training logs and curves and the
-# closed form's per-layer R² (<source>__<target>.closed-form.r2.json) next to
-# them, and per direction the evaluation JSON under docs/results/translators/;
+# (distilled, what the server loads); the training logs and curves of every
+# stage and the closed form's per-layer R² (<source>__<target>.closed-form.r2.json)
+# under docs/results/training/<source>__<target>/ (scripts/restamp_translator_history.py
+# reads the stage summaries there); and per direction the evaluation JSON under
+# docs/results/translators/;
 # scripts/translator_report.py turns those into docs/results/translators.md.
 # The closed-form maps and the earlier stages' maps stay in
 # $KVL_HOUSE_WORK/translators (not committed: the closed form is refitted in
@@ -42,7 +44,8 @@ LR=${KVL_DISTILL_LR:-3e-3}
 PY=${KVL_PYTHON:-/usr/bin/python3}
 OUT=models/translators
 RESULTS=docs/results/translators
-mkdir -p "$OUT" "$RESULTS" "$WORK/translators"
+LOGS=docs/results/training   # LOGS/S__T/: each direction's training logs
+mkdir -p "$OUT" "$RESULTS" "$LOGS" "$WORK/translators"
 TIMES="$WORK/translator_times.tsv"
 touch "$TIMES"
 
@@ -59,7 +62,7 @@ keep_logs() {
 # values, kvl fit --inputs joint), distilled with whitened steps (kvl distill
 # --whiten): stage 2 runs 2400 steps at lr 3e-4 -> 1e-4, stage 3 at 1e-4 ->
 # 1e-5 and stage 4 at 2e-5 -> 2e-6, a tenth of the shape-preserving pair's
-# split lrs (stage 2's as in scripts/map_inputs_ab.sh). From stage 2 alone
+# split lrs (stage 2's as in experiments/map_inputs/map_inputs_ab.sh). From stage 2 alone
 # such maps beat the split four-stage translators on the test gap and the
 # first-32 share, not on accuracy, which the later stages lift
 # (docs/translators.md, "Joint inputs and whitened steps"). kvl-small -> kvl-large stays split:
@@ -77,7 +80,7 @@ closed_form() { echo "$WORK/translators/${1}__${2}.closed-form.safetensors"; }
 # up to 512 tokens, its per-layer R² copied next to the committed maps. Each
 # target layer's maps read every source layer (--band all), in both pairs: in
 # closed form the mean R² of keys / values rises by 0.12-0.15 / 0.17-0.19 over
-# one source layer per map (docs/results/assignments.txt); for the cross-layer
+# one source layer per map (experiments/layer_assignment/assignments.txt); for the cross-layer
 # pair, after 2400 distillation steps, 4% and 22% lower validation KL than
 # greedy band 2 (docs/translators.md).
 fit_closed_form() {
@@ -87,7 +90,8 @@ fit_closed_form() {
     --data "$WORK/data/train.jsonl" --out "$cf" \
     --seq-len 512 --max-sequences 256 --assignment relative_depth --band all \
     --inputs "$(map_inputs "$s" "$t")" --threads "$THREADS" --quiet
-  cp "${cf%.safetensors}.r2.json" "$OUT/${s}__${t}.closed-form.r2.json"
+  mkdir -p "$LOGS/${s}__${t}"
+  cp "${cf%.safetensors}.r2.json" "$LOGS/${s}__${t}/${s}__${t}.closed-form.r2.json"
 }
 
 PAIRS=${KVL_TRANSLATOR_PAIRS:-kvl-small:kvl-large kvl-large:kvl-small kvl-small:kvl-small-b kvl-small-b:kvl-small}
@@ -95,6 +99,7 @@ for pair in $PAIRS; do
   [ "${KVL_ONLY_EVAL:-0}" = 1 ] && break
   s=${pair%%:*}; t=${pair##*:}
   base="$OUT/${s}__${t}"
+  logs="$LOGS/${s}__${t}/${s}__${t}"   # prefix of this direction's log files
   inputs=$(map_inputs "$s" "$t")
   # Flags every distillation stage of this direction takes.
   STEP_FLAGS=()
@@ -132,7 +137,7 @@ for pair in $PAIRS; do
   # holds the best maps seen, so where no step beats the stage-2 maps at
   # hand-overs (kvl-small -> kvl-large after 4800 stage-2 steps) it holds
   # those.
-  keep_logs "$stage2" "$base.any" distill.json distill.jsonl distill.png
+  keep_logs "$stage2" "$logs.any" distill.json distill.jsonl distill.png
   chat_lr=(--lr 1e-3)
   [ "$s:$t" = kvl-large:kvl-small ] && chat_lr=(--lr 3e-4 --min-lr 3e-5)
   [ "$inputs" = joint ] && chat_lr=(--lr 1e-4 --min-lr 1e-5)
@@ -150,7 +155,7 @@ for pair in $PAIRS; do
   # (docs/translators.md). 2000 steps left the best validation KL at the
   # last step in every direction. For joint maps it lowers the validation KL
   # by 2.6-6% and adds up to 0.016 of test accuracy
-  # (docs/results/translator_stages.txt).
+  # (experiments/translator_stages/translator_stages.txt).
   # Where stage 3 kept stage 2's maps there is nothing to undo: kvl-small ->
   # kvl-large moved under 1% in 700 such steps. Scoring only the first 32
   # positions (the target's first-32 share) did no better (docs/translators.md).
@@ -158,10 +163,10 @@ for pair in $PAIRS; do
     "${stage3%.safetensors}.distill.json")
   if [ "$chat_best" = 0 ]; then
     cp "$stage3" "$base.safetensors"
-    keep_logs "$stage3" "$base" distill.json distill.jsonl distill.png distill.dat distill.gp
-    rm -f "$base".chat.distill.*
+    keep_logs "$stage3" "$logs" distill.json distill.jsonl distill.png distill.dat distill.gp
+    rm -f "$logs".chat.distill.*
   else
-    keep_logs "$stage3" "$base.chat" distill.json distill.jsonl distill.png
+    keep_logs "$stage3" "$logs.chat" distill.json distill.jsonl distill.png
     polish_lr=(--lr 2e-4 --min-lr 2e-5)
     [ "$inputs" = joint ] && polish_lr=(--lr 2e-5 --min-lr 2e-6)
     timed "distill-polish $s->$t" "$KVL" distill --source "models/$s" --target "models/$t" \
@@ -169,6 +174,11 @@ for pair in $PAIRS; do
       --out "$base.safetensors" --steps "${KVL_POLISH_STEPS:-4000}" \
       "${polish_lr[@]}" --seed 1 --eval-every 100 --threads "$THREADS" --quiet \
       ${STEP_FLAGS[@]+"${STEP_FLAGS[@]}"}
+    # kvl distill writes its logs beside --out; they go with the others.
+    for f in distill.json distill.jsonl distill.png distill.dat distill.gp; do
+      mv "$base.$f" "$logs.$f"
+    done
+    sed -i "s|\"$base\.|\"$logs.|g" "$logs.distill.gp"
   fi
 done
 

@@ -105,7 +105,7 @@ def why_missed(reports, names, with_tail, tail, precision):
                f"  where the targets answer {min(x for _, _, x in kv)}–{max(x for _, _, x in kv)} "
                "on their own caches: an exact key lookup in a",
                "  document does not survive these linear maps, and distilling on kv hand-overs",
-               "  did not bring it back ([kv_handover_probe.txt](kv_handover_probe.txt)). Facts",
+               "  did not bring it back ([kv_handover_probe.txt](../../experiments/kv_handover_distill/kv_handover_probe.txt)). Facts",
                "  and lists lose part of their accuracy the same way (table below)."]
     md += [f"- Distillation factor: the closed forms, whose maps read every source layer (and",
            "  in three directions keys and values together), already start at "
@@ -156,7 +156,7 @@ def main():
         "anywhere, then on windows that end where a chat hands over (`kvl distill",
         "--hand-over chat`), then, where that moved the maps, 4000 steps back on windows",
         "that start anywhere at low lr (scripts/train_translators.sh; what each stage",
-        "buys: [translator_stages.txt](translator_stages.txt)).",
+        "buys: [translator_stages.txt](../../experiments/translator_stages/translator_stages.txt)).",
         "",
         f"Log-perplexity of the target over the continuation (all / first {first_k} tokens):",
         "natively, with no prefix (it sees only the continuation), from the closed-form and",
@@ -322,7 +322,7 @@ def main():
                "  source layer compound far more than one-layer maps: the shape-preserving pair",
                "  mapped layer to layer stayed 0.13–0.15 above re-prefill, docs/translators.md).",
                "  The router translates span-wise (DESIGN.md decision 1)."]
-    # Distillation runs, by stage: on windows that start anywhere
+    # Distillation runs (docs/results/training/S__T/), by stage: on windows that start anywhere
     # (S__T.any.distill.json where later stages followed, else S__T.distill.json),
     # at chat hand-overs (S__T.chat.distill.json where a low-lr pass followed,
     # else S__T.distill.json with a hand_over other than "any"), and the low-lr
@@ -332,7 +332,7 @@ def main():
     for n in names:
         runs = {}
         for stage in ("any.", "chat.", ""):
-            path = os.path.join(ROOT, "models", "translators", f"{n}.{stage}distill.json")
+            path = os.path.join(ROOT, "docs", "results", "training", n, f"{n}.{stage}distill.json")
             if os.path.exists(path):
                 runs[stage] = json.load(open(path))
         last = runs.get("")
@@ -355,7 +355,7 @@ def main():
         steps = sorted({r["steps"] for r in runs.values()})
         lrs = sorted({r["lr"] for r in runs.values()})
         at_end = [n for n, r in runs.items() if r["best_step"] == r["steps"]]
-        md += [f"- Distillation {stage} ({len(runs)} directions, models/translators/): "
+        md += [f"- Distillation {stage} ({len(runs)} directions, logs in [training/](training/)): "
                f"{'/'.join(str(x) for x in steps)} steps at lr "
                f"{'/'.join(f'{x:g}' for x in lrs)}; the best validation KL came at the last step "
                f"in {len(at_end)} of {len(runs)}" + (" (still falling)." if at_end else ".")]
