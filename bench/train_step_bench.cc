@@ -13,7 +13,7 @@
 // --block: GroupedAttention's block of queries (kDefaultAttentionBlock).
 // --trace PREFIX: also one bf16-autocast step of each kind under LibTorch's
 // profiler, written as Chrome traces PREFIX.<model>.{eager,grouped}.json
-// (per-operator self times: scripts/trace_ops.py FILE).
+// (per-operator self times: bench/trace_ops.py FILE).
 #include <ATen/ATen.h>
 #include <malloc.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
@@ -171,7 +171,7 @@ int main(int argc, char** argv) {
                  "train_step_bench: --batch, --seq-len, --rounds and --block must be positive\n");
     return 2;
   }
-  // As train-lm sets them up (tools/train_lm.cc).
+  // As train-lm sets them up (training/train_lm.cc).
   n_threads = kvl::training::SetIntraOpThreads(n_threads);
   kvl::TuneMallocForTensors();
   mallopt(M_MMAP_MAX, 0);

@@ -321,7 +321,7 @@ def main():
                f"  spans ({min(excess_b):.3f}–{max(excess_b):.3f} above re-prefill; maps that read every",
                "  source layer compound far more than one-layer maps: the shape-preserving pair",
                "  mapped layer to layer stayed 0.13–0.15 above re-prefill, docs/translators.md).",
-               "  The router translates span-wise (DESIGN.md decision 1)."]
+               "  The router translates span-wise (docs/design.md decision 1)."]
     # Distillation runs (docs/results/training/S__T/), by stage: on windows that start anywhere
     # (S__T.any.distill.json where later stages followed, else S__T.distill.json),
     # at chat hand-overs (S__T.chat.distill.json where a low-lr pass followed,

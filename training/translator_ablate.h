@@ -2,7 +2,7 @@
 // ablate-translator`): the target reads its cache of a prefix with some
 // layers taken from its own prefill (native) and the rest translated, and we
 // measure KL(target on its native cache || target on that mixed cache) over
-// the continuation, as `kvl distill` does (tools/translator_distill.h).
+// the continuation, as `kvl distill` does (training/translator_distill.h).
 //
 // Legend: L_t = target layers, N = windows, P = prefix, C = continuation.
 //

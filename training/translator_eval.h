@@ -15,7 +15,7 @@
 // 2. Suite accuracy: greedy answers of target_native, source_native and each
 //    translated condition (source prefills the prompt but its last token; the
 //    target decodes from the translated cache after processing that token),
-//    scored as `kvl eval` scores them (tools/eval_lm.h).
+//    scored as `kvl eval` scores them (training/eval_lm.h).
 // 3. Multi-turn: windows of (n_switches + 1) turns of turn_len tokens. Turn 0
 //    is written by the source, then the models alternate, so every later turn
 //    is a switch. The model taking turn k holds a cache of the tokens before

@@ -1,4 +1,4 @@
-// KV-cache translators (KV-Lingo, DESIGN.md decisions 2-4): per target layer,
+// KV-cache translators (KV-Lingo, docs/design.md decisions 2-4): per target layer,
 // one linear map for keys and one for values. Each reads the concatenated
 // pre-norm keys (values) of the source layers assigned to that target layer,
 // mixing all heads, and writes the target layer's pre-norm keys (values); the
@@ -60,7 +60,7 @@ absl::StatusOr<LayerAssignment> TopR2Assignment(const at::Tensor& r2_keys,
                                                 const at::Tensor& r2_values, int64_t band);
 
 // What the maps read. kSplit: key maps read source keys, value maps source
-// values (DESIGN.md decision 3, the paper's maps). kJoint: both maps of a
+// values (docs/design.md decision 3, the paper's maps). kJoint: both maps of a
 // target layer read the keys of its key layers and the values of its value
 // layers.
 enum class MapInputs { kSplit, kJoint };

@@ -495,7 +495,7 @@ TEST_F(TrainLmTest, CommandLineTrainsAndReportsUsageErrors) {
 
 TEST_F(TrainLmTest, EagerAndGroupedAttentionTrainTheSameModel) {
   // --attention only changes how the training forward computes attention
-  // (scripts/train_attention_ab.sh times the two): the same run with either
+  // (experiments/attention_ab times the two): the same run with either
   // follows the same losses to float32 rounding (about 1e-7 relative after 10
   // steps when written; 1e-5 allowed), and the summary says which.
   std::vector<TrainResult> runs;

@@ -1,4 +1,4 @@
-// kvl ablate-translator's core (tools/translator_ablate.h): each condition
+// kvl ablate-translator's core (training/translator_ablate.h): each condition
 // mixes exactly the layers it names, checked with a translator whose layer 0
 // is the identity between a model and itself and whose layer 1 is random.
 #include <ATen/ATen.h>

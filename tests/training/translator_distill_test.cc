@@ -1,4 +1,4 @@
-// Stage-2 distillation (tools/translator_distill.h): the differentiable
+// Stage-2 distillation (training/translator_distill.h): the differentiable
 // translation equals the inference one, the KL objective is zero exactly when
 // the translated cache is the native one, a short run lowers the
 // validation KL and keeps the best maps (also with bf16 autocast steps), and

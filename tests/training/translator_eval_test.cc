@@ -1,5 +1,5 @@
 // The translator commands as users run them: `kvl logits` through a
-// translator, and `kvl eval-translator`'s report (tools/translator_eval.h),
+// translator, and `kvl eval-translator`'s report (training/translator_eval.h),
 // checked against the eager reference forward computed here (the oracle) and
 // against what an identity translation must give.
 #include <ATen/ATen.h>

@@ -2,7 +2,7 @@
 """Per-operator self time of a LibTorch Chrome trace (RecordProfile output, as
 bench/train_step_bench --trace and bench/model_bench --trace write them).
 
-    /usr/bin/python3 scripts/trace_ops.py TRACE.json [--top 15]
+    /usr/bin/python3 bench/trace_ops.py TRACE.json [--top 15]
 
 An event's self time is its duration minus that of the events nested in it on
 the same thread; the table lists the operators with the largest total self

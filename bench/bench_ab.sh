@@ -7,20 +7,20 @@
 # --out. With --server the runs are this checkout's bench/server_bench.py
 # against each server binary.
 #
-#   scripts/bench_ab.sh BASE_REV [--server] [--rounds N] [--out FILE] [-- bench args]
+#   bench/bench_ab.sh BASE_REV [--server] [--rounds N] [--out FILE] [-- bench args]
 #
 # Needs build/ configured from this checkout (scripts/setup.sh); the current
 # side is rebuilt first. --out is relative to the repository root. Examples
 # (docs/model-runtime.md, docs/server-bench.md):
-#   scripts/bench_ab.sh a929e77 --rounds 2 --out docs/results/key_transform_ab.txt \
+#   bench/bench_ab.sh a929e77 --rounds 2 --out docs/results/key_transform_ab.txt \
 #     -- --threads 1 --contexts 1024,4096 --repeat 3
-#   scripts/bench_ab.sh a929e77 --server --rounds 2 --out docs/results/server_switch_ab.txt \
+#   bench/bench_ab.sh a929e77 --server --rounds 2 --out docs/results/server_switch_ab.txt \
 #     -- --history 1000,3800 --reps 5 --concurrency 1 --turns 1
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [[ $# -lt 1 ]]; then
-  echo "usage: scripts/bench_ab.sh BASE_REV [--server] [--rounds N] [--out FILE] [-- bench args]" >&2
+  echo "usage: bench/bench_ab.sh BASE_REV [--server] [--rounds N] [--out FILE] [-- bench args]" >&2
   exit 2
 fi
 base_rev=$1
@@ -63,7 +63,7 @@ base=$tree/build/$target
 report=$(mktemp)
 trap 'rm -f "$report"' EXIT
 {
-  echo "# scripts/bench_ab.sh $base_rev$([[ $target == server/kvl-server ]] && echo ' --server') --rounds $rounds -- ${bench_args[*]}"
+  echo "# bench/bench_ab.sh $base_rev$([[ $target == server/kvl-server ]] && echo ' --server') --rounds $rounds -- ${bench_args[*]}"
   echo "# base = $short ($(git log -1 --format=%s "$sha" | cut -c1-80))"
   echo "# current = $(git rev-parse --short=12 HEAD)$( [[ -z $(git status --porcelain -- . ':!docs') ]] || echo ' + uncommitted changes')"
   echo "# date: $(date -u '+%Y-%m-%d %H:%M:%S') UTC, load at start: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs"

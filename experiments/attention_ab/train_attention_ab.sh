@@ -6,15 +6,15 @@
 # a random initialisation for STEPS steps as scripts/house_stage.sh does
 # (batch 8 x 512, bf16 autocast, --threads THREADS, no validation) on
 # WORK/data/train.txt; the first 5 steps are dropped as warm-up.
-#   scripts/train_attention_ab.sh WORK [MODEL] [STEPS] [ROUNDS] [WEIGHT]
+#   experiments/attention_ab/train_attention_ab.sh WORK [MODEL] [STEPS] [ROUNDS] [WEIGHT]
 #     defaults: kvl-large, 40 steps, 2 rounds, assistant weight 1 (10: the kv stages');
 #     KVL_TRAIN_THREADS (default 2) sets --threads. Each round runs grouped, then eager.
 # Output: per run the median and mean step time; the table goes to stdout.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 KVL=${KVL_BIN:-build/tools/kvl}
 PY=${KVL_PYTHON:-/usr/bin/python3}
-work=${1:?usage: scripts/train_attention_ab.sh WORK [MODEL] [STEPS] [ROUNDS] [WEIGHT]}
+work=${1:?usage: experiments/attention_ab/train_attention_ab.sh WORK [MODEL] [STEPS] [ROUNDS] [WEIGHT]}
 model=${2:-kvl-large}
 steps=${3:-40}
 rounds=${4:-2}
@@ -22,7 +22,7 @@ weight=${5:-1}
 threads=${KVL_TRAIN_THREADS:-2}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-echo "# scripts/train_attention_ab.sh $work $model $steps $rounds $weight ($(date -u '+%Y-%m-%d %H:%M UTC'), --threads $threads)"
+echo "# experiments/attention_ab/train_attention_ab.sh $work $model $steps $rounds $weight ($(date -u '+%Y-%m-%d %H:%M UTC'), --threads $threads)"
 echo
 echo "| round | attention | median step s | mean step s | tokens/s (median) |"
 echo "|---|---|---|---|---|"
