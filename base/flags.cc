@@ -210,9 +210,12 @@ absl::Status FlagSet::Parse(const std::vector<std::string>& args) {
       return absl::InvalidArgumentError(absl::StrCat("--", name, ": ", s.message()));
     }
     flag->given = true;
+    flag->value_empty = value && value->empty();
   }
   for (const Flag& f : flags_) {
-    if (f.required && !f.given) return absl::InvalidArgumentError("--" + f.name + " is required");
+    if (f.required && (!f.given || f.value_empty)) {
+      return absl::InvalidArgumentError("--" + f.name + " is required");
+    }
   }
   return absl::OkStatus();
 }

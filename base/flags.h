@@ -55,7 +55,7 @@ class FlagSet {
   // One of `choices`; --help lists them.
   void Choice(std::string name, std::string* out, std::vector<std::string> choices,
               std::string help);
-  // A string flag that must be given.
+  // A string flag that must be given, not empty.
   void Required(std::string name, std::string* out, std::string metavar, std::string help);
   // A flag without a value: true when present. `--name=...` is an error.
   void Switch(std::string name, bool* out, std::string help);
@@ -90,7 +90,7 @@ class FlagSet {
  private:
   struct Flag {
     std::string name, metavar, help, default_text;
-    bool required = false, is_switch = false, given = false;
+    bool required = false, is_switch = false, given = false, value_empty = false;
     std::function<absl::Status(const std::string&)> set;
   };
   Flag& Declare(std::string name, std::string metavar, std::string help, std::string default_text);

@@ -21,11 +21,13 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "model/checkpoint.h"
 #include "model/decoder.h"
+#include "base/flags.h"
 #include "bench/bench_timing.h"
 #include "model/engine.h"
 #include "model/omp_wait.h"
@@ -89,19 +91,14 @@ int main(int argc, char** argv) {
   std::string out_path;
   int64_t profile_prefill = 0;
   std::string trace_path;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
-      n_threads = std::atoi(argv[++i]);
-    } else if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc) {
-      out_path = argv[++i];
-    } else if (std::strcmp(argv[i], "--profile-prefill") == 0 && i + 1 < argc) {
-      profile_prefill = std::atoll(argv[++i]);
-    } else if (std::strcmp(argv[i], "--trace") == 0 && i + 1 < argc) {
-      trace_path = argv[++i];
-    } else {
-      std::fprintf(stderr, "usage: model_bench [--threads N] [--out FILE] [--profile-prefill T [--trace FILE]]\n");
-      return 2;
-    }
+  kvl::FlagSet flags("model_bench",
+                     "Times the decoder's prefill and decode on the bench model (docs/model-runtime.md).");
+  flags.Add("threads", &n_threads, "N", "intra-op threads");
+  flags.Add("out", &out_path, "FILE", "also write the report here");
+  flags.Add("profile-prefill", &profile_prefill, "T", "profile one prefill of T tokens instead");
+  flags.Add("trace", &trace_path, "FILE", "with --profile-prefill: a Chrome trace");
+  if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc))) {
+    return *exit;
   }
   at::set_num_threads(n_threads);
   c10::InferenceMode inference;

@@ -25,10 +25,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "base/flags.h"
 #include "bench/bench_timing.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
@@ -140,36 +142,23 @@ int main(int argc, char** argv) {
   int64_t batch = 8, seq_len = 512, block = kvl::training::kDefaultAttentionBlock;
   std::vector<std::string> configs;
   std::string out_path, trace_prefix;
-  for (int i = 1; i < argc; ++i) {
-    const bool has_value = i + 1 < argc;
-    if (std::strcmp(argv[i], "--threads") == 0 && has_value) {
-      n_threads = std::atoi(argv[++i]);
-    } else if (std::strcmp(argv[i], "--batch") == 0 && has_value) {
-      batch = std::atoll(argv[++i]);
-    } else if (std::strcmp(argv[i], "--seq-len") == 0 && has_value) {
-      seq_len = std::atoll(argv[++i]);
-    } else if (std::strcmp(argv[i], "--rounds") == 0 && has_value) {
-      rounds = std::atoi(argv[++i]);
-    } else if (std::strcmp(argv[i], "--block") == 0 && has_value) {
-      block = std::atoll(argv[++i]);
-    } else if (std::strcmp(argv[i], "--config") == 0 && has_value) {
-      configs.push_back(argv[++i]);
-    } else if (std::strcmp(argv[i], "--trace") == 0 && has_value) {
-      trace_prefix = argv[++i];
-    } else if (std::strcmp(argv[i], "--out") == 0 && has_value) {
-      out_path = argv[++i];
-    } else {
-      std::fprintf(stderr,
-                   "usage: train_step_bench [--threads N] [--batch B] [--seq-len T] "
-                   "[--rounds R] [--block N] [--config FILE ...] [--out FILE] [--trace PREFIX]\n");
-      return 2;
-    }
+  kvl::FlagSet flags("train_step_bench",
+                     "Times training steps with the eager and the grouped attention, alternating\n"
+                     "in one run (docs/training.md). Default configs: the house models'.");
+  flags.Add("threads", &n_threads, "N", "intra-op threads");
+  flags.Add("batch", &batch, "B", "windows per step");
+  flags.Add("seq-len", &seq_len, "T", "tokens per window");
+  flags.Add("rounds", &rounds, "R", "alternating rounds");
+  flags.Add("block", &block, "N", "the grouped attention's block of queries");
+  flags.Add("config", &configs, "FILE", "a model config.json");
+  flags.Add("out", &out_path, "FILE", "also write the report here");
+  flags.Add("trace", &trace_prefix, "PREFIX", "Chrome traces of one step each");
+  if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc))) {
+    return *exit;
   }
   if (configs.empty()) configs = {"models/configs/kvl-small.json", "models/configs/kvl-large.json"};
   if (batch < 1 || seq_len < 2 || rounds < 1 || block < 1) {
-    std::fprintf(stderr,
-                 "train_step_bench: --batch, --seq-len, --rounds and --block must be positive\n");
-    return 2;
+    return flags.UsageError("--batch, --seq-len, --rounds and --block must be positive");
   }
   // As train-lm sets them up (training/train_lm.cc).
   n_threads = kvl::training::SetIntraOpThreads(n_threads);

@@ -64,12 +64,15 @@
 #include <functional>
 #include <memory>
 #include <sstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "base/flags.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "bench/bench_timing.h"
@@ -152,62 +155,67 @@ int main(int argc, char** argv) {
   std::string out_path, configs = "models/configs";
   std::vector<int64_t> contexts = {64, 256, 1024, 4096, 8192};
   int64_t tail = 32;  // (e): the target's own share of the prefix
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
-      n_threads = std::atoi(argv[++i]);
-    } else if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc) {
-      out_path = argv[++i];
-    } else if (std::strcmp(argv[i], "--repeat") == 0 && i + 1 < argc) {
-      repeat = std::max(1, std::atoi(argv[++i]));
-    } else if (std::strcmp(argv[i], "--band") == 0 && i + 1 < argc) {
-      ++i;
-      band = std::strcmp(argv[i], "all") == 0 ? 0 : std::max(1, std::atoi(argv[i]));
-    } else if (std::strcmp(argv[i], "--inputs") == 0 && i + 1 < argc) {
-      std::vector<std::string> names = absl::StrSplit(argv[++i], ',');
-      if (names.size() == 1) names.push_back(names[0]);
-      for (size_t d = 0; d < 2; ++d) {
-        absl::StatusOr<kvl::MapInputs> parsed = kvl::ParseMapInputs(names[d]);
-        if (!parsed.ok() || names.size() != 2) {
-          std::fprintf(stderr, "translator_bench: --inputs split|joint[,split|joint]\n");
-          return 2;
-        }
-        inputs[d] = *parsed;
-      }
-    } else if (std::strcmp(argv[i], "--translate-dtype") == 0 && i + 1 < argc) {
-      const std::string name = argv[++i];
-      if (name != "auto") {
-        absl::StatusOr<kvl::DType> d = kvl::ParseDType(name);
-        if (!d.ok() || *d == kvl::DType::kFloat16) {
-          std::fprintf(stderr, "translator_bench: --translate-dtype auto|float32|bfloat16\n");
-          return 2;
-        }
-        compute = *d;
-      }
-    } else if (std::strcmp(argv[i], "--native-tail") == 0 && i + 1 < argc) {
-      tail = std::atoll(argv[++i]);
-      if (tail < 1) {
-        std::fprintf(stderr, "translator_bench: --native-tail must be at least 1\n");
-        return 2;
-      }
-    } else if (std::strcmp(argv[i], "--configs") == 0 && i + 1 < argc) {
-      configs = argv[++i];
-    } else if (std::strcmp(argv[i], "--contexts") == 0 && i + 1 < argc) {
-      contexts.clear();
-      std::stringstream ss(argv[++i]);
-      for (std::string x; std::getline(ss, x, ',');) contexts.push_back(std::atoll(x.c_str()));
-    } else {
-      std::fprintf(stderr,
-                   "usage: translator_bench [--threads N] [--configs DIR] [--out FILE] "
-                   "[--contexts 64,256,...] [--repeat K] [--band N|all] [--inputs I | I,I] "
-                   "[--translate-dtype auto|float32|bfloat16] [--native-tail W]\n");
-      return 2;
-    }
+  kvl::FlagSet flags("translator_bench",
+                     "Times a switch (taps, translation, accept, first decode) against re-prefilling\n"
+                     "the history, for the house shapes (docs/translators.md).");
+  flags.Add("threads", &n_threads, "N", "intra-op threads");
+  flags.Add("configs", &configs, "DIR", "where kvl-small.json and kvl-large.json are");
+  flags.Add("out", &out_path, "FILE", "also write the report here");
+  flags.Custom("contexts", "T,T,...", "history lengths (default: 64,256,1024,4096,8192)",
+               [&](const std::string& v) -> absl::Status {
+                 contexts.clear();
+                 for (absl::string_view x : absl::StrSplit(v, ',')) {
+                   int64_t t = 0;
+                   if (!absl::SimpleAtoi(x, &t) || t < 1) {
+                     return absl::InvalidArgumentError("expected positive integers");
+                   }
+                   contexts.push_back(t);
+                 }
+                 return absl::OkStatus();
+               });
+  flags.Add("repeat", &repeat, "K", "runs per cell, the best kept (>= 1)");
+  flags.Custom("band", "N|all", "source layers per target layer (default: all)",
+               [&](const std::string& v) -> absl::Status {
+                 if (v == "all") {
+                   band = 0;
+                 } else if (!absl::SimpleAtoi(v, &band) || band < 1) {
+                   return absl::InvalidArgumentError("expected an integer >= 1 or all");
+                 }
+                 return absl::OkStatus();
+               });
+  flags.Custom("inputs", "I|I,I", "map inputs, split or joint, for small->large[,large->small]",
+               [&](const std::string& v) -> absl::Status {
+                 std::vector<std::string> names = absl::StrSplit(v, ',');
+                 if (names.size() == 1) names.push_back(names[0]);
+                 if (names.size() != 2) return absl::InvalidArgumentError("split|joint[,split|joint]");
+                 for (size_t d = 0; d < 2; ++d) {
+                   absl::StatusOr<kvl::MapInputs> parsed = kvl::ParseMapInputs(names[d]);
+                   if (!parsed.ok()) return parsed.status();
+                   inputs[d] = *parsed;
+                 }
+                 return absl::OkStatus();
+               });
+  flags.Custom("translate-dtype", "auto|float32|bfloat16",
+               "the translation's arithmetic (default: auto, the CPU's fastest)",
+               [&](const std::string& v) -> absl::Status {
+                 if (v == "auto") return absl::OkStatus();
+                 absl::StatusOr<kvl::DType> d = kvl::ParseDType(v);
+                 if (!d.ok() || *d == kvl::DType::kFloat16) {
+                   return absl::InvalidArgumentError("expected auto, float32 or bfloat16");
+                 }
+                 compute = *d;
+                 return absl::OkStatus();
+               });
+  flags.Add("native-tail", &tail, "W", "(e): the target's own last W tokens of the prefix");
+  if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc))) {
+    return *exit;
   }
+  if (repeat < 1) return flags.UsageError("--repeat must be >= 1");
+  if (tail < 1) return flags.UsageError("--native-tail must be at least 1");
   for (int64_t t : contexts) {
     if (t <= tail) {
-      std::fprintf(stderr, "translator_bench: every context must exceed --native-tail (%lld)\n",
-                   (long long)tail);
-      return 2;
+      return flags.UsageError(
+          absl::StrCat("every context must exceed --native-tail (", tail, ")"));
     }
   }
   kvl::bench::Report emit;

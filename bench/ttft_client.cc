@@ -23,10 +23,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/flags.h"
 #include "kvlingo/v1/chat.grpc.pb.h"
 #include "kvlingo/v1/session.grpc.pb.h"
 
@@ -36,14 +38,6 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
-}
-
-int Usage() {
-  std::fprintf(stderr,
-               "usage: ttft_client --target HOST:PORT --model NAME [--strategy N] "
-               "[--max-tokens K] [--message TEXT] SESSION_ID...\n"
-               "       ttft_client --target HOST:PORT --floor N [--gap-ms G]\n");
-  return 2;
 }
 
 double Median(std::vector<double> v) {
@@ -109,31 +103,24 @@ int main(int argc, char** argv) {
   std::string target, model, message = "Now answer this briefly, please.";
   int strategy = 0, max_tokens = 4, floor = 0, gap_ms = 0;
   std::vector<std::string> sessions;
-  for (int i = 1; i < argc; ++i) {
-    const bool has_value = i + 1 < argc;
-    if (std::strcmp(argv[i], "--target") == 0 && has_value) {
-      target = argv[++i];
-    } else if (std::strcmp(argv[i], "--model") == 0 && has_value) {
-      model = argv[++i];
-    } else if (std::strcmp(argv[i], "--strategy") == 0 && has_value) {
-      strategy = std::atoi(argv[++i]);
-    } else if (std::strcmp(argv[i], "--max-tokens") == 0 && has_value) {
-      max_tokens = std::atoi(argv[++i]);
-    } else if (std::strcmp(argv[i], "--floor") == 0 && has_value) {
-      floor = std::atoi(argv[++i]);
-    } else if (std::strcmp(argv[i], "--gap-ms") == 0 && has_value) {
-      gap_ms = std::atoi(argv[++i]);
-    } else if (std::strcmp(argv[i], "--message") == 0 && has_value) {
-      message = argv[++i];
-    } else if (argv[i][0] == '-') {
-      return Usage();
-    } else {
-      sessions.emplace_back(argv[i]);
-    }
+  kvl::FlagSet flags("ttft_client",
+                     "Runs one Chat turn per SESSION_ID (one after another) and prints the time to\n"
+                     "the first token as JSON lines; with --floor N, times N unary and N rejected\n"
+                     "streaming calls instead (the gRPC floor; bench/server_bench.py).");
+  flags.Required("target", &target, "HOST:PORT", "the server");
+  flags.Add("model", &model, "NAME", "the explicit model of every turn (turn mode)");
+  flags.Add("strategy", &strategy, "N", "a kvlingo.v1.SwitchStrategy value");
+  flags.Add("max-tokens", &max_tokens, "K", "tokens to generate per turn, >= 1");
+  flags.Add("message", &message, "TEXT", "the user turn");
+  flags.Add("floor", &floor, "N", "floor mode: N calls of each kind");
+  flags.Add("gap-ms", &gap_ms, "G", "floor mode: pause between calls");
+  flags.Positional(&sessions, "SESSION_ID", "sessions to run a turn in (turn mode)");
+  if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc))) {
+    return *exit;
   }
   const bool floor_mode = floor > 0;
-  if (target.empty() || (!floor_mode && (model.empty() || sessions.empty() || max_tokens < 1))) {
-    return Usage();
+  if (!floor_mode && (model.empty() || sessions.empty() || max_tokens < 1)) {
+    return flags.UsageError("turn mode needs --model, --max-tokens >= 1 and SESSION_IDs");
   }
   if (!kvlingo::v1::SwitchStrategy_IsValid(strategy)) {
     std::fprintf(stderr, "ttft_client: --strategy %d is not a SwitchStrategy value\n", strategy);

@@ -128,7 +128,11 @@ absl::Status TurnLease::Reserve(int64_t bytes) {
 
 void TurnLease::Commit(ConversationState next) {
   TORCH_CHECK(!committed_);
-  entry_->state = std::move(next);
+  {
+    // View and List copy the state of a session in a turn under the mutex.
+    absl::MutexLock lock(&store_->mu_);
+    std::swap(entry_->state, next);  // the old state is freed after unlocking
+  }
   for (auto& line : replaced_) line.reset();  // superseded lines are freed
   committed_ = true;
 }
@@ -179,23 +183,24 @@ absl::StatusOr<SessionView> CacheStore::Create(std::string_view session_id,
   return view;
 }
 
-void CacheStore::Erase(std::unordered_map<std::string, std::shared_ptr<Entry>>::iterator it) {
+std::shared_ptr<TurnLease::Entry> CacheStore::Erase(
+    std::unordered_map<std::string, std::shared_ptr<Entry>>::iterator it) {
   std::shared_ptr<Entry> entry = std::move(it->second);
   by_seq_.erase(entry->seq);
   sessions_.erase(it);
   for (int m = 0; m < options_.n_models; ++m) SetLineBytes(*entry, m, 0);
-  entry->removed = true;
-  // Busy: the lease frees the lines when it ends. Otherwise they go with the
-  // last reference, at the end of this function.
+  entry->removed = true;  // a busy session's lease frees its lines when it ends
+  return entry;
 }
 
 absl::Status CacheStore::Remove(const std::string& session_id) {
+  std::shared_ptr<Entry> erased;  // its lines are freed after the lock is released
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) {
     return absl::NotFoundError(absl::StrCat("session '", session_id, "' not found"));
   }
-  Erase(it);
+  erased = Erase(it);
   return absl::OkStatus();
 }
 
@@ -261,6 +266,7 @@ absl::Status CacheStore::Touch(const std::string& session_id) {
 std::vector<std::string> CacheStore::RemoveIdle(int64_t idle_seconds) {
   const int64_t now = options_.clock();
   std::vector<std::string> removed;
+  std::vector<std::shared_ptr<Entry>> erased;  // freed after the lock is released
   absl::MutexLock lock(&mu_);
   for (auto seq = by_seq_.begin(); seq != by_seq_.end();) {
     auto it = sessions_.find(seq->second);
@@ -268,7 +274,7 @@ std::vector<std::string> CacheStore::RemoveIdle(int64_t idle_seconds) {
     const Entry& e = *it->second;
     if (!e.busy && now - e.last_active_unix_seconds >= idle_seconds) {
       removed.push_back(it->first);
-      Erase(it);
+      erased.push_back(Erase(it));
     }
   }
   return removed;

@@ -208,9 +208,11 @@ class CacheStore {
   void SetLineBytes(Entry& e, int model, int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   SessionView ViewOf(const std::string& id, const Entry& e) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops a session from the registry and frees its lines (now, or when its
-  // lease ends).
-  void Erase(std::unordered_map<std::string, std::shared_ptr<Entry>>::iterator it)
+  // Drops a session from the registry and its lines from the accounting; the
+  // caller lets go of the returned entry (and so of the lines of a session
+  // not in a turn) after releasing mu_, a busy session's lease frees them.
+  std::shared_ptr<Entry> Erase(
+      std::unordered_map<std::string, std::shared_ptr<Entry>>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   CacheStoreOptions options_;

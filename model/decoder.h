@@ -6,8 +6,9 @@
 // Legend: T=tokens, V=vocab_size, E=hidden_size.
 //
 // Thread-safety: the weights are immutable after Create, but Forward uses
-// per-decoder scratch state; call it from one thread at a time (the model's
-// engine worker). Cache lines it creates belong to the caller.
+// per-decoder scratch state; call it from one thread at a time (whoever drives
+// the model's Engine, model/engine.h). Cache lines it creates belong to the
+// caller.
 #pragma once
 
 #include <ATen/core/Tensor.h>

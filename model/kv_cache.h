@@ -16,8 +16,8 @@
 // elsewhere, e.g. a translator); taps of foreign spans are refused, since a
 // translation is never translated again.
 //
-// Not thread-safe: a line is used by one thread at a time (the engine worker of
-// its model). Distinct lines are independent.
+// Not thread-safe: a line is used by one thread at a time (whoever drives its
+// model's Engine, model/engine.h). Distinct lines are independent.
 #pragma once
 
 #include <ATen/core/Tensor.h>

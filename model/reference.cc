@@ -50,14 +50,17 @@ at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
 }  // namespace
 
 at::Tensor EagerAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const at::Tensor& masked, double scale) {
+                          const at::Tensor& masked, double scale,
+                          const std::function<void(const at::Tensor& probs)>& observe) {
   const int64_t n_batch = q.size(0), n_head = q.size(1), n_tokens = q.size(2), d = q.size(3);
   const int64_t n_group = n_head / k.size(1);
   const at::Tensor kr = k.repeat_interleave(n_group, 1);  // [B, Hq, P+T, D]
   const at::Tensor vr = v.repeat_interleave(n_group, 1);
   at::Tensor scores = at::matmul(q, kr.transpose(2, 3)) * scale;  // [B, Hq, T, P+T]
   scores = scores.masked_fill(masked, -std::numeric_limits<double>::infinity());
-  const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(v.scalar_type());
+  const at::Tensor probs32 = at::softmax(scores, -1, at::kFloat);
+  if (observe) observe(probs32);
+  const at::Tensor probs = probs32.to(v.scalar_type());
   return at::matmul(probs, vr).transpose(1, 2).reshape({n_batch, n_tokens, n_head * d});
 }
 

@@ -30,9 +30,11 @@ using AttentionFn = std::function<at::Tensor(int64_t il, const at::Tensor& q, co
 
 // Grouped-query attention as Hugging Face writes it: kv head j serves query
 // heads j*G .. j*G+G-1, repeated to Hq heads; float32 softmax, cast back to
-// v's dtype.
+// v's dtype. `observe`, when set, sees the float32 probabilities
+// [B, Hq, T, P+T] (what attention-weighted fitting measures).
 at::Tensor EagerAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const at::Tensor& masked, double scale);
+                          const at::Tensor& masked, double scale,
+                          const std::function<void(const at::Tensor& probs)>& observe = nullptr);
 
 struct ReferenceOptions {
   // Optional prefix occupying positions [0, P): per layer, keys before k-norm

@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/files.h"
 #include "model/text_normalize.h"
 #include "nlohmann/json.hpp"
 
@@ -783,12 +784,9 @@ Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Tokenizer::~Tokenizer() = default;
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("tokenizer file not found: ", path));
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat("cannot read ", path));
-  auto tokenizer = FromJson(buffer.str());
+  absl::StatusOr<std::string> text = ReadTextFile(path);
+  if (!text.ok()) return text.status();
+  auto tokenizer = FromJson(*text);
   if (!tokenizer.ok()) {
     return absl::Status(tokenizer.status().code(),
                         absl::StrCat(path, ": ", tokenizer.status().message()));

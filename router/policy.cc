@@ -65,7 +65,7 @@ absl::StatusOr<Enum> ParseName(absl::string_view name, const char* (*name_of)(En
 }  // namespace
 
 absl::StatusOr<Policy> ParsePolicy(absl::string_view name) {
-  return ParseName<Policy, 5>(name, PolicyName);
+  return ParseName<Policy, kNumPolicies>(name, PolicyName);
 }
 
 absl::StatusOr<Strategy> ParseStrategy(absl::string_view name) {

@@ -21,6 +21,7 @@ enum class Policy { kFixed, kExplicit, kRules, kCascade, kAlternate };
 enum class Strategy { kTranslate, kReprefill, kReprefillMissing };
 // Which path produced the answering model's cache of the history.
 enum class CachePath { kNative, kTranslated, kReprefill };
+inline constexpr int kNumPolicies = 5;
 inline constexpr int kNumCachePaths = 3;
 inline constexpr int kNumStrategies = 3;
 

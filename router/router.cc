@@ -82,8 +82,16 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(std::vector<LoadedModel> 
   if (store == nullptr || store->n_models() != static_cast<int>(models.size())) {
     return absl::InvalidArgumentError("the cache store must be sized for the models");
   }
-  std::unique_ptr<Router> r(new Router());
   const int n = static_cast<int>(models.size());
+  const auto in_range = [n](int m) { return m >= 0 && m < n; };
+  bool routing_ok = in_range(routing.default_model);
+  for (int m : routing.order) routing_ok = routing_ok && in_range(m);
+  for (const Rule& rule : routing.rules) routing_ok = routing_ok && in_range(rule.model);
+  if (!routing_ok) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the routing config names a model index outside [0, ", n, ")"));
+  }
+  std::unique_ptr<Router> r(new Router());
   for (LoadedModel& m : models) {
     if (m.engine == nullptr) return absl::InvalidArgumentError(m.name + ": no engine");
     if (m.engine->config().vocab_size < tokenizer->vocab_size()) {

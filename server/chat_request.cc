@@ -122,7 +122,9 @@ absl::StatusOr<TurnRequest> ParseChatRequest(const kvlingo::v1::ChatRequest& req
     if (!policy.ok()) return Bad("routing.policy", policy.status().message());
     out.policy = *policy;
   }
-  if (!hints.model().empty()) {
+  // Without loaded models there is nothing to resolve: the server answers
+  // UNIMPLEMENTED for the turn itself.
+  if (!hints.model().empty() && !model_names.empty()) {
     if (!IsValidUtf8(hints.model())) return Bad("routing.model", "not valid UTF-8");
     const auto it = std::find(model_names.begin(), model_names.end(), hints.model());
     if (it == model_names.end()) {

@@ -36,7 +36,8 @@ bool IsValidUtf8(absl::string_view text, size_t* bad_offset = nullptr);
 
 // InvalidArgument naming the field ("user_message: ...", "sampling.top_p: ...")
 // for any value out of range; NotFound naming routing.model when it is not one
-// of `model_names` (the loaded models, in the router's order). Whether the
+// of `model_names` (the loaded models, in the router's order; none loaded:
+// routing.model is not resolved). Whether the
 // session exists, and whether the turn fits the policy, the router checks.
 absl::StatusOr<TurnRequest> ParseChatRequest(const kvlingo::v1::ChatRequest& request,
                                              const TurnLimits& limits,

@@ -120,7 +120,7 @@ absl::Status ReadNumber(const Json& object, absl::string_view key, const std::st
 
 // Reads a string that must be one of `names`; `*index` is its position.
 absl::Status ReadChoice(const Json& object, absl::string_view key, const std::string& path,
-                        std::initializer_list<absl::string_view> names, size_t* index) {
+                        const std::vector<absl::string_view>& names, size_t* index) {
   const Json* value = Find(object, key);
   if (value == nullptr) return absl::OkStatus();
   const std::string where = Child(path, key);
@@ -133,16 +133,24 @@ absl::Status ReadChoice(const Json& object, absl::string_view key, const std::st
   return absl::OkStatus();
 }
 
-constexpr std::initializer_list<absl::string_view> kLogLevelNames = {"trace", "debug", "info",
-                                                                     "warn", "error"};
-// In the order of the enums they name (model/config.h, router/policy.h).
-constexpr std::initializer_list<absl::string_view> kDtypeNames = {"float32", "bfloat16", "float16"};
-constexpr std::initializer_list<absl::string_view> kTranslateDtypeNames = {"auto", "float32",
-                                                                          "bfloat16"};
-constexpr std::initializer_list<absl::string_view> kPolicyNames = {"fixed", "explicit", "rules",
-                                                                   "cascade", "alternate"};
-constexpr std::initializer_list<absl::string_view> kStrategyNames = {"translate", "reprefill",
-                                                                     "reprefill-missing"};
+const std::vector<absl::string_view> kLogLevelNames = {"trace", "debug", "info", "warn",
+                                                      "error"};
+const std::vector<absl::string_view> kTranslateDtypeNames = {"auto", "float32", "bfloat16"};
+
+// The spellings of an enum owned elsewhere, by value: names[i] is
+// name_of(static_cast<Enum>(i)), so ReadChoice's index converts back.
+template <typename Enum>
+std::vector<absl::string_view> NamesOf(int n, const char* (*name_of)(Enum)) {
+  std::vector<absl::string_view> names;
+  for (int i = 0; i < n; ++i) names.push_back(name_of(static_cast<Enum>(i)));
+  return names;
+}
+const std::vector<absl::string_view> kDtypeNames =
+    NamesOf<DType>(static_cast<int>(DType::kFloat16) + 1, DTypeName);
+const std::vector<absl::string_view> kPolicyNames =
+    NamesOf<router::Policy>(router::kNumPolicies, router::PolicyName);
+const std::vector<absl::string_view> kStrategyNames =
+    NamesOf<router::Strategy>(router::kNumStrategies, router::StrategyName);
 
 absl::Status ReadDtype(const Json& object, const std::string& path, DType* out) {
   size_t index = static_cast<size_t>(*out);

@@ -27,11 +27,11 @@ using training::HandOver;
 using training::HandOverName;
 using training::HandOverWindowStarts;
 using training::LayerAblation;
-using training::LoadTranslatorModel;
 using training::ParseHandOver;
 using training::ReadTokenStream;
 using training::SetIntraOpThreads;
 using training::TranslatorModel;
+
 namespace {
 
 int Fail(const std::string& message) {
@@ -81,10 +81,11 @@ int RunAblateTranslator(const Args& args) {
 
   RuntimeOptions runtime;
   runtime.n_threads = threads;
-  absl::StatusOr<TranslatorModel> source = LoadTranslatorModel(source_dir, runtime);
-  if (!source.ok()) return Fail(std::string(source.status().message()));
-  absl::StatusOr<TranslatorModel> target = LoadTranslatorModel(target_dir, runtime);
-  if (!target.ok()) return Fail(std::string(target.status().message()));
+  absl::StatusOr<training::TranslatorPair> pair =
+      training::LoadTranslatorPair(source_dir, target_dir, runtime);
+  if (!pair.ok()) return Fail(std::string(pair.status().message()));
+  TranslatorModel* source = &pair->source;
+  TranslatorModel* target = &pair->target;
   absl::StatusOr<std::unique_ptr<Translator>> translator =
       Translator::Load(translator_path, ExpectationFor(*source, *target));
   if (!translator.ok()) return Fail(std::string(translator.status().message()));

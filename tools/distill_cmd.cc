@@ -16,6 +16,7 @@ using training::DistillOptions;
 using training::DistillResult;
 using training::HandOverName;
 using training::ParseHandOver;
+
 namespace {
 
 int Fail(const std::string& message, int code = 1) {

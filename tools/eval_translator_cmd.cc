@@ -21,6 +21,7 @@ using training::TranslatorEvalJson;
 using training::TranslatorEvalOptions;
 using training::TranslatorEvalReport;
 using training::TranslatorEvalTable;
+
 namespace {
 
 int Fail(const std::string& message, int code = 1) {

@@ -25,9 +25,9 @@
 namespace kvl::tools {
 
 using training::ExpectationFor;
-using training::LoadTranslatorModel;
 using training::TranslatedCache;
 using training::TranslatorModel;
+
 namespace {
 
 int Fail(const std::string& message) {
@@ -102,10 +102,11 @@ int RunLogits(const Args& args) {
     logits = model->engine->Prefill(*cache, ids, /*all_logits=*/true);
   } else {
     // Translators work in float32 (LoadTranslatorModel forces it).
-    absl::StatusOr<TranslatorModel> source = LoadTranslatorModel(source_dir, options);
-    if (!source.ok()) return Fail(std::string(source.status().message()));
-    absl::StatusOr<TranslatorModel> target = LoadTranslatorModel(model_dir, options);
-    if (!target.ok()) return Fail(std::string(target.status().message()));
+    absl::StatusOr<training::TranslatorPair> pair =
+        training::LoadTranslatorPair(source_dir, model_dir, options);
+    if (!pair.ok()) return Fail(std::string(pair.status().message()));
+    TranslatorModel* source = &pair->source;
+    TranslatorModel* target = &pair->target;
     absl::StatusOr<std::unique_ptr<Translator>> translator =
         Translator::Load(translator_path, ExpectationFor(*source, *target), compute);
     if (!translator.ok()) return Fail(std::string(translator.status().message()));

@@ -3,11 +3,11 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "base/files.h"
 #include "base/flags.h"
 #include "model/tokenizer.h"
 #include "training/bpe_trainer.h"
@@ -18,7 +18,6 @@ namespace kvl::tools {
 using training::BpeProgress;
 using training::BpeTrainer;
 using training::BpeTrainerOptions;
-using training::ForEachSafeChunk;
 using training::LoadQwen3Reference;
 using training::PreTokenizer;
 using training::Qwen3Reference;
@@ -26,45 +25,11 @@ using training::TokenizerConfigJson;
 using training::TokenizerJson;
 using training::TrainedBpe;
 using training::kQwen3ReferenceDir;
-namespace {
 
+namespace {
 
 double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-bool WriteText(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  return static_cast<bool>(out);
-}
-
-struct Compression {
-  int64_t n_bytes = 0;
-  int64_t n_tokens = 0;
-};
-
-// Bytes per token of `tok` over files (the first max_bytes bytes in total).
-absl::StatusOr<Compression> Measure(const Tokenizer& tok, const PreTokenizer& pre,
-                                    const std::vector<std::string>& files, int64_t max_bytes) {
-  Compression c;
-  std::vector<int32_t> ids;
-  for (const std::string& f : files) {
-    int64_t budget = 0;
-    if (max_bytes > 0) {
-      budget = max_bytes - c.n_bytes;
-      if (budget <= 0) break;
-    }
-    absl::Status s = ForEachSafeChunk(f, pre, budget, [&](std::string_view chunk) {
-      ids.clear();
-      tok.EncodeTo(chunk, /*parse_special=*/true, &ids);
-      c.n_bytes += static_cast<int64_t>(chunk.size());
-      c.n_tokens += static_cast<int64_t>(ids.size());
-    });
-    if (!s.ok()) return s;
-  }
-  return c;
 }
 
 }  // namespace
@@ -147,9 +112,11 @@ int RunTrainTokenizer(const Args& args) {
     return fail(absl::PermissionDeniedError("cannot create " + out_dir + ": " + ec.message()));
   const std::string tok_path = out_dir + "/tokenizer.json";
   const std::string cfg_path = out_dir + "/tokenizer_config.json";
-  if (!WriteText(tok_path, TokenizerJson(bpe, *reference)) ||
-      !WriteText(cfg_path, TokenizerConfigJson(bpe, *reference))) {
-    return fail(absl::PermissionDeniedError("cannot write into " + out_dir));
+  if (absl::Status s = WriteTextFile(tok_path, TokenizerJson(bpe, *reference)); !s.ok()) {
+    return fail(s);
+  }
+  if (absl::Status s = WriteTextFile(cfg_path, TokenizerConfigJson(bpe, *reference)); !s.ok()) {
+    return fail(s);
   }
 
   // Loading the file back with the runtime tokenizer is part of the contract.
@@ -165,21 +132,17 @@ int RunTrainTokenizer(const Args& args) {
   std::printf("  counted %.1f MB, %lld pre-tokens (%lld distinct) in %.1f s; merges in %.1f s\n",
               static_cast<double>(bpe.n_bytes) / 1e6, static_cast<long long>(bpe.n_pretokens),
               static_cast<long long>(bpe.n_words), count_seconds, train_seconds);
-  absl::StatusOr<Compression> train_c =
-      Measure(**tok, (*trainer)->pre_tokenizer(), inputs, max_bytes);
+  absl::StatusOr<training::Compression> train_c =
+      training::MeasureCompression(**tok, (*trainer)->pre_tokenizer(), inputs, max_bytes);
   if (!train_c.ok()) return fail(train_c.status());
-  std::printf("  input: %.3f bytes/token (%lld tokens)\n",
-              static_cast<double>(train_c->n_bytes) /
-                  static_cast<double>(std::max<int64_t>(1, train_c->n_tokens)),
+  std::printf("  input: %.3f bytes/token (%lld tokens)\n", train_c->BytesPerToken(),
               static_cast<long long>(train_c->n_tokens));
   if (!eval_file.empty()) {
-    absl::StatusOr<Compression> eval_c =
-        Measure(**tok, (*trainer)->pre_tokenizer(), {eval_file}, 0);
+    absl::StatusOr<training::Compression> eval_c =
+        training::MeasureCompression(**tok, (*trainer)->pre_tokenizer(), {eval_file}, 0);
     if (!eval_c.ok()) return fail(eval_c.status());
     std::printf("  eval %s: %.3f bytes/token (%lld tokens)\n", eval_file.c_str(),
-                static_cast<double>(eval_c->n_bytes) /
-                    static_cast<double>(std::max<int64_t>(1, eval_c->n_tokens)),
-                static_cast<long long>(eval_c->n_tokens));
+                eval_c->BytesPerToken(), static_cast<long long>(eval_c->n_tokens));
   }
   return 0;
 }

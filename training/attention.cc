@@ -59,25 +59,20 @@ AttentionMass PrefixAttentionMass(const ModelConfig& config, const ModelWeights&
   const at::TensorOptions opts = weights.embed_tokens.options();
   at::Tensor received = at::zeros({n_prefix}, opts.dtype(at::kDouble));
   ReferenceOptions options;
-  // EagerAttention's arithmetic, keeping what the continuation's queries put on
-  // the prefix: probs [1, Hq, T, T], rows [P, T) onto columns [0, P), summed
-  // over the queries and averaged over the heads.
-  options.attention = [&](int64_t /*il*/, const at::Tensor& q, const at::Tensor& k,
-                          const at::Tensor& v, const at::Tensor& masked, double scale) {
-    const int64_t n_group = q.size(1) / k.size(1);
-    const at::Tensor scores =
-        (at::matmul(q, k.repeat_interleave(n_group, 1).transpose(2, 3)) * scale)
-            .masked_fill(masked, -std::numeric_limits<double>::infinity());
-    const at::Tensor probs = at::softmax(scores, -1, at::kFloat);
+  // What the continuation's queries put on the prefix: of probs [1, Hq, T, T],
+  // rows [P, T) onto columns [0, P), summed over the queries and averaged over
+  // the heads.
+  const auto record = [&](const at::Tensor& probs) {
     received += probs[0]
                     .narrow(1, n_prefix, n - n_prefix)
                     .narrow(2, 0, n_prefix)
                     .sum(1)
                     .mean(0)
                     .to(at::kDouble);
-    return at::matmul(probs.to(v.scalar_type()), v.repeat_interleave(n_group, 1))
-        .transpose(1, 2)
-        .reshape({q.size(0), q.size(2), q.size(1) * q.size(3)});
+  };
+  options.attention = [&](int64_t /*il*/, const at::Tensor& q, const at::Tensor& k,
+                          const at::Tensor& v, const at::Tensor& masked, double scale) {
+    return EagerAttention(q, k, v, masked, scale, record);
   };
   const at::Tensor batch = at::tensor(ids, opts.dtype(at::kLong)).unsqueeze(0);
   ReferenceOutput forward = ReferenceForward(config, weights, batch, options);

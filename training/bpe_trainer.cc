@@ -629,4 +629,27 @@ std::string TokenizerConfigJson(const TrainedBpe& bpe, const Qwen3Reference& ref
   return cfg.dump(2) + "\n";
 }
 
+absl::StatusOr<Compression> MeasureCompression(const Tokenizer& tokenizer,
+                                               const PreTokenizer& pre_tokenizer,
+                                               const std::vector<std::string>& files,
+                                               int64_t max_bytes) {
+  Compression c;
+  std::vector<int32_t> ids;
+  for (const std::string& f : files) {
+    int64_t budget = 0;
+    if (max_bytes > 0) {
+      budget = max_bytes - c.n_bytes;
+      if (budget <= 0) break;
+    }
+    absl::Status s = ForEachSafeChunk(f, pre_tokenizer, budget, [&](std::string_view chunk) {
+      ids.clear();
+      tokenizer.EncodeTo(chunk, /*parse_special=*/true, &ids);
+      c.n_bytes += static_cast<int64_t>(chunk.size());
+      c.n_tokens += static_cast<int64_t>(ids.size());
+    });
+    if (!s.ok()) return s;
+  }
+  return c;
+}
+
 }  // namespace kvl::training

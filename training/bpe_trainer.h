@@ -15,6 +15,7 @@
 // Thread safety: none; a BpeTrainer belongs to one thread.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -25,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "model/tokenizer.h"
 
 namespace kvl::training {
 
@@ -149,6 +151,20 @@ absl::Status ForEachSafeChunk(const std::string& path, const PreTokenizer& pre_t
                               int64_t max_bytes,
                               const std::function<void(std::string_view chunk)>& on_chunk,
                               size_t block_bytes = size_t{1} << 20);
+
+// How well a tokenizer compresses text: bytes per token over `files` (their
+// first max_bytes bytes in total; all when 0), read in safe chunks.
+struct Compression {
+  int64_t n_bytes = 0;
+  int64_t n_tokens = 0;
+  double BytesPerToken() const {
+    return static_cast<double>(n_bytes) / static_cast<double>(std::max<int64_t>(1, n_tokens));
+  }
+};
+absl::StatusOr<Compression> MeasureCompression(const Tokenizer& tokenizer,
+                                               const PreTokenizer& pre_tokenizer,
+                                               const std::vector<std::string>& files,
+                                               int64_t max_bytes);
 
 // The Hugging Face tokenizer.json text: model BPE (byte-level vocab in id
 // order, merges as [left, right] pairs), NFC normalizer, the reference

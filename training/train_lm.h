@@ -52,8 +52,8 @@ struct TrainOptions {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double clip = 1.0;           // global gradient norm limit; <= 0: off
   bool bf16 = false;           // bf16 autocast for the training forward/backward
-  // The training forward's attention: grouped (ReferenceOptions::
-  // grouped_attention, the fast one) or eager (the decoder tests' oracle).
+  // The training forward's attention: grouped (training::GroupedAttention,
+  // the fast one) or eager (model/reference.h's, the decoder tests' oracle).
   bool grouped_attention = true;
   int n_threads = 0;           // 0: all cores
   int64_t eval_every = 100;    // validation loss every K steps (and at the end); 0: end only

@@ -4,11 +4,11 @@
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/files.h"
 #include "nlohmann/json.hpp"
 #include "datagen/chat_data.h"
 
@@ -27,6 +27,17 @@ absl::StatusOr<TranslatorModel> LoadTranslatorModel(const std::string& dir,
   static_cast<ModelDir&>(m) = *std::move(loaded);
   m.weights32 = m.checkpoint.weights.To(at::kFloat, "cpu");
   return m;
+}
+
+absl::StatusOr<TranslatorPair> LoadTranslatorPair(const std::string& source_dir,
+                                                  const std::string& target_dir,
+                                                  const RuntimeOptions& options) {
+  absl::StatusOr<TranslatorModel> source = LoadTranslatorModel(source_dir, options);
+  if (!source.ok()) return source.status();
+  absl::StatusOr<TranslatorModel> target = LoadTranslatorModel(target_dir, options);
+  if (!target.ok()) return target.status();
+  if (absl::Status s = CheckSameTokenizer(*source, *target); !s.ok()) return s;
+  return TranslatorPair{*std::move(source), *std::move(target)};
 }
 
 TranslatorExpectation ExpectationFor(const TranslatorModel& source, const TranslatorModel& target) {
@@ -57,25 +68,74 @@ absl::StatusOr<std::vector<ChatMessage>> ParseChatLine(const std::string& line,
   return messages;
 }
 
+namespace {
+
+bool IsChatFile(const std::string& path) {
+  return path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0;
+}
+
+// Calls on_chat with each chat of a .jsonl text, rendered as ChatML, until it
+// returns false. InvalidArgument naming path:line for a malformed line.
+absl::Status ForEachRenderedChat(const std::string& text, const std::string& path,
+                                 const std::function<bool(const std::string&)>& on_chat) {
+  int64_t line_no = 0;
+  for (size_t begin = 0; begin < text.size();) {
+    size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(begin, end - begin);
+    begin = end + 1;
+    ++line_no;
+    if (line.empty()) continue;
+    absl::StatusOr<std::vector<ChatMessage>> messages = ParseChatLine(line, path, line_no);
+    if (!messages.ok()) return messages.status();
+    if (!on_chat(datagen::RenderChatMl(*messages))) break;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<int32_t>> ReadTokenStream(const std::string& path,
                                                      const Tokenizer& tokenizer) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  absl::StatusOr<std::string> text = ReadTextFile(path);
+  if (!text.ok()) return text.status();
+  if (!IsChatFile(path)) return tokenizer.Encode(*text, /*parse_special=*/true);
   std::vector<int32_t> ids;
-  if (path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0) {
-    std::string line;
-    for (int64_t line_no = 1; std::getline(in, line); ++line_no) {
-      if (line.empty()) continue;
-      absl::StatusOr<std::vector<ChatMessage>> messages = ParseChatLine(line, path, line_no);
-      if (!messages.ok()) return messages.status();
-      tokenizer.EncodeTo(datagen::RenderChatMl(*messages) + "\n", /*parse_special=*/true, &ids);
-    }
-  } else {
-    std::stringstream ss;
-    ss << in.rdbuf();
-    ids = tokenizer.Encode(ss.str(), /*parse_special=*/true);
-  }
+  absl::Status s = ForEachRenderedChat(*text, path, [&](const std::string& chat) {
+    tokenizer.EncodeTo(chat + "\n", /*parse_special=*/true, &ids);
+    return true;
+  });
+  if (!s.ok()) return s;
   return ids;
+}
+
+absl::StatusOr<std::vector<std::vector<int64_t>>> ReadSequences(const std::string& path,
+                                                                const Tokenizer& tokenizer,
+                                                                int64_t seq_len,
+                                                                int64_t max_sequences) {
+  absl::StatusOr<std::string> text = ReadTextFile(path);
+  if (!text.ok()) return text.status();
+  std::vector<std::vector<int64_t>> out;
+  auto full = [&] { return max_sequences > 0 && static_cast<int64_t>(out.size()) >= max_sequences; };
+  if (IsChatFile(path)) {
+    absl::Status s = ForEachRenderedChat(*text, path, [&](const std::string& chat) {
+      const std::vector<int32_t> ids = tokenizer.Encode(chat);
+      if (ids.size() >= 2) {
+        const size_t n = std::min<size_t>(ids.size(), static_cast<size_t>(seq_len));
+        out.emplace_back(ids.begin(), ids.begin() + static_cast<int64_t>(n));
+      }
+      return !full();
+    });
+    if (!s.ok()) return s;
+  } else {
+    const std::vector<int32_t> ids = tokenizer.Encode(*text);
+    for (size_t t = 0; !full() && t + static_cast<size_t>(seq_len) <= ids.size(); t += seq_len) {
+      out.emplace_back(ids.begin() + static_cast<int64_t>(t),
+                       ids.begin() + static_cast<int64_t>(t) + seq_len);
+    }
+  }
+  if (out.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no sequences"));
+  return out;
 }
 
 std::vector<std::vector<int64_t>> ConsecutiveWindows(const std::vector<int32_t>& stream,

@@ -43,6 +43,15 @@ struct TranslatorModel : ModelDir {
 absl::StatusOr<TranslatorModel> LoadTranslatorModel(const std::string& dir,
                                                     RuntimeOptions options = {});
 
+// A source and a target model for translator work (LoadTranslatorModel each),
+// checked to share one tokenizer (CheckSameTokenizer's FailedPrecondition).
+struct TranslatorPair {
+  TranslatorModel source, target;
+};
+absl::StatusOr<TranslatorPair> LoadTranslatorPair(const std::string& source_dir,
+                                                  const std::string& target_dir,
+                                                  const RuntimeOptions& options = {});
+
 // What a translator from `source` to `target` must have been built for.
 TranslatorExpectation ExpectationFor(const TranslatorModel& source, const TranslatorModel& target);
 
@@ -50,18 +59,29 @@ TranslatorExpectation ExpectationFor(const TranslatorModel& source, const Transl
 // tokenizer translation is not supported).
 absl::Status CheckSameTokenizer(const TranslatorModel& source, const TranslatorModel& target);
 
-// A corpus as one token stream. .jsonl: one chat per line ({"messages":
-// [{"role","content"}...]}), each rendered as ChatML followed by one "\n" —
-// byte for byte what `kvl make-data` writes to the .txt split; anything else:
-// the file's text. Special tokens are parsed. NotFound for a missing file,
-// InvalidArgument for a malformed line.
 // One line of a chat .jsonl file ({"messages": [{"role", "content"}, ...]});
 // InvalidArgument naming path:line_no when it is malformed.
 absl::StatusOr<std::vector<ChatMessage>> ParseChatLine(const std::string& line,
                                                        const std::string& path, int64_t line_no);
 
+// A corpus as one token stream. .jsonl: one chat per line ({"messages":
+// [{"role","content"}...]}), each rendered as ChatML followed by one "\n" —
+// byte for byte what `kvl make-data` writes to the .txt split; anything else:
+// the file's text. Special tokens are parsed. NotFound for a missing file,
+// InvalidArgument for a malformed line.
 absl::StatusOr<std::vector<int32_t>> ReadTokenStream(const std::string& path,
                                                      const Tokenizer& tokenizer);
+
+// Sequences for a closed-form fit. .jsonl: each chat rendered as ChatML
+// (without the trailing "\n" of ReadTokenStream) cut to its first seq_len
+// tokens, chats under 2 tokens skipped; anything else: consecutive windows of
+// seq_len tokens of the file's text. At most max_sequences (0: all). NotFound
+// for a missing file, InvalidArgument for a malformed line or when no
+// sequence results.
+absl::StatusOr<std::vector<std::vector<int64_t>>> ReadSequences(const std::string& path,
+                                                                const Tokenizer& tokenizer,
+                                                                int64_t seq_len,
+                                                                int64_t max_sequences);
 
 // Consecutive, non-overlapping windows of `length` tokens from the start of
 // the stream, at most max_windows (0: all that fit).

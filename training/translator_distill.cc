@@ -267,11 +267,10 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
   }
   RuntimeOptions runtime;
   runtime.n_threads = o.n_threads;
-  absl::StatusOr<TranslatorModel> source = LoadTranslatorModel(o.source_dir, runtime);
-  if (!source.ok()) return source.status();
-  absl::StatusOr<TranslatorModel> target = LoadTranslatorModel(o.target_dir, runtime);
-  if (!target.ok()) return target.status();
-  if (absl::Status s = CheckSameTokenizer(*source, *target); !s.ok()) return s;
+  absl::StatusOr<TranslatorPair> pair = LoadTranslatorPair(o.source_dir, o.target_dir, runtime);
+  if (!pair.ok()) return pair.status();
+  TranslatorModel* source = &pair->source;
+  TranslatorModel* target = &pair->target;
   const int64_t window = o.prefix + o.continuation;
   for (const TranslatorModel* m : {&*source, &*target}) {
     if (window > m->config().max_position_embeddings) {

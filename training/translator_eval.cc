@@ -146,11 +146,10 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
   }
   RuntimeOptions runtime;
   runtime.n_threads = o.n_threads;
-  absl::StatusOr<TranslatorModel> source = LoadTranslatorModel(o.source_dir, runtime);
-  if (!source.ok()) return source.status();
-  absl::StatusOr<TranslatorModel> target = LoadTranslatorModel(o.target_dir, runtime);
-  if (!target.ok()) return target.status();
-  if (absl::Status s = CheckSameTokenizer(*source, *target); !s.ok()) return s;
+  absl::StatusOr<TranslatorPair> pair = LoadTranslatorPair(o.source_dir, o.target_dir, runtime);
+  if (!pair.ok()) return pair.status();
+  TranslatorModel* source = &pair->source;
+  TranslatorModel* target = &pair->target;
   SetIntraOpThreads(o.n_threads);
   const int64_t max_pos =
       std::min(source->config().max_position_embeddings, target->config().max_position_embeddings);

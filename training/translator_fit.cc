@@ -5,11 +5,17 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
 #include <numeric>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "model/engine.h"
+#include "model/model_dir.h"
+#include "training/attention.h"
+#include "training/progress.h"
+#include "training/translator_data.h"
 
 namespace kvl::training {
 namespace {
@@ -277,6 +283,168 @@ absl::Status AccumulateSequence(Engine& source, Engine& target, const std::vecto
   absl::StatusOr<KvTaps> t = target_cache->Taps(0, n);
   if (!t.ok()) return t.status();
   return moments.Add(*s, *t);
+}
+
+namespace {
+
+// Moments are accumulated in float64 from float32 caches.
+absl::StatusOr<ModelDir> LoadForFit(const std::string& dir, int n_threads, int64_t seq_len) {
+  RuntimeOptions o;
+  o.dtype = DType::kFloat32;
+  o.n_threads = n_threads;
+  o.prefill_chunk = std::max<int64_t>(seq_len, 1);
+  return LoadModelDir(dir, o);
+}
+
+// The prefix of ids (all but its last C tokens; half when shorter than 2C),
+// each token weighted by the attention the target's continuation queries give
+// it, normalised to mean 1.
+absl::Status AccumulateAttentionWeighted(Engine& source, Engine& target,
+                                         const ModelConfig& target_config,
+                                         const ModelWeights& target_weights,
+                                         const std::vector<int64_t>& ids, int64_t n_queries,
+                                         MomentAccumulator& moments) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  const int64_t n_prefix = n > 2 * n_queries ? n - n_queries : std::max<int64_t>(n / 2, 1);
+  const AttentionMass mass = PrefixAttentionMass(target_config, target_weights, ids, n_prefix);
+  std::unique_ptr<KvCache> source_cache = source.NewCache();
+  std::unique_ptr<KvCache> target_cache = target.NewCache();
+  const std::vector<int64_t> prefix(ids.begin(), ids.begin() + n_prefix);
+  if (absl::StatusOr<at::Tensor> r = source.Prefill(*source_cache, prefix); !r.ok()) {
+    return r.status();
+  }
+  if (absl::StatusOr<at::Tensor> r = target.Prefill(*target_cache, prefix); !r.ok()) {
+    return r.status();
+  }
+  absl::StatusOr<KvTaps> s = source_cache->Taps(0, n_prefix);
+  if (!s.ok()) return s.status();
+  absl::StatusOr<KvTaps> t = target_cache->Taps(0, n_prefix);
+  if (!t.ok()) return t.status();
+  const double mean = mass.received.mean().item<double>();
+  if (!(mean > 0)) return absl::InternalError("attention mass is zero");
+  return moments.Add(*s, *t, mass.received / mean);
+}
+
+nlohmann::json TableJson(const at::Tensor& t) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (int64_t i = 0; i < t.size(0); ++i) {
+    std::vector<double> row(t.size(1));
+    for (int64_t j = 0; j < t.size(1); ++j) row[j] = t[i][j].item<double>();
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+}  // namespace
+
+absl::StatusOr<CorpusFit> FitFromCorpus(const CorpusFitOptions& o) {
+  absl::StatusOr<ModelDir> source = LoadForFit(o.source_dir, o.n_threads, o.seq_len);
+  if (!source.ok()) return source.status();
+  absl::StatusOr<ModelDir> target = LoadForFit(o.target_dir, o.n_threads, o.seq_len);
+  if (!target.ok()) return target.status();
+  if (source->tokenizer->content_hash() != target->tokenizer->content_hash()) {
+    return absl::FailedPreconditionError(
+        "source and target tokenizers differ; cross-tokenizer fitting is not supported");
+  }
+  const ModelConfig& sc = source->config();
+  const ModelConfig& tc = target->config();
+  const int64_t band = o.band_all ? sc.n_layer : o.band;
+  std::string kind = o.assignment;
+  if (kind.empty()) kind = sc.n_layer == tc.n_layer && !o.band_all ? "same_index" : "relative_depth";
+
+  absl::StatusOr<std::vector<std::vector<int64_t>>> sequences =
+      ReadSequences(o.data_path, *source->tokenizer, o.seq_len, o.max_sequences);
+  if (!sequences.ok()) return sequences.status();
+
+  CorpusFit out;
+  TranslatorSpec& spec = out.spec;
+  spec.source = EndpointOf(sc, source->identity, source->tokenizer->content_hash());
+  spec.target = EndpointOf(tc, target->identity, target->tokenizer->content_hash());
+  spec.assignment_kind = kind;
+  spec.band = band;
+  spec.bias = o.bias;
+  spec.inputs = o.inputs;
+  spec.training.method = "closed_form";
+  spec.training.weighting = o.weighting;
+  spec.training.corpus = o.data_path;
+
+  absl::StatusOr<std::unique_ptr<MomentAccumulator>> moments =
+      MomentAccumulator::Create(spec.source, spec.target);
+  if (!moments.ok()) return moments.status();
+  {
+    ProgressOptions po;
+    po.label = "fit";
+    po.total = static_cast<int64_t>(sequences->size());
+    po.unit = "seq";
+    std::unique_ptr<ProgressBar> bar = o.progress ? std::make_unique<ProgressBar>(po) : nullptr;
+    const ModelWeights target_weights32 = target->checkpoint.weights.To(at::kFloat, "cpu");
+    for (size_t i = 0; i < sequences->size(); ++i) {
+      const std::vector<int64_t>& ids = (*sequences)[i];
+      absl::Status s =
+          o.weighting == "uniform"
+              ? AccumulateSequence(*source->engine, *target->engine, ids, **moments)
+              : AccumulateAttentionWeighted(*source->engine, *target->engine, tc,
+                                            target_weights32, ids, o.attention_queries,
+                                            **moments);
+      if (!s.ok()) return absl::Status(s.code(), absl::StrCat("sequence ", i, ": ", s.message()));
+      if (bar) {
+        bar->Update(static_cast<int64_t>(i) + 1,
+                    absl::StrCat(FormatCount(static_cast<double>((*moments)->n_tokens())), " tok"));
+      }
+    }
+    if (bar) bar->Finish();
+  }
+
+  absl::StatusOr<SingleLayerR2Table> single = (*moments)->SingleLayerR2(o.bias, o.ridge);
+  if (!single.ok()) return single.status();
+  out.single = *std::move(single);
+  absl::StatusOr<LayerAssignment> assignment =
+      kind == "same_index" ? (band == 1 ? SameIndexAssignment(sc.n_layer, tc.n_layer)
+                                        : absl::InvalidArgumentError("same_index takes no band"))
+      : kind == "relative_depth" ? RelativeDepthAssignment(sc.n_layer, tc.n_layer, band)
+      : kind == "top_r2"         ? TopR2Assignment(out.single.keys, out.single.values, band)
+                                 : (*moments)->GreedyAssignment(band, o.bias, o.ridge);
+  if (!assignment.ok()) return assignment.status();
+  spec.assignment = *assignment;
+
+  absl::StatusOr<FitResult> fit = (*moments)->Fit(spec, o.ridge);
+  if (!fit.ok()) return fit.status();
+  out.fit = *std::move(fit);
+  out.n_sequences = (*moments)->n_spans();
+  out.n_tokens = (*moments)->n_tokens();
+  return out;
+}
+
+nlohmann::json CorpusFitReport(const CorpusFitOptions& o, const CorpusFit& f,
+                               const std::string& translator_path) {
+  const int64_t n_layer = static_cast<int64_t>(f.fit.r2_keys.size());
+  double mean_k = 0, mean_v = 0;
+  for (int64_t il = 0; il < n_layer; ++il) {
+    mean_k += f.fit.r2_keys[il] / static_cast<double>(n_layer);
+    mean_v += f.fit.r2_values[il] / static_cast<double>(n_layer);
+  }
+  return {
+      {"translator", translator_path},
+      {"source", o.source_dir},
+      {"target", o.target_dir},
+      {"data", o.data_path},
+      {"assignment", f.spec.assignment_kind},
+      {"band", f.spec.band},
+      {"ridge", o.ridge},
+      {"bias", o.bias},
+      {"inputs", MapInputsName(o.inputs)},
+      {"weighting", o.weighting},
+      {"n_sequences", f.n_sequences},
+      {"n_tokens", f.n_tokens},
+      {"r2_keys", f.fit.r2_keys},
+      {"r2_values", f.fit.r2_values},
+      {"mean_r2_keys", mean_k},
+      {"mean_r2_values", mean_v},
+      {"assignment_keys", f.spec.assignment.keys},
+      {"assignment_values", f.spec.assignment.values},
+      {"single_layer_r2_keys", TableJson(f.single.keys)},
+      {"single_layer_r2_values", TableJson(f.single.values)},
+  };
 }
 
 }  // namespace kvl::training

@@ -14,11 +14,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "model/kv_cache.h"
+#include "nlohmann/json.hpp"
 #include "translator/translator.h"
 
 namespace kvl {
@@ -103,5 +105,47 @@ class MomentAccumulator {
 // tokens with uniform weights. Errors as Engine::Prefill's.
 absl::Status AccumulateSequence(Engine& source, Engine& target, const std::vector<int64_t>& ids,
                                 MomentAccumulator& moments);
+
+// Stage 1 from a corpus, as `kvl fit` runs it: both models prefill every
+// sequence of `data_path` (ReadSequences), their taps are accumulated (each
+// token weighted uniformly, or by the attention the target's continuation
+// queries give it: KV-Lingo appendix O), the assignment is chosen and the
+// maps are solved.
+struct CorpusFitOptions {
+  std::string source_dir, target_dir, data_path;
+  // "same_index", "relative_depth", "top_r2" or "greedy"; empty: same_index
+  // when the depths match and band_all is off, else relative_depth.
+  std::string assignment;
+  int64_t band = 1;
+  bool band_all = false;  // every target layer reads every source layer
+  MapInputs inputs = MapInputs::kSplit;
+  double ridge = 1e-4;  // relative to the mean input second moment
+  bool bias = true;
+  // "uniform", or "attention": each sequence's last attention_queries tokens
+  // (half the sequence when it is shorter than twice that) act as
+  // continuation queries, and only the tokens before them are fitted.
+  std::string weighting = "uniform";
+  int64_t attention_queries = 64;
+  int64_t max_sequences = 512, seq_len = 256;
+  int n_threads = 0;
+  bool progress = true;  // a progress bar on stderr
+};
+
+struct CorpusFit {
+  TranslatorSpec spec;  // as fitted: the chosen assignment and band
+  FitResult fit;
+  SingleLayerR2Table single;
+  int64_t n_sequences = 0, n_tokens = 0;
+};
+
+// Errors: the loaders' (LoadModelDir), ReadSequences', FailedPrecondition for
+// models with different tokenizers, InvalidArgument for an assignment the
+// depths or band do not allow, the accumulator's.
+absl::StatusOr<CorpusFit> FitFromCorpus(const CorpusFitOptions& options);
+
+// The .r2.json report of a fit written to translator_path: the options, the
+// per-layer R² of the fit, the assignment and the single-layer R² tables.
+nlohmann::json CorpusFitReport(const CorpusFitOptions& options, const CorpusFit& fit,
+                               const std::string& translator_path);
 
 }  // namespace kvl::training

@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/checkpoint.h"
 #include "model/engine.h"
+#include "model/model_dir.h"
 #include "model/tokenizer.h"
 #include "training/translator_fit.h"
 #include "translator/translator.h"
@@ -85,43 +86,28 @@ inline absl::Status WriteFixtureTranslators(
     const std::string& dir, const std::vector<std::pair<std::string, std::string>>& pairs,
     const std::vector<std::pair<std::string, std::string>>& joint = {}) {
   std::filesystem::create_directories(dir + "/translators");
-  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromFile(TokenizerJsonPath());
-  if (!tokenizer.ok()) return tokenizer.status();
-  struct Loaded {
-    std::string name;
-    Checkpoint checkpoint;
-    std::string identity;
-    std::unique_ptr<Engine> engine;
-  };
-  std::vector<Loaded> loaded;
+  std::vector<std::pair<std::string, ModelDir>> loaded;
   RuntimeOptions options;
   options.n_threads = 2;
   for (const FixtureModel& m : FixtureModels()) {
-    Loaded l;
-    l.name = m.name;
-    absl::StatusOr<Checkpoint> c = LoadCheckpoint(dir + "/" + m.name);
-    if (!c.ok()) return c.status();
-    l.checkpoint = *std::move(c);
-    l.identity = ModelIdentity(l.checkpoint.config, l.checkpoint.weights);
-    absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(l.checkpoint, options);
-    if (!e.ok()) return e.status();
-    l.engine = *std::move(e);
-    loaded.push_back(std::move(l));
+    absl::StatusOr<ModelDir> model = LoadModelDir(dir + "/" + m.name, options);
+    if (!model.ok()) return model.status();
+    loaded.emplace_back(m.name, *std::move(model));
   }
-  auto find = [&](const std::string& name) -> Loaded* {
-    for (Loaded& l : loaded) {
-      if (l.name == name) return &l;
+  auto find = [&](const std::string& name) -> ModelDir* {
+    for (auto& [n, model] : loaded) {
+      if (n == name) return &model;
     }
     return nullptr;
   };
   for (const auto& [s_name, t_name] : pairs) {
-    Loaded* s = find(s_name);
-    Loaded* t = find(t_name);
+    ModelDir* s = find(s_name);
+    ModelDir* t = find(t_name);
     if (s == nullptr || t == nullptr) return absl::NotFoundError(s_name + "->" + t_name);
     TranslatorSpec spec;
-    spec.source = EndpointOf(s->checkpoint.config, s->identity, (*tokenizer)->content_hash());
-    spec.target = EndpointOf(t->checkpoint.config, t->identity, (*tokenizer)->content_hash());
-    const int64_t ls = s->checkpoint.config.n_layer, lt = t->checkpoint.config.n_layer;
+    spec.source = EndpointOf(s->config(), s->identity, s->tokenizer->content_hash());
+    spec.target = EndpointOf(t->config(), t->identity, t->tokenizer->content_hash());
+    const int64_t ls = s->config().n_layer, lt = t->config().n_layer;
     absl::StatusOr<LayerAssignment> assignment =
         ls == lt ? SameIndexAssignment(ls, lt) : RelativeDepthAssignment(ls, lt, 1);
     if (!assignment.ok()) return assignment.status();

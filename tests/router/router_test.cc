@@ -163,13 +163,12 @@ class RouterTest : public ::testing::Test {
     RuntimeOptions options;
     options.n_threads = 2;
     for (const auto& m : testing::FixtureModels()) {
-      auto c = LoadCheckpoint(dir_->path() + "/" + m.name);
-      ASSERT_TRUE(c.ok()) << c.status();
-      identity.push_back(ModelIdentity(c->config, c->weights));
-      auto e = Engine::Create(*c, options);
-      ASSERT_TRUE(e.ok());
-      models.push_back({m.name, dir_->path() + "/" + m.name, *std::move(e)});
-      engines_.push_back(Engine::Create(*c, options).value().release());
+      auto model = LoadModelDir(dir_->path() + "/" + m.name, options);
+      ASSERT_TRUE(model.ok()) << model.status();
+      identity.push_back(model->identity);
+      // A second engine of the same weights drives the by-hand oracles.
+      engines_.push_back(Engine::Create(model->checkpoint, options).value().release());
+      models.push_back({m.name, model->path, std::move(model->engine)});
     }
     auto tokenizer = Tokenizer::FromFile(testing::TokenizerJsonPath());
     ASSERT_TRUE(tokenizer.ok());

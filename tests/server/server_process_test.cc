@@ -293,6 +293,11 @@ TEST_F(ServerProcessTest, ChatValidatesThenSaysWhyItCannotAnswer) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED);
   EXPECT_THAT(s.error_message(), HasSubstr("no models are loaded"));
   EXPECT_EQ(n_messages, 0);
+  // Naming a model changes nothing: there is none to resolve it against.
+  request.mutable_routing()->set_model("large");
+  s = Chat(request);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  request.clear_routing();
 
   grpc::ClientContext context;
   WithDeadline(&context);
@@ -313,7 +318,7 @@ TEST_F(ServerProcessTest, ChatValidatesThenSaysWhyItCannotAnswer) {
   EXPECT_THAT(
       metrics,
       HasSubstr(
-          R"(kvlingo_grpc_requests_total{code="UNIMPLEMENTED",method="kvlingo.v1.ChatService/Chat"} 1)"));
+          R"(kvlingo_grpc_requests_total{code="UNIMPLEMENTED",method="kvlingo.v1.ChatService/Chat"} 2)"));
   EXPECT_THAT(
       metrics,
       HasSubstr(
