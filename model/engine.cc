@@ -176,8 +176,12 @@ absl::StatusOr<Engine::ContinuationScore> Engine::ScoreContinuation(
     // Row i predicts ids[i + 1].
     const at::Tensor next =
         at::from_blob(const_cast<int64_t*>(ids.data()) + 1, {score.n_scored}, at::kLong);
-    const at::Tensor lp =
-        at::log_softmax(logits->to(at::kFloat), -1).gather(1, next.unsqueeze(1)).squeeze(1);
+    const at::Tensor lp = at::log_softmax(logits->to(at::kFloat), -1)
+                              .gather(1, next.unsqueeze(1))
+                              .squeeze(1)
+                              .to(at::kDouble)
+                              .contiguous();
+    score.logprobs.assign(lp.data_ptr<double>(), lp.data_ptr<double>() + score.n_scored);
     score.mean_logprob = lp.mean().item<double>();
   }
   // The last token run once to read what follows it, then rolled back.

@@ -142,9 +142,10 @@ class Engine {
   // next-token distribution after the last token without keeping it. Errors
   // as Prefill's; the cache is rolled back on error.
   struct ContinuationScore {
-    double mean_logprob = 0;  // of ids[1..T) given what precedes each, nats
-    double next_entropy = 0;  // of the token after ids, nats
-    int64_t n_scored = 0;     // T - 1
+    std::vector<double> logprobs;  // [T-1]: of ids[1..T), each given what precedes it, nats
+    double mean_logprob = 0;       // their mean
+    double next_entropy = 0;       // of the token after ids, nats
+    int64_t n_scored = 0;          // T - 1
   };
   absl::StatusOr<ContinuationScore> ScoreContinuation(KvCache& cache,
                                                      const std::vector<int64_t>& ids);

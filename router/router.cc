@@ -380,7 +380,21 @@ absl::StatusOr<GenerateResult> Router::HandOverAndGenerate(Work& work, int model
         "'s context of ", engine.config().max_position_embeddings,
         " tokens; start a new session"));
   }
-  const int64_t max_tokens = std::min(options.max_tokens, room);
+  // A given reply is read with its stop token; otherwise up to max_tokens are
+  // sampled.
+  std::vector<int64_t> reply;
+  if (options.reply) {
+    reply = Encode(*tokenizer_, *options.reply);
+    if (stop_ids_.empty()) {
+      return absl::FailedPreconditionError("a given reply needs a stop token; the models have none");
+    }
+    if (static_cast<int64_t>(reply.size()) + 1 > room) {
+      return absl::OutOfRangeError(absl::StrCat("the given reply does not fit ", names_[model],
+                                                "'s context"));
+    }
+  }
+  const int64_t max_tokens =
+      options.reply ? static_cast<int64_t>(reply.size()) + 1 : std::min(options.max_tokens, room);
 
   ModelLock lock(*this, work, model);
   int64_t run_from = upto;
@@ -403,6 +417,7 @@ absl::StatusOr<GenerateResult> Router::HandOverAndGenerate(Work& work, int model
                     CachePathName(work.plan.path), ")");
   }
   if (callbacks.on_routing) callbacks.on_routing(ev);
+  if (options.reply) return ReadGivenReply(work, model, to_run, std::move(reply));
 
   StreamDecoder stream(*tokenizer_);
   GenerateOptions g;
@@ -450,6 +465,37 @@ absl::StatusOr<GenerateResult> Router::HandOverAndGenerate(Work& work, int model
   observer_->OnPrefillTokens(model, static_cast<int64_t>(to_run.size()));
   observer_->OnGeneratedTokens(model, static_cast<int64_t>(gen->tokens.size()));
   if (ev.switched) observer_->OnSwitch(committed.last_model, model, work.strategy);
+  return gen;
+}
+
+absl::StatusOr<GenerateResult> Router::ReadGivenReply(Work& work, int model,
+                                                      const std::vector<int64_t>& to_run,
+                                                      std::vector<int64_t> reply) {
+  // The stop token the router would have stopped on: <|im_end|> when the
+  // tokenizer has it, else the models' first end-of-sequence id.
+  const std::optional<int32_t> im_end = tokenizer_->AddedTokenId("<|im_end|>");
+  const int64_t stop = im_end ? *im_end : stop_ids_.front();
+  std::vector<int64_t> ids = to_run;
+  ids.insert(ids.end(), reply.begin(), reply.end());
+  ids.push_back(stop);
+  const Clock::time_point t0 = Clock::now();
+  absl::StatusOr<Engine::ContinuationScore> score =
+      models_[model]->loaded.engine->ScoreContinuation(*work.lease->line(model), ids);
+  if (!score.ok()) return score.status();
+  if (work.Cancelled()) return absl::CancelledError("the client cancelled the turn");
+  const Clock::time_point t_end = Clock::now();
+  work.result.prefill_seconds += Seconds(t0, t_end);
+  work.result.time_to_first_token_seconds = Seconds(work.options->received, t_end);
+  // logprobs[i] is of ids[i + 1]: the reply starts at ids[to_run.size()].
+  work.result.reply_logprobs.assign(score->logprobs.begin() + (to_run.size() - 1),
+                                    score->logprobs.end());
+  work.result.prefill_tokens += static_cast<int64_t>(ids.size()) - 1;
+  observer_->OnPrefillTokens(model, static_cast<int64_t>(ids.size()) - 1);
+  GenerateResult gen;
+  gen.text = *work.options->reply;
+  gen.tokens = std::move(reply);
+  gen.finish_reason = FinishReason::kStopToken;
+  gen.stop_token_id = stop;
   return gen;
 }
 

@@ -89,6 +89,12 @@ struct TurnOptions {
   SamplingParams sampling;
   std::optional<uint64_t> seed;  // unset: a fresh random seed
   std::vector<std::string> stop;
+  // Set: the assistant's reply is given, not sampled. The model reads it
+  // (teacher forcing) followed by the stop token, exactly as if it had
+  // generated it, and TurnResult::reply_logprobs holds what it gave each of
+  // those tokens. No tokens are streamed. For evaluations and for bringing in
+  // a transcript.
+  std::optional<std::string> reply;
   std::chrono::steady_clock::time_point received = std::chrono::steady_clock::now();
   // Polled between steps and after every token; true stops the turn, which
   // then fails with Cancelled and leaves the session unchanged.
@@ -117,6 +123,10 @@ struct TurnResult {
   double queue_seconds = 0, switch_seconds = 0, prefill_seconds = 0, decode_seconds = 0,
          total_seconds = 0;
   int64_t history_tokens = 0;
+  // TurnOptions::reply only: the answering model's log-probability (nats) of
+  // each of the reply's tokens and then the stop token, given everything
+  // before it.
+  std::vector<double> reply_logprobs;
 };
 
 struct TurnCallbacks {
@@ -182,6 +192,11 @@ class Router {
   // Stages 3 and 4 on `model`, under its lock.
   absl::StatusOr<GenerateResult> HandOverAndGenerate(Work& work, int model,
                                                      const TurnCallbacks& callbacks);
+  // Stage 4 for a given reply (TurnOptions::reply): the model reads to_run,
+  // the reply and the stop token; the result as Generate's.
+  absl::StatusOr<GenerateResult> ReadGivenReply(Work& work, int model,
+                                                const std::vector<int64_t>& to_run,
+                                                std::vector<int64_t> reply);
   // Stage 5.
   void Commit(Work& work, int model, GenerateResult generated);
   // Brings `model`'s line to hold work.history[0, upto) per work.strategy and

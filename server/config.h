@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "model/config.h"
+#include "router/loader.h"
 #include "router/policy.h"
 
 namespace kvl::server {
@@ -60,25 +61,10 @@ struct RuntimeSection {
   DType dtype = DType::kFloat32;
 };
 
-struct ModelEntry {
-  std::string name;
-  // Absolute (relative paths in the file are resolved against the directory of
-  // the config file). A directory holding a Hugging Face config.json.
-  std::string path;
-  // runtime.dtype unless the entry sets its own.
-  DType dtype = DType::kFloat32;
-};
-
-struct TranslatorEntry {
-  // "<source>-><target>" unless the entry names it.
-  std::string name;
-  int source = 0, target = 0;  // indices into ServerConfig::models
-  std::string path;            // absolute, resolved like ModelEntry::path
-  // The arithmetic of the translator's products (Translator::Translate);
-  // unset ("auto" in the file): bfloat16 where the CPU has bfloat16
-  // dot-product instructions, else float32 (kvl::FastestTranslateDtype).
-  std::optional<DType> compute_dtype;
-};
+// Relative paths in the file are resolved against the directory of the config
+// file, so ModelEntry::path and TranslatorEntry::path are absolute.
+using ModelEntry = router::ModelSource;
+using TranslatorEntry = router::TranslatorSource;
 
 // routing.native_tail_tokens when the file does not set it: the incoming
 // model reads the last 32 tokens of the history itself at a translated switch

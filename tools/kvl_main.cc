@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "model/omp_wait.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
 #include "tools/commands.h"
 
 namespace {
@@ -27,6 +29,7 @@ constexpr Command kCommands[] = {
     {"fit", "closed-form fit of a KV-cache translator between two models", kvl::tools::RunFit},
     {"distill", "self-distil a KV-cache translator (stage 2) from a closed-form one", kvl::tools::RunDistill},
     {"eval-translator", "log-perplexity, accuracy and multi-turn runs through translators", kvl::tools::RunEvalTranslator},
+    {"eval-switch", "recall after a switch: generated conversations through the router", kvl::tools::RunEvalSwitch},
     {"ablate-translator", "which target layers' translated keys/values cost the most", kvl::tools::RunAblateTranslator},
     {"chat", "talk to a running kvl-server, one turn per line, showing switches and TTFT", kvl::tools::RunChat},
 };
@@ -40,6 +43,8 @@ void PrintUsage(FILE* out) {
 
 int main(int argc, char** argv) {
   kvl::ReexecWithPassiveOpenMpWait(argv);
+  // Logs go to stderr: stdout carries each command's results (tables, JSON).
+  spdlog::set_default_logger(spdlog::stderr_color_mt("kvl"));
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
     PrintUsage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

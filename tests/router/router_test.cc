@@ -458,6 +458,72 @@ TEST_F(RouterTest, ReprefillOutputEqualsTheTargetsNativeOutput) {
   (void)before;
 }
 
+// A given reply leaves the history and ledger exactly as generating the same
+// text would, across a translated switch, and the answering model's line
+// holds every reply token (the stop token and closing newline are run with
+// the next turn, as after a generated stop).
+TEST_F(RouterTest, AGivenReplyLeavesTheSessionAsGeneratingItWould) {
+  MakeRouter(Explicit());
+  ASSERT_TRUE(store_->Create("gen", "", {}).ok());
+  ASSERT_TRUE(store_->Create("given", "", {}).ok());
+  ASSERT_TRUE(Turn("gen", "First question?", 0).ok());
+  ASSERT_TRUE(Turn("given", "First question?", 0).ok());
+  // The second turn switches to large: generated in one session, given in the other.
+  auto generated = Turn("gen", "What comes next?", 2);
+  ASSERT_TRUE(generated.ok()) << generated.status();
+  TurnOptions o;
+  o.user_message = "What comes next?";
+  o.policy = Policy::kExplicit;
+  o.explicit_model = 2;
+  o.reply = generated->text;
+  auto given = router_->RunTurn("given", o, {});
+  ASSERT_TRUE(given.ok()) << given.status();
+  EXPECT_EQ(given->tokens, generated->tokens);
+  EXPECT_EQ(given->routing.path, generated->routing.path);
+  const SessionView a = *store_->View("gen"), b = *store_->View("given");
+  EXPECT_EQ(a.state.history, b.state.history);
+  EXPECT_EQ(a.state.ledger, b.state.ledger);
+  // history: ... reply <|im_end|> "\n"; the line stops after the reply.
+  EXPECT_EQ(b.state.tail_begin, static_cast<int64_t>(b.state.history.size()) - 2);
+  EXPECT_EQ(given->finish_reason, FinishReason::kStopToken);
+
+  EXPECT_EQ(given->reply_logprobs.size(), given->tokens.size() + 1);
+  for (double x : given->reply_logprobs) EXPECT_LE(x, 0.0);
+}
+
+TEST_F(RouterTest, AGivenReplyOnTheSameModelScoresAsAFreshPrefill) {
+  MakeRouter(Explicit());
+  ASSERT_TRUE(store_->Create("s", "", {}).ok());
+  ASSERT_TRUE(Turn("s", "First question?", 2).ok());
+  const int64_t h0 = static_cast<int64_t>(store_->View("s")->state.history.size());
+  TurnOptions o;
+  o.user_message = "And the second?";
+  o.policy = Policy::kExplicit;
+  o.explicit_model = 2;
+  o.reply = "Paris, I think.";
+  auto t = router_->RunTurn("s", o, {});
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->finish_reason, FinishReason::kStopToken);
+  EXPECT_EQ(t->text, "Paris, I think.");
+  const std::vector<int64_t> history = store_->View("s")->state.history;
+  const int64_t start = h0 + static_cast<int64_t>(TurnTokens("And the second?").size());
+  const int64_t n = static_cast<int64_t>(t->tokens.size()) + 1;  // the reply and its stop token
+  ASSERT_EQ(t->reply_logprobs.size(), static_cast<size_t>(n));
+  EXPECT_EQ(std::vector<int64_t>(history.begin() + start, history.begin() + start + n - 1),
+            t->tokens);
+  // Every token the turn wrote is large's own: a fresh native prefill of the
+  // history gives the same scores (float32 decoder, chunked differently).
+  auto line = engines_[2]->NewCache();
+  auto logits = engines_[2]->Prefill(
+      *line, std::vector<int64_t>(history.begin(), history.begin() + start + n), true);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  const at::Tensor lp = at::log_softmax(*logits, -1);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t pos = start + i;
+    EXPECT_NEAR(t->reply_logprobs[i], lp[pos - 1][history[pos]].item<double>(), 1e-4) << i;
+  }
+}
+
 TEST_F(RouterTest, ThreeModelsRoundTripTranslatesOnlyTheMissingSpans) {
   MakeRouter(Explicit());
   ASSERT_TRUE(store_->Create("s", "", {}).ok());

@@ -1,0 +1,78 @@
+#include "router/loader.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "model/model_dir.h"
+#include "spdlog/spdlog.h"
+#include "translator/translator.h"
+
+namespace kvl::router {
+namespace {
+
+absl::Status Annotate(const absl::Status& s, const std::string& where) {
+  return absl::Status(s.code(), absl::StrCat(where, ": ", s.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Router>> LoadRouter(const std::vector<ModelSource>& sources,
+                                                   const std::vector<TranslatorSource>& translators,
+                                                   RoutingConfig routing, int n_threads,
+                                                   CacheStore* store, TurnObserver* observer) {
+  std::vector<LoadedModel> models;
+  std::vector<std::string> identities, tokenizer_hashes;
+  std::unique_ptr<Tokenizer> shared_tokenizer;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const ModelSource& e = sources[i];
+    const std::string where = absl::StrCat("models[", i, "] (", e.name, ")");
+    RuntimeOptions options;
+    options.dtype = e.dtype;
+    options.n_threads = n_threads;
+    absl::StatusOr<ModelDir> loaded = LoadModelDir(e.path, options);
+    if (!loaded.ok()) return Annotate(loaded.status(), where);
+    if (shared_tokenizer != nullptr &&
+        loaded->tokenizer->content_hash() != shared_tokenizer->content_hash()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": its tokenizer.json differs from ", sources[0].name,
+          "'s; the models of one router share one tokenizer (a session is one token stream)"));
+    }
+    identities.push_back(loaded->identity);
+    tokenizer_hashes.push_back(loaded->tokenizer->content_hash());
+    spdlog::info("loaded model {} from {} ({} layers, hidden {}, {})", e.name, e.path,
+                 loaded->config().n_layer, loaded->config().hidden_size, DTypeName(options.dtype));
+    if (shared_tokenizer == nullptr) shared_tokenizer = std::move(loaded->tokenizer);
+    models.push_back({e.name, e.path, std::move(loaded->engine)});
+  }
+  std::vector<LoadedTranslator> loaded_translators;
+  const int n = static_cast<int>(sources.size());
+  for (size_t i = 0; i < translators.size(); ++i) {
+    const TranslatorSource& t = translators[i];
+    const std::string where = absl::StrCat("translators[", i, "] (", t.name, ")");
+    if (t.source < 0 || t.source >= n || t.target < 0 || t.target >= n) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": model index out of range"));
+    }
+    TranslatorExpectation expect;
+    expect.source_identity = identities[t.source];
+    expect.target_identity = identities[t.target];
+    expect.source_tokenizer_hash = tokenizer_hashes[t.source];
+    expect.target_tokenizer_hash = tokenizer_hashes[t.target];
+    const DType compute = t.compute_dtype.value_or(FastestTranslateDtype());
+    if (compute == DType::kBFloat16 && FastestTranslateDtype() != DType::kBFloat16) {
+      spdlog::warn("translator {}: bfloat16 on a CPU without bfloat16 dot-product instructions "
+                   "(AVX512-BF16, AMX-BF16) is emulated and may be slower than float32",
+                   t.name);
+    }
+    absl::StatusOr<std::unique_ptr<Translator>> loaded = Translator::Load(t.path, expect, compute);
+    if (!loaded.ok()) return Annotate(loaded.status(), where);
+    spdlog::info("loaded translator {} ({} -> {}) from {}, {} maps, computing in {}{}", t.name,
+                 sources[t.source].name, sources[t.target].name, t.path,
+                 MapInputsName((*loaded)->spec().inputs), DTypeName(compute),
+                 t.compute_dtype ? "" : " (auto)");
+    loaded_translators.push_back({t.name, t.path, t.source, t.target, *std::move(loaded)});
+  }
+  return Router::Create(std::move(models), std::move(loaded_translators),
+                        std::move(shared_tokenizer), std::move(routing), store, observer);
+}
+
+}  // namespace kvl::router
