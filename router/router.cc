@@ -221,8 +221,14 @@ absl::Status Router::Handover(Work& work, int model, int64_t upto, int64_t extra
       SerialIntraOpScope serial;
       absl::StatusOr<KvTaps> taps = lease.line(step.source)->Taps(step.begin, step.end);
       if (!taps.ok()) return taps.status();
-      absl::StatusOr<KvTaps> moved = by_pair_[step.source][model]->translator->Translate(
-          *taps, Translator::Output::kProduct);
+      const Translator& translator = *by_pair_[step.source][model]->translator;
+      // Token-anchored maps read the span's ids and up to W-1 before it.
+      std::vector<int64_t> ids;
+      if (const int64_t w = translator.spec().anchor_window; w > 0) {
+        ids.assign(work.history.begin() + std::max<int64_t>(0, step.begin - (w - 1)),
+                   work.history.begin() + step.end);
+      }
+      absl::StatusOr<KvTaps> moved = translator.Translate(*taps, Translator::Output::kProduct, ids);
       if (!moved.ok()) return moved.status();
       if (absl::Status s = line->Accept(moved->keys, moved->values); !s.ok()) return s;
       const double dt = Seconds(t0, Clock::now());

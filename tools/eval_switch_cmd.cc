@@ -36,6 +36,13 @@ int RunEvalSwitch(const Args& args) {
   flags.Add("items", &o.items_per_task, "N", "items per task");
   flags.Add("seed", &o.seed, "S", "the items' seed");
   flags.Add("difficulty", &o.difficulty, "D", "1..3; 0: the items cycle through 1, 2, 3");
+  flags.Add("facts-distractors", &o.data.facts_max_distractors, "N",
+            "difficulty knob as kvl make-data's (default: the house corpus's)");
+  flags.Add("facts-filler", &o.data.facts_max_filler, "N", "difficulty knob");
+  flags.Add("kv-max-bytes", &o.data.kv_max_bytes, "N", "difficulty knob");
+  flags.Add("arith-steps", &o.data.arith_max_steps, "N", "difficulty knob");
+  flags.Add("list-len", &o.data.list_max_len, "N", "difficulty knob");
+  flags.Add("string-len", &o.data.string_max_len, "N", "difficulty knob");
   flags.Add("tails", &tails, "W,W,...", "native tails of the translate conditions ('' : none)");
   flags.Add("max-new-tokens", &o.max_new_tokens, "N", "greedy answer length limit");
   flags.Choice("translate-dtype", &translate_dtype, {"auto", "float32", "bfloat16"},

@@ -62,6 +62,9 @@ int RunFit(const Args& args) {
   flags.Choice("weighting", &o.weighting, {"uniform", "attention"}, "weight of each fitted token");
   flags.Add("attention-queries", &o.attention_queries, "C",
             "continuation queries per sequence (--weighting attention), >= 1");
+  flags.Add("anchor-window", &o.anchor_window, "W",
+            "token anchors: every map also reads the target's anchor rows of tokens "
+            "t..t-W+1 (0: none)");
   flags.Switch("no-bias", &no_bias, "maps without a bias term");
   flags.Add("max-sequences", &o.max_sequences, "N", "sequences read from the corpus, 0: all");
   flags.Add("seq-len", &o.seq_len, "T", "tokens per sequence, >= 2");
@@ -79,6 +82,7 @@ int RunFit(const Args& args) {
   if (o.n_threads < 0) return flags.UsageError("--threads must be a non-negative integer");
   if (o.ridge < 0) return flags.UsageError("--ridge must be a non-negative number");
   if (o.attention_queries < 1) return flags.UsageError("--attention-queries must be >= 1");
+  if (o.anchor_window < 0) return flags.UsageError("--anchor-window must be >= 0");
   o.inputs = *ParseMapInputs(inputs_name);  // a name the Choice admits
   o.bias = !no_bias;
   o.progress = !quiet;

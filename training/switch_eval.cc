@@ -176,6 +176,17 @@ absl::StatusOr<ItemRun> RunItem(ConditionRouter& c, const datagen::Conversation&
 
 }  // namespace
 
+datagen::DataOptions HouseCorpusKnobs() {
+  datagen::DataOptions o;
+  o.facts_max_distractors = 3;
+  o.facts_max_filler = 4;
+  o.kv_max_bytes = 2000;
+  o.arith_max_steps = 5;
+  o.list_max_len = 8;
+  o.string_max_len = 10;
+  return o;
+}
+
 double SwitchEvalCell::Accuracy() const { return Mean(correct); }
 double SwitchEvalCell::AccuracyStandardError() const { return StandardError(correct); }
 double SwitchEvalCell::MeanNll() const { return Mean(answer_nll); }
@@ -225,7 +236,6 @@ absl::StatusOr<SwitchEvalReport> RunSwitchEval(const SwitchEvalOptions& o) {
   po.total = static_cast<int64_t>(tasks.size()) * o.items_per_task;
   po.unit = "item";
   std::unique_ptr<ProgressBar> bar = o.progress ? std::make_unique<ProgressBar>(po) : nullptr;
-  const datagen::DataOptions data;
   int64_t serial = 0;
   for (datagen::Task task : tasks) {
     const std::string task_name = datagen::TaskName(task);
@@ -234,7 +244,8 @@ absl::StatusOr<SwitchEvalReport> RunSwitchEval(const SwitchEvalOptions& o) {
     for (int64_t i = 0; i < o.items_per_task; ++i, ++serial) {
       const int difficulty = o.difficulty > 0 ? o.difficulty : 1 + static_cast<int>(i % 3);
       const uint64_t item_seed = Mix(o.seed ^ Mix(static_cast<uint64_t>(task) << 32 | i));
-      const datagen::Conversation item = datagen::GenerateItem(task, difficulty, item_seed, data);
+      const datagen::Conversation item =
+          datagen::GenerateItem(task, difficulty, item_seed, o.data);
       std::vector<ItemRun> runs;
       bool over_context = false;
       for (ConditionRouter& c : routers) {
@@ -315,6 +326,13 @@ nlohmann::json SwitchEvalJson(const SwitchEvalOptions& o, const SwitchEvalReport
           {"items_per_task", o.items_per_task},
           {"seed", o.seed},
           {"difficulty", o.difficulty},
+          {"knobs",
+           {{"facts_distractors", o.data.facts_max_distractors},
+            {"facts_filler", o.data.facts_max_filler},
+            {"kv_max_bytes", o.data.kv_max_bytes},
+            {"arith_steps", o.data.arith_max_steps},
+            {"list_len", o.data.list_max_len},
+            {"string_len", o.data.string_max_len}}},
           {"native_tails", o.native_tails},
           {"max_new_tokens", o.max_new_tokens},
           {"translate_dtype", DTypeName(o.translate_dtype.value_or(FastestTranslateDtype()))},

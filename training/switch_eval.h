@@ -29,10 +29,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "datagen/chat_data.h"
 #include "model/config.h"
 #include "nlohmann/json.hpp"
 
 namespace kvl::training {
+
+// datagen's knobs as the house corpus was made with.
+datagen::DataOptions HouseCorpusKnobs();
 
 struct SwitchEvalOptions {
   std::string source_dir, target_dir, translator_path;
@@ -43,6 +47,10 @@ struct SwitchEvalOptions {
   // a seed of its own, not the training corpus' splits.
   uint64_t seed = 32;
   int difficulty = 0;  // 1..3; 0: items cycle through 1, 2, 3
+  // The generator's difficulty knobs at level 3: by default the house
+  // corpus's (scripts/train_house_models.sh), so that items are what the
+  // house models were trained on.
+  datagen::DataOptions data = HouseCorpusKnobs();
   std::vector<int64_t> native_tails = {0, 32};
   int64_t max_new_tokens = 24;
   int n_threads = 0;

@@ -24,6 +24,9 @@ absl::StatusOr<LayerAblation> AblateTranslator(const TranslatorModel& source,
                                                const Translator& translator,
                                                const std::vector<std::vector<int64_t>>& windows,
                                                int64_t n_prefix, int64_t batch) {
+  if (translator.spec().anchor_window > 0) {
+    return absl::UnimplementedError("ablating token-anchored maps is not supported yet");
+  }
   if (windows.empty() || batch < 1) {
     return absl::InvalidArgumentError("ablation needs at least one window and batch >= 1");
   }

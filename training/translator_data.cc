@@ -159,7 +159,8 @@ absl::StatusOr<std::unique_ptr<KvCache>> TranslatedCache(Engine& source, Engine&
   }
   absl::StatusOr<KvTaps> taps = source_cache->Taps(0, source_cache->Length());
   if (!taps.ok()) return taps.status();
-  absl::StatusOr<KvTaps> translated = translator.Translate(*taps);
+  absl::StatusOr<KvTaps> translated =
+      translator.Translate(*taps, Translator::Output::kFloat32, prefix);
   if (!translated.ok()) return translated.status();
   std::unique_ptr<KvCache> cache = target.NewCache();
   if (absl::Status s = cache->Accept(translated->keys, translated->values); !s.ok()) return s;

@@ -89,7 +89,8 @@ std::vector<std::vector<int64_t>> ConsecutiveWindows(const std::vector<int32_t>&
                                                      int64_t length, int64_t max_windows);
 
 // The switch: source prefills prefix into a fresh cache line, the taps of all
-// its tokens are translated and accepted into a fresh cache line of target.
+// its tokens are translated (token anchors read the prefix's ids) and
+// accepted into a fresh cache line of target.
 // Errors as Engine::Prefill / KvCache::Accept / Translator::Translate.
 absl::StatusOr<std::unique_ptr<KvCache>> TranslatedCache(Engine& source, Engine& target,
                                                          const Translator& translator,

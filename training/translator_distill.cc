@@ -282,6 +282,11 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
   absl::StatusOr<std::unique_ptr<Translator>> init =
       Translator::Load(o.init_path, ExpectationFor(*source, *target));
   if (!init.ok()) return init.status();
+  if ((*init)->spec().anchor_window > 0) {
+    return absl::UnimplementedError(
+        "distilling token-anchored maps is not supported yet (the differentiable translation "
+        "reads no anchor rows)");
+  }
   SetIntraOpThreads(o.n_threads);
   // As train_lm: keep the large per-step transients on the heap.
   mallopt(M_MMAP_MAX, 0);

@@ -48,7 +48,12 @@ bool SameShape(const TranslatorEndpoint& a, const TranslatorEndpoint& b) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MomentAccumulator>> MomentAccumulator::Create(
-    const TranslatorEndpoint& source, const TranslatorEndpoint& target, int64_t max_bytes) {
+    const TranslatorEndpoint& source, const TranslatorEndpoint& target, int64_t max_bytes,
+    const at::Tensor& anchor_table, int64_t anchor_window) {
+  if (anchor_window < 0 || (anchor_window > 0) != anchor_table.defined() ||
+      (anchor_table.defined() && anchor_table.dim() != 2)) {
+    return absl::InvalidArgumentError("anchors need a window >= 1 and a [V, E] table");
+  }
   for (const TranslatorEndpoint* e : {&source, &target}) {
     if (e->n_layer <= 0 || e->n_head_kv <= 0 || e->head_dim <= 0) {
       return absl::InvalidArgumentError("model shapes must be positive");
@@ -59,24 +64,31 @@ absl::StatusOr<std::unique_ptr<MomentAccumulator>> MomentAccumulator::Create(
   m->target_ = target;
   m->n_in_ = source.n_layer * source.n_head_kv * source.head_dim;
   m->n_out_ = target.n_layer * target.n_head_kv * target.head_dim;
+  if (anchor_window > 0) {
+    m->anchor_window_ = anchor_window;
+    m->anchor_table_ = anchor_table.detach().to(at::kCPU, at::kDouble).contiguous();
+    m->n_anchor_ = anchor_window * anchor_table.size(1);
+  }
   if (m->Bytes() > max_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "moments need ", m->Bytes(), " bytes (N_in ", m->n_in_, ", N_out ", m->n_out_,
         "), over the limit of ", max_bytes));
   }
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
-  m->xx_ = at::zeros({2 * m->n_in_ + 1, 2 * m->n_in_ + 1}, f64);
-  m->xy_ = at::zeros({2 * m->n_in_ + 1, 2 * m->n_out_}, f64);
+  const int64_t n_x = m->OnesColumn() + 1;
+  m->xx_ = at::zeros({n_x, n_x}, f64);
+  m->xy_ = at::zeros({n_x, 2 * m->n_out_}, f64);
   m->yy_ = at::zeros({2 * m->n_out_}, f64);
   return m;
 }
 
 int64_t MomentAccumulator::Bytes() const {
-  return 8 * ((2 * n_in_ + 1) * (2 * n_in_ + 1) + (2 * n_in_ + 1) * 2 * n_out_ + 2 * n_out_);
+  const int64_t n_x = OnesColumn() + 1;
+  return 8 * (n_x * n_x + n_x * 2 * n_out_ + 2 * n_out_);
 }
 
 absl::Status MomentAccumulator::Add(const KvTaps& source, const KvTaps& target,
-                                    const at::Tensor& weights) {
+                                    const at::Tensor& weights, const std::vector<int64_t>& ids) {
   if (absl::Status s = CheckTaps(source, source_, "source"); !s.ok()) return s;
   if (absl::Status s = CheckTaps(target, target_, "target"); !s.ok()) return s;
   const int64_t n_tokens = source.keys.size(2);
@@ -87,14 +99,37 @@ absl::Status MomentAccumulator::Add(const KvTaps& source, const KvTaps& target,
   if (weights.defined() && (weights.dim() != 1 || weights.size(0) != n_tokens)) {
     return absl::InvalidArgumentError(absl::StrCat("weights must be [", n_tokens, "]"));
   }
+  if (n_anchor_ > 0) {
+    if (static_cast<int64_t>(ids.size()) != n_tokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("anchored moments need the span's ", n_tokens, " ids, got ", ids.size()));
+    }
+    for (int64_t id : ids) {
+      if (id < 0 || id >= anchor_table_.size(0)) {
+        return absl::InvalidArgumentError(absl::StrCat("token id ", id, " outside the table"));
+      }
+    }
+  }
   try {
     c10::InferenceMode guard;
     const at::Tensor w = weights.defined() ? weights.to(at::kCPU, at::kDouble).unsqueeze(1)
                                            : at::Tensor();
-    const at::Tensor x =
-        at::cat({Rows(source.keys), Rows(source.values),
-                 at::ones({n_tokens, 1}, at::TensorOptions().dtype(at::kDouble))},
-                1);
+    std::vector<at::Tensor> columns = {Rows(source.keys), Rows(source.values)};
+    if (n_anchor_ > 0) {
+      // Offset k reads token t-k's row; before the span's start, zeros.
+      const at::Tensor id_tensor = at::tensor(ids, at::kLong);
+      const int64_t e = anchor_table_.size(1);
+      for (int64_t k = 0; k < anchor_window_; ++k) {
+        at::Tensor rows = at::zeros({n_tokens, e}, at::kDouble);
+        if (k < n_tokens) {
+          rows.narrow(0, k, n_tokens - k)
+              .copy_(anchor_table_.index_select(0, id_tensor.narrow(0, 0, n_tokens - k)));
+        }
+        columns.push_back(rows);
+      }
+    }
+    columns.push_back(at::ones({n_tokens, 1}, at::TensorOptions().dtype(at::kDouble)));
+    const at::Tensor x = at::cat(columns, 1);
     const at::Tensor y = at::cat({Rows(target.keys), Rows(target.values)}, 1);
     const at::Tensor xw = w.defined() ? x * w : x;
     xx_.addmm_(xw.t(), x);
@@ -116,8 +151,9 @@ at::Tensor MomentAccumulator::SolveOne(const std::vector<int64_t>& blocks, int64
   for (int64_t s : blocks) {
     for (int64_t k = 0; k < in_per_layer; ++k) idx.push_back(s * in_per_layer + k);
   }
+  for (int64_t k = 0; k < n_anchor_; ++k) idx.push_back(2 * n_in_ + k);
   const int64_t d = static_cast<int64_t>(idx.size());
-  if (bias) idx.push_back(2 * n_in_);
+  if (bias) idx.push_back(OnesColumn());
   const int64_t column = (values ? n_out_ : 0) + il * out;
   const at::Tensor index = at::tensor(idx, at::kLong);
   const at::Tensor a = xx_.index_select(0, index).index_select(1, index);
@@ -138,8 +174,8 @@ at::Tensor MomentAccumulator::SolveOne(const std::vector<int64_t>& blocks, int64
   // SSE = Σ y² - 2 Σ W∘B + Σ W∘(A W), with the unregularised A.
   const double sum_yy = yy_.narrow(0, column, out).sum().item<double>();
   const double sse = sum_yy - 2.0 * (w * b).sum().item<double>() + (w * a.matmul(w)).sum().item<double>();
-  const double sum_w = xx_[2 * n_in_][2 * n_in_].item<double>();
-  const at::Tensor sum_y = xy_[2 * n_in_].narrow(0, column, out);
+  const double sum_w = xx_[OnesColumn()][OnesColumn()].item<double>();
+  const at::Tensor sum_y = xy_[OnesColumn()].narrow(0, column, out);
   const double sst = sum_yy - (sum_y * sum_y).sum().item<double>() / sum_w;
   *r2 = sst > 0.0 ? 1.0 - sse / sst : 0.0;
   return w;
@@ -175,15 +211,18 @@ absl::StatusOr<FitResult> MomentAccumulator::Fit(TranslatorSpec spec, double rid
       for (int64_t il = 0; il < target_.n_layer; ++il) {
         double r2 = 0.0;
         const at::Tensor w = SolveOne((*lists)[il], il, is_values, spec.bias, ridge, &r2);
-        const int64_t d = w.size(0) - (spec.bias ? 1 : 0);
+        // Rows of w: the taps' columns, the anchors' (A), then the bias.
+        const int64_t d = w.size(0) - (spec.bias ? 1 : 0) - n_anchor_;
         // Leave inference mode for the maps: distillation trains them later.
         {
           c10::InferenceMode off(false);
           maps->weight.push_back(at::empty({w.size(1), d}, at::kFloat));
+          if (n_anchor_ > 0) maps->anchor.push_back(at::empty({w.size(1), n_anchor_}, at::kFloat));
           if (spec.bias) maps->bias.push_back(at::empty({w.size(1)}, at::kFloat));
         }
         maps->weight.back().copy_(w.narrow(0, 0, d).t());
-        if (spec.bias) maps->bias.back().copy_(w[d]);
+        if (n_anchor_ > 0) maps->anchor.back().copy_(w.narrow(0, d, n_anchor_).t());
+        if (spec.bias) maps->bias.back().copy_(w[d + n_anchor_]);
         r2s->push_back(r2);
       }
     }
@@ -193,8 +232,10 @@ absl::StatusOr<FitResult> MomentAccumulator::Fit(TranslatorSpec spec, double rid
   spec.training.ridge = ridge;
   spec.training.n_tokens = n_tokens_;
   spec.training.n_sequences = n_spans_;
+  spec.anchor_window = anchor_window_;
   absl::StatusOr<std::unique_ptr<Translator>> t =
-      Translator::Create(std::move(spec), std::move(keys), std::move(values));
+      Translator::Create(std::move(spec), std::move(keys), std::move(values), DType::kFloat32,
+                         n_anchor_ > 0 ? anchor_table_.to(at::kFloat) : at::Tensor());
   if (!t.ok()) return t.status();
   result.translator = std::move(*t);
   return result;
@@ -282,7 +323,7 @@ absl::Status AccumulateSequence(Engine& source, Engine& target, const std::vecto
   if (!s.ok()) return s.status();
   absl::StatusOr<KvTaps> t = target_cache->Taps(0, n);
   if (!t.ok()) return t.status();
-  return moments.Add(*s, *t);
+  return moments.Add(*s, *t, {}, ids);
 }
 
 namespace {
@@ -322,7 +363,7 @@ absl::Status AccumulateAttentionWeighted(Engine& source, Engine& target,
   if (!t.ok()) return t.status();
   const double mean = mass.received.mean().item<double>();
   if (!(mean > 0)) return absl::InternalError("attention mass is zero");
-  return moments.Add(*s, *t, mass.received / mean);
+  return moments.Add(*s, *t, mass.received / mean, prefix);
 }
 
 nlohmann::json TableJson(const at::Tensor& t) {
@@ -368,8 +409,12 @@ absl::StatusOr<CorpusFit> FitFromCorpus(const CorpusFitOptions& o) {
   spec.training.weighting = o.weighting;
   spec.training.corpus = o.data_path;
 
-  absl::StatusOr<std::unique_ptr<MomentAccumulator>> moments =
-      MomentAccumulator::Create(spec.source, spec.target);
+  if (o.anchor_window < 0) return absl::InvalidArgumentError("anchor window must be >= 0");
+  const at::Tensor anchor_table =
+      o.anchor_window > 0 ? AnchorTable(target->checkpoint.weights.embed_tokens, tc.rms_norm_eps)
+                          : at::Tensor();
+  absl::StatusOr<std::unique_ptr<MomentAccumulator>> moments = MomentAccumulator::Create(
+      spec.source, spec.target, int64_t{8} << 30, anchor_table, o.anchor_window);
   if (!moments.ok()) return moments.status();
   {
     ProgressOptions po;
@@ -434,6 +479,7 @@ nlohmann::json CorpusFitReport(const CorpusFitOptions& o, const CorpusFit& f,
       {"bias", o.bias},
       {"inputs", MapInputsName(o.inputs)},
       {"weighting", o.weighting},
+      {"anchor_window", o.anchor_window},
       {"n_sequences", f.n_sequences},
       {"n_tokens", f.n_tokens},
       {"r2_keys", f.fit.r2_keys},

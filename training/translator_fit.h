@@ -43,20 +43,25 @@ struct SingleLayerR2Table {
 class MomentAccumulator {
  public:
   // Shapes only are read from the endpoints. The moments are joint over keys
-  // and values (rows x = [source keys, source values, 1], y = [target keys,
-  // target values]) so that split and joint maps (MapInputs) solve from the
-  // same pass: 8*((2*N_in+1)^2 + (2*N_in+1)*2*N_out + 2*N_out) bytes;
-  // ResourceExhausted above max_bytes.
+  // and values (rows x = [source keys, source values, anchors, 1], y = [target
+  // keys, target values]) so that split and joint maps (MapInputs) solve from
+  // the same pass: 8*((2*N_in+A+1)^2 + (2*N_in+A+1)*2*N_out + 2*N_out) bytes;
+  // ResourceExhausted above max_bytes. With an anchor table [V, E]
+  // (AnchorTable) and a window W >= 1, every map also reads the token anchors
+  // (A = W*E columns, translator.h); without, A = 0.
   static absl::StatusOr<std::unique_ptr<MomentAccumulator>> Create(
       const TranslatorEndpoint& source, const TranslatorEndpoint& target,
-      int64_t max_bytes = int64_t{8} << 30);
+      int64_t max_bytes = int64_t{8} << 30, const at::Tensor& anchor_table = {},
+      int64_t anchor_window = 0);
 
   // Adds the tokens of one aligned span: source taps [L_s, H_s, T, D_s] and
   // target taps [L_t, H_t, T, D_t] of the same T tokens (KvCache::Taps, any
   // float dtype). weights: optional [T] non-negative per-token weights w_t
-  // (undefined: all 1), which multiply the rows: X^T W X, X^T W Y.
-  // InvalidArgument on shape mismatch.
-  absl::Status Add(const KvTaps& source, const KvTaps& target, const at::Tensor& weights = {});
+  // (undefined: all 1), which multiply the rows: X^T W X, X^T W Y. ids: with
+  // anchors, the span's T token ids, the span starting the conversation.
+  // InvalidArgument on shape mismatch or missing ids.
+  absl::Status Add(const KvTaps& source, const KvTaps& target, const at::Tensor& weights = {},
+                   const std::vector<int64_t>& ids = {});
 
   int64_t n_tokens() const { return n_tokens_; }
   int64_t n_spans() const { return n_spans_; }
@@ -92,17 +97,23 @@ class MomentAccumulator {
   at::Tensor SolveOne(const std::vector<int64_t>& blocks, int64_t il, bool values, bool bias,
                       double ridge, double* r2) const;
 
+  // The column of the ones (the bias): after the taps and the anchors.
+  int64_t OnesColumn() const { return 2 * n_in_ + n_anchor_; }
+
   TranslatorEndpoint source_, target_;
   int64_t n_in_ = 0, n_out_ = 0;  // per side: L_s*H_s*D_s, L_t*H_t*D_t
-  at::Tensor xx_;  // [2*N_in+1, 2*N_in+1] float64; last row/column: the ones column
-  at::Tensor xy_;  // [2*N_in+1, 2*N_out] float64
+  int64_t anchor_window_ = 0, n_anchor_ = 0;  // W and A = W*E
+  at::Tensor anchor_table_;                    // [V, E] float64; undefined without anchors
+  at::Tensor xx_;  // [2*N_in+A+1, 2*N_in+A+1] float64; last row/column: the ones column
+  at::Tensor xy_;  // [2*N_in+A+1, 2*N_out] float64
   at::Tensor yy_;  // [2*N_out] float64: Σ w y²
   int64_t n_tokens_ = 0, n_spans_ = 0;
 };
 
 // Runs ids (one sequence, tokens of both models' shared tokenizer) through
 // source and target into fresh cache lines and adds the aligned taps of all
-// tokens with uniform weights. Errors as Engine::Prefill's.
+// tokens with uniform weights (and their ids, for anchors). Errors as
+// Engine::Prefill's.
 absl::Status AccumulateSequence(Engine& source, Engine& target, const std::vector<int64_t>& ids,
                                 MomentAccumulator& moments);
 
@@ -126,6 +137,9 @@ struct CorpusFitOptions {
   // continuation queries, and only the tokens before them are fitted.
   std::string weighting = "uniform";
   int64_t attention_queries = 64;
+  // W >= 1: token-anchored maps reading the target's anchor rows of tokens
+  // t..t-W+1 (translator.h); 0: none.
+  int64_t anchor_window = 0;
   int64_t max_sequences = 512, seq_len = 256;
   int n_threads = 0;
   bool progress = true;  // a progress bar on stderr

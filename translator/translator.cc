@@ -18,7 +18,10 @@ namespace {
 
 constexpr char kMetadataKey[] = "kvlingo_translator";
 constexpr char kFormatName[] = "kvlingo-translator";
+// Version 2 adds token anchors; files without anchors are written as version 1,
+// so that they keep their bytes and older builds read them.
 constexpr int kFormatVersion = 1;
+constexpr int kAnchorFormatVersion = 2;
 // Spans up to this long run as one baddbmm over all target layers; longer ones
 // as one addmm per layer, which reads the source rows in place instead of
 // gathering a [L_t, T, ν*H_s*D_s] copy. On the house shapes batched wins below
@@ -57,8 +60,9 @@ absl::Status CheckEndpoint(const TranslatorEndpoint& e, const char* which) {
 }
 
 // Validates and normalises one side's maps to contiguous float32 CPU tensors.
+// anchor_in: W*E, the width of a map's anchor rows (0 without anchors).
 absl::Status PrepareMaps(const TranslatorSpec& spec, const std::vector<std::vector<int64_t>>& lists,
-                         const char* side, TranslatorMaps& maps) {
+                         const char* side, int64_t anchor_in, TranslatorMaps& maps) {
   const int64_t n_layer = spec.target.n_layer;
   const int64_t out = spec.target.n_head_kv * spec.target.head_dim;
   const int64_t in_per_layer = spec.source.n_head_kv * spec.source.head_dim;
@@ -71,8 +75,25 @@ absl::Status PrepareMaps(const TranslatorSpec& spec, const std::vector<std::vect
     return absl::InvalidArgumentError(absl::StrCat(side, ": ", maps.bias.size(), " biases, spec ",
                                                    spec.bias ? "has" : "has no", " bias"));
   }
+  const bool anchored = spec.anchor_window > 0;
+  if (anchored != !maps.anchor.empty() ||
+      (anchored && static_cast<int64_t>(maps.anchor.size()) != n_layer)) {
+    return absl::InvalidArgumentError(absl::StrCat(side, ": ", maps.anchor.size(),
+                                                   " anchor weights, spec has anchor window ",
+                                                   spec.anchor_window));
+  }
   for (int64_t il = 0; il < n_layer; ++il) {
     const int64_t in = in_per_layer * static_cast<int64_t>(lists[il].size());
+    if (anchored) {
+      at::Tensor& a = maps.anchor[il];
+      if (!a.defined() || a.dim() != 2 || a.size(0) != out || !a.is_floating_point() ||
+          a.size(1) != anchor_in) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(side, ".", il, ".anchor must be float [", out, ", ", anchor_in, "], got ",
+                         a.defined() ? c10::str(a.sizes()) : std::string("undefined")));
+      }
+      a = a.detach().to(at::kCPU, at::kFloat).contiguous();
+    }
     at::Tensor& w = maps.weight[il];
     if (!w.defined() || w.dim() != 2 || w.size(0) != out || w.size(1) != in) {
       return absl::InvalidArgumentError(
@@ -134,6 +155,12 @@ TranslatorEndpoint EndpointFromJson(const nlohmann::json& j) {
 std::string ShortHash(const std::string& h) { return h.size() > 16 ? h.substr(0, 16) + "…" : h; }
 
 }  // namespace
+
+at::Tensor AnchorTable(const at::Tensor& embed_tokens, double rms_norm_eps) {
+  c10::InferenceMode guard;
+  const at::Tensor x = embed_tokens.detach().to(at::kCPU, at::kFloat);
+  return (x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + rms_norm_eps)).contiguous();
+}
 
 const char* MapInputsName(MapInputs inputs) {
   return inputs == MapInputs::kJoint ? "joint" : "split";
@@ -246,7 +273,8 @@ TranslatorEndpoint EndpointOf(const ModelConfig& config, std::string identity,
 absl::StatusOr<std::unique_ptr<Translator>> Translator::Create(TranslatorSpec spec,
                                                                TranslatorMaps keys,
                                                                TranslatorMaps values,
-                                                               DType compute) {
+                                                               DType compute,
+                                                               at::Tensor anchor_table) {
   if (compute != DType::kFloat32 && compute != DType::kBFloat16) {
     return absl::InvalidArgumentError(absl::StrCat(
         "translators compute in float32 or bfloat16, not ", DTypeName(compute)));
@@ -260,16 +288,39 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Create(TranslatorSpec sp
       return s;
     }
   }
+  if (spec.anchor_window < 0) return absl::InvalidArgumentError("negative anchor window");
+  const bool anchored = spec.anchor_window > 0;
+  if (anchored != anchor_table.defined()) {
+    return absl::InvalidArgumentError(anchored ? "anchor window set but no anchor table"
+                                               : "an anchor table without an anchor window");
+  }
+  if (anchored && (anchor_table.dim() != 2 || anchor_table.size(0) < 1 ||
+                   anchor_table.size(1) < 1 || !anchor_table.is_floating_point())) {
+    return absl::InvalidArgumentError(absl::StrCat("anchor table must be float [V, E], got ",
+                                                   c10::str(anchor_table.sizes())));
+  }
+  const int64_t anchor_in = anchored ? spec.anchor_window * anchor_table.size(1) : 0;
   InputBlocks blocks = InputBlocksOf(spec.assignment, spec.inputs, spec.source.n_layer);
   try {
-    if (absl::Status s = PrepareMaps(spec, blocks.keys, "keys", keys); !s.ok()) return s;
-    if (absl::Status s = PrepareMaps(spec, blocks.values, "values", values); !s.ok()) return s;
+    if (absl::Status s = PrepareMaps(spec, blocks.keys, "keys", anchor_in, keys); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = PrepareMaps(spec, blocks.values, "values", anchor_in, values); !s.ok()) {
+      return s;
+    }
     std::unique_ptr<Translator> t(new Translator());
     t->spec_ = std::move(spec);
     t->blocks_ = std::move(blocks);
     t->keys_ = std::move(keys);
     t->values_ = std::move(values);
     t->compute_ = compute;
+    if (anchored) {
+      t->anchor_table_ = anchor_table.detach().to(at::kCPU, at::kFloat).contiguous();
+      const at::Tensor zero = at::zeros({1, t->anchor_table_.size(1)}, at::kFloat);
+      t->anchor_rows_ = at::cat({t->anchor_table_, zero}, 0)
+                            .to(compute == DType::kBFloat16 ? at::kBFloat16 : at::kFloat)
+                            .contiguous();
+    }
     const int64_t out = t->spec_.target.n_head_kv * t->spec_.target.head_dim;
     // Copies in the compute dtype (none for float32: the maps are shared).
     auto in_compute = [compute](const at::Tensor& x) {
@@ -278,6 +329,10 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Create(TranslatorSpec sp
     for (const auto& [lists, maps, prepared] :
          {std::tuple{&t->blocks_.keys, &t->keys_, &t->prepared_keys_},
           {&t->blocks_.values, &t->values_, &t->prepared_values_}}) {
+      if (anchored) {
+        // Rows of layer il's anchor map land at columns [il*out, (il+1)*out).
+        prepared->anchor_t = in_compute(at::cat(maps->anchor, 0).t().contiguous());
+      }
       Stacked& stacked = prepared->stacked;
       stacked.shared = std::all_of(lists->begin(), lists->end(),
                                    [&](const auto& l) { return l == lists->front(); });
@@ -371,7 +426,36 @@ DType FastestTranslateDtype() {
   return DType::kFloat32;
 }
 
-absl::StatusOr<KvTaps> Translator::Translate(const KvTaps& source, Output output) const {
+absl::StatusOr<at::Tensor> Translator::AnchorRows(const std::vector<int64_t>& ids,
+                                                  int64_t n_tokens) const {
+  const int64_t w = spec_.anchor_window, n_ids = static_cast<int64_t>(ids.size());
+  const int64_t n_before = n_ids - n_tokens;
+  if (n_before < 0 || n_before > w - 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token anchors need the span's ", n_tokens, " ids preceded by up to ", w - 1,
+        " earlier ones, got ", n_ids));
+  }
+  const int64_t vocab = anchor_table_.size(0);
+  // Padded to W-1 ids before the span; a missing one reads the zero row.
+  std::vector<int64_t> padded(static_cast<size_t>(w - 1 - n_before), vocab);
+  for (int64_t id : ids) {
+    if (id < 0 || id >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", id, " is outside the anchor table of ", vocab, " rows"));
+    }
+    padded.push_back(id);
+  }
+  const at::Tensor all = at::tensor(padded, at::kLong);  // [W-1+T]
+  std::vector<at::Tensor> parts;
+  for (int64_t k = 0; k < w; ++k) {
+    // Offset k: token t-k for every t, i.e. padded[W-1+t-k].
+    parts.push_back(anchor_rows_.index_select(0, all.narrow(0, w - 1 - k, n_tokens)));
+  }
+  return parts.size() == 1 ? parts[0] : at::cat(parts, 1);  // [T, W*E]
+}
+
+absl::StatusOr<KvTaps> Translator::Translate(const KvTaps& source, Output output,
+                                             const std::vector<int64_t>& ids) const {
   const TranslatorEndpoint& s = spec_.source;
   for (const at::Tensor* t : {&source.keys, &source.values}) {
     if (!t->defined() || t->dim() != 4 || t->size(0) != s.n_layer || t->size(1) != s.n_head_kv ||
@@ -401,6 +485,19 @@ absl::StatusOr<KvTaps> Translator::Translate(const KvTaps& source, Output output
     KvTaps out;
     out.keys = Apply(x, blocks_.keys, prepared_keys_, output);
     out.values = Apply(x, blocks_.values, prepared_values_, output);
+    if (spec_.anchor_window > 0) {
+      absl::StatusOr<at::Tensor> a = AnchorRows(ids, n_tokens);
+      if (!a.ok()) return a.status();
+      const TranslatorEndpoint& t = spec_.target;
+      for (const auto& [result, prepared] :
+           {std::pair{&out.keys, &prepared_keys_}, {&out.values, &prepared_values_}}) {
+        // [T, L_t*H_t*D_t] -> [L_t, H_t, T, D_t], added into Apply's result
+        // (a fresh tensor, a permuted view of its product or a float32 copy).
+        result->add_(at::mm(*a, prepared->anchor_t)
+                         .view({n_tokens, t.n_layer, t.n_head_kv, t.head_dim})
+                         .permute({1, 2, 0, 3}));
+      }
+    }
     return out;
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("translate: ", e.what_without_backtrace()));
@@ -410,7 +507,10 @@ absl::StatusOr<KvTaps> Translator::Translate(const KvTaps& source, Output output
 absl::Status Translator::Save(const std::string& path) const {
   nlohmann::json meta;
   meta["format"] = kFormatName;
-  meta["format_version"] = kFormatVersion;
+  meta["format_version"] = spec_.anchor_window > 0 ? kAnchorFormatVersion : kFormatVersion;
+  if (spec_.anchor_window > 0) {
+    meta["anchors"] = {{"window", spec_.anchor_window}, {"dim", anchor_table_.size(1)}};
+  }
   meta["source"] = EndpointToJson(spec_.source);
   meta["target"] = EndpointToJson(spec_.target);
   meta["bias"] = spec_.bias;
@@ -431,8 +531,12 @@ absl::Status Translator::Save(const std::string& path) const {
     for (size_t il = 0; il < maps->weight.size(); ++il) {
       tensors[absl::StrCat(side, ".", il, ".weight")] = maps->weight[il];
       if (spec_.bias) tensors[absl::StrCat(side, ".", il, ".bias")] = maps->bias[il];
+      if (spec_.anchor_window > 0) {
+        tensors[absl::StrCat(side, ".", il, ".anchor")] = maps->anchor[il];
+      }
     }
   }
+  if (spec_.anchor_window > 0) tensors["anchor.table"] = anchor_table_;
   return WriteSafetensors(path, tensors, {{kMetadataKey, meta.dump()}});
 }
 
@@ -457,10 +561,13 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Load(const std::string& 
   try {
     const nlohmann::json meta = nlohmann::json::parse(it->second);
     if (meta.at("format").get<std::string>() != kFormatName) return bad("not a kvlingo translator");
-    if (meta.at("format_version").get<int>() != kFormatVersion) {
+    const int version = meta.at("format_version").get<int>();
+    if (version != kFormatVersion && version != kAnchorFormatVersion) {
       return bad(absl::StrCat("unsupported format_version ", meta.at("format_version").dump(),
-                              " (this build reads ", kFormatVersion, ")"));
+                              " (this build reads ", kFormatVersion, " and ",
+                              kAnchorFormatVersion, ")"));
     }
+    if (meta.contains("anchors")) spec.anchor_window = meta.at("anchors").at("window").get<int64_t>();
     spec.source = EndpointFromJson(meta.at("source"));
     spec.target = EndpointFromJson(meta.at("target"));
     spec.bias = meta.at("bias").get<bool>();
@@ -501,17 +608,25 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Load(const std::string& 
   TranslatorMaps keys, values;
   for (const auto& [maps, side] : {std::pair{&keys, "keys"}, {&values, "values"}}) {
     for (int64_t il = 0; il < spec.target.n_layer; ++il) {
-      for (const char* part : {"weight", "bias"}) {
-        if (std::string(part) == "bias" && !spec.bias) continue;
+      for (const std::string part : {"weight", "bias", "anchor"}) {
+        if (part == "bias" && !spec.bias) continue;
+        if (part == "anchor" && spec.anchor_window == 0) continue;
         const std::string name = absl::StrCat(side, ".", il, ".", part);
         auto t = file->tensors.find(name);
         if (t == file->tensors.end()) return bad(absl::StrCat("missing tensor ", name));
-        (std::string(part) == "weight" ? maps->weight : maps->bias).push_back(t->second);
+        (part == "weight" ? maps->weight : part == "bias" ? maps->bias : maps->anchor)
+            .push_back(t->second);
       }
     }
   }
+  at::Tensor anchor_table;
+  if (spec.anchor_window > 0) {
+    auto t = file->tensors.find("anchor.table");
+    if (t == file->tensors.end()) return bad("missing tensor anchor.table");
+    anchor_table = t->second;
+  }
   absl::StatusOr<std::unique_ptr<Translator>> t =
-      Create(std::move(spec), std::move(keys), std::move(values), compute);
+      Create(std::move(spec), std::move(keys), std::move(values), compute, anchor_table);
   if (!t.ok()) return bad(std::string(t.status().message()));
   return t;
 }

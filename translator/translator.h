@@ -17,6 +17,13 @@
 //   x = [keys of assignment.keys[il], values of assignment.values[il]],
 // [T, (ν_k+ν_v)*H_s*D_s]: a source layer's keys and values together carry its
 // whole normed residual stream when 2*H_s*D_s >= d_model (translator/README.md).
+// Token anchors (spec.anchor_window W > 0): every map also reads the target's
+// own anchor rows of tokens t, t-1, ..., t-W+1, a = [table[id_t], table[id_{t-1}],
+// ...] ([T, W*E], E = the table's width, zeros before the conversation's first
+// token), through a second weight: y += a · anchor^T, anchor [H_t*D_t, W*E].
+// The table ([V, E], stored in the file) is the target's token embeddings, RMS
+// normalised: what the target's first layer reads, in the target's own basis,
+// so that the maps need not carry token identity across two embeddings.
 //
 // Thread-safety: a Translator is immutable after creation; Translate may be
 // called from any number of threads at once.
@@ -101,6 +108,7 @@ struct TranslatorSpec {
   LayerAssignment assignment;
   MapInputs inputs = MapInputs::kSplit;
   bool bias = true;
+  int64_t anchor_window = 0;  // W: tokens t..t-W+1 anchor each map; 0: no anchors
   TranslatorTraining training;       // the stage that produced these maps
   std::vector<TranslatorTraining> history;  // the stages before it, oldest first
 };
@@ -109,7 +117,12 @@ struct TranslatorSpec {
 struct TranslatorMaps {
   std::vector<at::Tensor> weight;  // L_t x [H_t*D_t, blocks*H_s*D_s] float32 (InputBlocks)
   std::vector<at::Tensor> bias;    // L_t x [H_t*D_t] float32; empty when !spec.bias
+  std::vector<at::Tensor> anchor;  // L_t x [H_t*D_t, W*E] float32; empty without anchors
 };
+
+// The anchor table of a target model: its token embeddings [V, E], each row
+// RMS normalised (x / sqrt(mean(x²) + eps), no weight), float32.
+at::Tensor AnchorTable(const at::Tensor& embed_tokens, double rms_norm_eps);
 
 // What Load checks a file against: the models and tokenizers about to use it.
 struct TranslatorExpectation {
@@ -133,9 +146,11 @@ class Translator {
   // in float32 and rounds the result to bfloat16) and is faster on CPUs with
   // bfloat16 dot products: docs/translators.md measures both speed and
   // quality.
+  // With spec.anchor_window > 0, `anchor_table` [V, E] (AnchorTable) and the
+  // maps' anchor weights are required; without, both must be absent.
   static absl::StatusOr<std::unique_ptr<Translator>> Create(
       TranslatorSpec spec, TranslatorMaps keys, TranslatorMaps values,
-      DType compute = DType::kFloat32);
+      DType compute = DType::kFloat32, at::Tensor anchor_table = {});
   // Reads a translator file. InvalidArgument for a file that is not a valid
   // translator (corrupt or truncated safetensors, missing or malformed
   // metadata, unsupported format version, missing tensor, wrong shape) or an
@@ -153,6 +168,7 @@ class Translator {
   const TranslatorMaps& key_maps() const { return keys_; }
   const TranslatorMaps& value_maps() const { return values_; }
   DType compute_dtype() const { return compute_; }
+  const at::Tensor& anchor_table() const { return anchor_table_; }  // undefined without anchors
 
   // What Translate returns.
   enum class Output {
@@ -171,8 +187,12 @@ class Translator {
   // any float dtype. Returns [L_t, H_t, T, D_t] keys and values for
   // KvCache::Accept of the target, computed in compute_dtype(), as `output`
   // says. Runs under c10::InferenceMode (the result is an inference tensor).
-  // InvalidArgument on shape mismatch.
-  absl::StatusOr<KvTaps> Translate(const KvTaps& source, Output output = Output::kFloat32) const;
+  // ids: with token anchors, the span's T token ids preceded by up to W-1 of
+  // the ids before it (fewer only at the conversation's start); ignored
+  // without. InvalidArgument on shape mismatch, missing ids or an id outside
+  // the table.
+  absl::StatusOr<KvTaps> Translate(const KvTaps& source, Output output = Output::kFloat32,
+                                   const std::vector<int64_t>& ids = {}) const;
 
  private:
   // Maps stacked for one batched product when every target layer reads the
@@ -194,6 +214,7 @@ class Translator {
   struct Prepared {
     TranslatorMaps maps;  // per-layer path (only when !stacked.shared)
     Stacked stacked;
+    at::Tensor anchor_t;  // [W*E, L_t*H_t*D_t]: every layer's anchor weights, transposed
   };
   Translator() = default;
   // rows: the source as [2*L_s, T, H_s*D_s] blocks (InputBlocks), in the
@@ -201,9 +222,14 @@ class Translator {
   at::Tensor Apply(const at::Tensor& rows, const std::vector<std::vector<int64_t>>& lists,
                    const Prepared& prepared, Output output) const;
 
+  // The anchor rows of a span, [T, W*E] in the compute dtype (Translate's ids).
+  absl::StatusOr<at::Tensor> AnchorRows(const std::vector<int64_t>& ids, int64_t n_tokens) const;
+
   TranslatorSpec spec_;
   InputBlocks blocks_;
   TranslatorMaps keys_, values_;  // float32, as created or loaded
+  at::Tensor anchor_table_;       // [V, E] float32; undefined without anchors
+  at::Tensor anchor_rows_;        // [V + 1, E] in the compute dtype, a zero row last
   DType compute_ = DType::kFloat32;
   Prepared prepared_keys_, prepared_values_;
 };

@@ -87,6 +87,75 @@ TEST(FitTest, RecoversAKnownLinearMapExactly) {
   }
 }
 
+// Targets that read the source's taps AND the anchor rows of tokens t and t-1
+// (a [7, 3] table, window 2): the anchored fit recovers both parts exactly and
+// translates as the map it recovered; an unanchored fit of the same data
+// cannot (R² < 1).
+TEST(FitTest, TokenAnchoredMapsRecoverWhatTheTablesRowsAdd) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(23);
+  const at::Tensor table = at::randn({7, 3}, gen, at::kDouble);
+  std::vector<at::Tensor> a, c, b;  // per target layer: taps part [6, 4], anchor part [6, 4], bias
+  for (int il = 0; il < 2; ++il) {
+    a.push_back(at::randn({6, 4}, gen, at::kDouble));
+    c.push_back(at::randn({6, 4}, gen, at::kDouble));
+    b.push_back(at::randn({4}, gen, at::kDouble));
+  }
+  auto anchored = MomentAccumulator::Create(kSource, kTarget, int64_t{1} << 30, table.to(at::kFloat), 2);
+  auto plain = MomentAccumulator::Create(kSource, kTarget);
+  ASSERT_TRUE(anchored.ok() && plain.ok());
+  KvTaps last_src, last_tgt;
+  std::vector<int64_t> last_ids;
+  for (int span = 0; span < 6; ++span) {
+    const int64_t n = 15 + span;
+    const at::Tensor id_t = at::randint(7, {n}, gen, at::kLong);
+    const std::vector<int64_t> ids(id_t.data_ptr<int64_t>(), id_t.data_ptr<int64_t>() + n);
+    // Anchor rows [n, 6]: table[id_t], then table[id_{t-1}] (zeros at t = 0).
+    at::Tensor prev = at::zeros({n, 3}, at::kDouble);
+    prev.narrow(0, 1, n - 1).copy_(table.index_select(0, id_t.narrow(0, 0, n - 1)));
+    const at::Tensor anchors = at::cat({table.index_select(0, id_t), prev}, 1);
+    KvTaps src{at::randn({2, 2, n, 3}, gen, at::kDouble), at::randn({2, 2, n, 3}, gen, at::kDouble)};
+    KvTaps tgt;
+    for (const auto& [x, out] : {std::pair{&src.keys, &tgt.keys}, {&src.values, &tgt.values}}) {
+      std::vector<at::Tensor> layers;
+      for (int il = 0; il < 2; ++il) {
+        // Split, same index: target layer il reads source layer il.
+        layers.push_back(AsLayer(SourceRows(*x, il).matmul(a[il]) + anchors.matmul(c[il]) + b[il]));
+      }
+      *out = at::stack(layers);
+    }
+    ASSERT_TRUE((*anchored)->Add(src, tgt, {}, ids).ok());
+    ASSERT_TRUE((*plain)->Add(src, tgt).ok());
+    last_src = src;
+    last_tgt = tgt;
+    last_ids = ids;
+  }
+  EXPECT_EQ((*anchored)->Add(last_src, last_src, {}, {1, 2}).code(),
+            absl::StatusCode::kInvalidArgument);  // ids must cover the span
+  TranslatorSpec spec;
+  spec.source = kSource;
+  spec.target = kTarget;
+  spec.assignment = *SameIndexAssignment(2, 2);
+  auto fit = (*anchored)->Fit(spec, 0.0);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  const Translator& t = *fit->translator;
+  EXPECT_EQ(t.spec().anchor_window, 2);
+  for (int il = 0; il < 2; ++il) {
+    EXPECT_LT(MaxAbsDiff(t.key_maps().weight[il], a[il].t()), 1e-6);
+    EXPECT_LT(MaxAbsDiff(t.key_maps().anchor[il], c[il].t()), 1e-6);
+    EXPECT_LT(MaxAbsDiff(t.key_maps().bias[il], b[il]), 1e-6);
+    EXPECT_NEAR(fit->r2_keys[il], 1.0, 1e-9);
+  }
+  // The fitted translator reproduces the last span's targets from its taps and ids.
+  auto out = t.Translate({last_src.keys.to(at::kFloat), last_src.values.to(at::kFloat)},
+                         Translator::Output::kFloat32, last_ids);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_LT(MaxAbsDiff(out->keys, last_tgt.keys), 1e-3);  // float32 translation
+  EXPECT_LT(MaxAbsDiff(out->values, last_tgt.values), 1e-3);
+  auto unanchored = (*plain)->Fit(spec, 0.0);
+  ASSERT_TRUE(unanchored.ok());
+  EXPECT_LT(unanchored->r2_keys[0], 0.99);
+}
+
 TEST(FitTest, JointInputsRecoverMapsThatMixKeysAndValuesExactly) {
   // Every target key and value reads both source layers' keys AND values:
   // x = [keys 0, keys 1, values 0, values 1] (24 inputs), with bias. Joint

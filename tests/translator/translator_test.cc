@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -75,6 +76,11 @@ TranslatorEndpoint Endpoint(int64_t n_layer, int64_t n_head_kv, int64_t head_dim
   e.n_head_kv = n_head_kv;
   e.head_dim = head_dim;
   return e;
+}
+
+TranslatorSpec WithoutAnchors(TranslatorSpec spec) {
+  spec.anchor_window = 0;
+  return spec;
 }
 
 // Random maps for spec's assignment (the value maps scaled differently from the keys').
@@ -167,6 +173,107 @@ TEST(TranslateTest, MatchesTheExplicitOracleOnBothApplyPaths) {
       ExpectMatchesOracle(*out, src, spec, *tr);
     }
   }
+}
+
+// A token-anchored translator: MixedSpec's maps plus anchor weights over a
+// window of 3 tokens of a random [10, 4] table.
+std::unique_ptr<Translator> AnchoredTranslator(TranslatorSpec spec, DType compute,
+                                               at::Tensor* table_out) {
+  spec.anchor_window = 3;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(31);
+  const at::Tensor table = at::randn({10, 4}, gen);
+  const std::unique_ptr<Translator> plain = RandomTranslator(WithoutAnchors(spec), 5);
+  TranslatorMaps keys = plain->key_maps(), values = plain->value_maps();
+  const int64_t out = spec.target.n_head_kv * spec.target.head_dim;
+  for (TranslatorMaps* maps : {&keys, &values}) {
+    for (int64_t il = 0; il < spec.target.n_layer; ++il) {
+      maps->anchor.push_back(at::randn({out, 3 * 4}, gen));
+    }
+  }
+  *table_out = table;
+  auto t = Translator::Create(std::move(spec), keys, values, compute, table);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return std::move(*t);
+}
+
+TEST(TranslateTest, TokenAnchorsAddTheTableRowsOfTheLastTokensThroughTheirMaps) {
+  at::Tensor table;
+  const TranslatorSpec spec = MixedSpec();
+  auto tr = AnchoredTranslator(spec, DType::kFloat32, &table);
+  const KvTaps src = RandomTaps(spec.source, 5, 9);
+  // Two ids before the span, then its five.
+  const std::vector<int64_t> ids = {7, 1, 3, 3, 0, 9, 4};
+  auto out = tr->Translate(src, Translator::Output::kFloat32, ids);
+  ASSERT_TRUE(out.ok()) << out.status();
+  // The oracle: the plain maps' output plus, per layer and token, each offset
+  // k's anchor block times the table row of token t-k, in float64.
+  for (const auto& [side, lists, maps, result] :
+       {std::tuple{"keys", &spec.assignment.keys, &tr->key_maps(), &out->keys},
+        {"values", &spec.assignment.values, &tr->value_maps(), &out->values}}) {
+    at::Tensor expected =
+        OracleSide(std::string(side) == "keys" ? src.keys : src.values, *lists, *maps, spec.target);
+    for (int64_t il = 0; il < spec.target.n_layer; ++il) {
+      const at::Tensor a = maps->anchor[il].to(at::kDouble);
+      for (int64_t t = 0; t < 5; ++t) {
+        at::Tensor y = at::zeros({a.size(0)}, at::kDouble);
+        for (int64_t k = 0; k < 3; ++k) {
+          const int64_t id = ids[2 + t - k];
+          y += a.narrow(1, k * 4, 4).matmul(table[id].to(at::kDouble));
+        }
+        expected.select(0, il).select(1, t) += y.view({spec.target.n_head_kv, spec.target.head_dim});
+      }
+    }
+    EXPECT_LT(MaxAbsDiff(*result, expected), 1e-4) << side;
+  }
+  // At the conversation's start the missing tokens read zeros: a span given
+  // without earlier ids equals one whose earlier ids have all-zero rows.
+  auto first = tr->Translate(src, Translator::Output::kFloat32, {3, 3, 0, 9, 4});
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_FALSE(first->keys.equal(out->keys));
+  // The router's product views hold the same values.
+  auto product = tr->Translate(src, Translator::Output::kProduct, ids);
+  ASSERT_TRUE(product.ok()) << product.status();
+  EXPECT_LT(MaxAbsDiff(product->keys, out->keys), 1e-5);
+  EXPECT_LT(MaxAbsDiff(product->values, out->values), 1e-5);
+  // The ids must cover the span and at most W-1 tokens before it, inside the table.
+  for (const std::vector<int64_t>& bad :
+       {std::vector<int64_t>{}, std::vector<int64_t>{3, 3, 0, 9},
+        std::vector<int64_t>{1, 1, 7, 1, 3, 3, 0, 9, 4}, std::vector<int64_t>{3, 3, 0, 9, 10}}) {
+    EXPECT_EQ(tr->Translate(src, Translator::Output::kFloat32, bad).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(TranslateTest, AnchorsNeedTheirTableAndWeights) {
+  TranslatorSpec spec = MixedSpec();
+  spec.anchor_window = 2;
+  auto plain = RandomTranslator(MixedSpec(), 5);
+  // A window without a table, and a table without a window.
+  EXPECT_EQ(Translator::Create(spec, plain->key_maps(), plain->value_maps()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Translator::Create(MixedSpec(), plain->key_maps(), plain->value_maps(),
+                               DType::kFloat32, at::zeros({10, 4}))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  // A table but anchor weights of the wrong width.
+  TranslatorMaps keys = plain->key_maps(), values = plain->value_maps();
+  for (TranslatorMaps* maps : {&keys, &values}) {
+    for (int il = 0; il < 2; ++il) maps->anchor.push_back(at::zeros({6, 3 * 4}));
+  }
+  EXPECT_EQ(Translator::Create(spec, keys, values, DType::kFloat32, at::zeros({10, 4}))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TranslateTest, AnchorTableIsTheRmsNormalisedEmbedding) {
+  const at::Tensor embed = at::tensor({3.0f, 4.0f, 0.0f, 0.0f, 1.0f, 1.0f}).view({3, 2});
+  const at::Tensor table = AnchorTable(embed, 0.0);
+  // Row [3, 4]: rms = sqrt(12.5).
+  EXPECT_NEAR(table[0][0].item<double>(), 3.0 / std::sqrt(12.5), 1e-6);
+  EXPECT_NEAR(table[2][1].item<double>(), 1.0, 1e-6);
+  EXPECT_EQ(table.scalar_type(), at::kFloat);
 }
 
 TEST(TranslateTest, MatchesTheOracleWhenEveryLayerReadsTheSameSourceLayers) {
@@ -510,6 +617,36 @@ TEST_F(TranslatorFileTest, RoundTripsMapsAndSpec) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ((*back)->spec().inputs, MapInputs::kJoint);
   EXPECT_TRUE((*back)->key_maps().weight[0].equal(jt->key_maps().weight[0]));
+}
+
+TEST_F(TranslatorFileTest, TokenAnchorsRoundTripAsFormatVersion2AndPlainFilesStayVersion1) {
+  auto meta = ReadSafetensors(path_);
+  ASSERT_TRUE(meta.ok());
+  EXPECT_NE(meta->metadata["kvlingo_translator"].find("\"format_version\":1"), std::string::npos);
+  EXPECT_EQ(meta->metadata["kvlingo_translator"].find("anchors"), std::string::npos);
+
+  at::Tensor table;
+  auto anchored = AnchoredTranslator(translator_->spec(), DType::kFloat32, &table);
+  ASSERT_TRUE(anchored->Save(path_).ok());
+  meta = ReadSafetensors(path_);
+  ASSERT_TRUE(meta.ok());
+  EXPECT_NE(meta->metadata["kvlingo_translator"].find("\"format_version\":2"), std::string::npos);
+  auto back = Translator::Load(path_, expect_);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ((*back)->spec().anchor_window, 3);
+  EXPECT_TRUE((*back)->anchor_table().equal(table));
+  const KvTaps src = RandomTaps(anchored->spec().source, 4, 2);
+  const std::vector<int64_t> ids = {5, 2, 8, 1, 1};
+  auto a = anchored->Translate(src, Translator::Output::kFloat32, ids);
+  auto b = (*back)->Translate(src, Translator::Output::kFloat32, ids);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(a->keys.equal(b->keys));
+  EXPECT_TRUE(a->values.equal(b->values));
+  // A file that lost its table is refused, naming it.
+  Rewrite("anchor.table", at::Tensor());
+  auto missing = Translator::Load(path_, expect_);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.status().message().find("anchor.table"), std::string::npos);
 }
 
 TEST_F(TranslatorFileTest, FilesWithoutInputsHaveSplitMapsAndUnknownInputsAreRefused) {
