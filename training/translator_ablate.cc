@@ -24,9 +24,6 @@ absl::StatusOr<LayerAblation> AblateTranslator(const TranslatorModel& source,
                                                const Translator& translator,
                                                const std::vector<std::vector<int64_t>>& windows,
                                                int64_t n_prefix, int64_t batch) {
-  if (translator.spec().anchor_window > 0) {
-    return absl::UnimplementedError("ablating token-anchored maps is not supported yet");
-  }
   if (windows.empty() || batch < 1) {
     return absl::InvalidArgumentError("ablation needs at least one window and batch >= 1");
   }
@@ -77,9 +74,13 @@ absl::StatusOr<LayerAblation> AblateTranslator(const TranslatorModel& source,
     const ReferenceOutput from_source =
         ReferenceForward(source.config(), source.weights32, prefix, capture);
     const ReferenceOutput native = ReferenceForward(tc, target.weights32, prefix, capture);
+    const at::Tensor anchors =
+        spec.anchor_window > 0
+            ? AnchorBatch(translator.anchor_table(), prefix, spec.anchor_window)
+            : at::Tensor();
     const TranslatedBatch translated =
         TranslateBatchKv(spec, translator.key_maps(), translator.value_maps(),
-                         from_source.keys_prenorm, from_source.values);
+                         from_source.keys_prenorm, from_source.values, anchors);
     const std::vector<at::Tensor>& keys = translated.keys;
     const std::vector<at::Tensor>& values = translated.values;
     const at::Tensor continuation = ids.narrow(1, n_prefix, n_cont);

@@ -48,7 +48,8 @@ struct Windows {
 // Mean KL per scored position over `windows`, `batch` at a time, without autograd.
 double MeanKl(const TranslatorModel& source, const TranslatorModel& target,
               const TranslatorSpec& spec, const TranslatorMaps& keys, const TranslatorMaps& values,
-              const Windows& windows, int64_t batch, int64_t n_prefix) {
+              const Windows& windows, int64_t batch, int64_t n_prefix,
+              const at::Tensor& anchor_table) {
   c10::AutoGradMode no_grad(false);
   const std::vector<at::Tensor>& all = windows.ids;
   double sum = 0, n = 0;
@@ -60,7 +61,7 @@ double MeanKl(const TranslatorModel& source, const TranslatorModel& target,
       w = at::stack(std::vector<at::Tensor>(windows.weights.begin() + i, windows.weights.begin() + j));
     }
     const double kl = DistillKl(source.config(), source.weights32, target.config(), target.weights32,
-                                spec, keys, values, ids, n_prefix, w)
+                                spec, keys, values, ids, n_prefix, w, anchor_table)
                           .item<double>();
     const double scored = w.defined() ? w.sum().item<double>() : static_cast<double>(j - i);
     sum += kl * scored;
@@ -103,10 +104,23 @@ absl::Status PlotCurve(const std::string& png, const std::vector<DistillRecord>&
 
 }  // namespace
 
+at::Tensor AnchorBatch(const at::Tensor& table, const at::Tensor& ids, int64_t window) {
+  const int64_t n_batch = ids.size(0), n_tokens = ids.size(1), e = table.size(1);
+  const at::Tensor rows = at::embedding(table.to(at::kFloat), ids);  // [B, T, E]
+  std::vector<at::Tensor> parts;
+  for (int64_t k = 0; k < window; ++k) {
+    at::Tensor shifted = at::zeros({n_batch, n_tokens, e}, rows.options());
+    if (k < n_tokens) shifted.narrow(1, k, n_tokens - k).copy_(rows.narrow(1, 0, n_tokens - k));
+    parts.push_back(shifted);
+  }
+  return parts.size() == 1 ? parts[0] : at::cat(parts, -1);
+}
+
 std::vector<at::Tensor> TranslateBatch(const std::vector<at::Tensor>& source,
                                        const std::vector<std::vector<int64_t>>& lists,
                                        const TranslatorMaps& maps,
-                                       const TranslatorEndpoint& target) {
+                                       const TranslatorEndpoint& target,
+                                       const at::Tensor& anchors) {
   std::vector<at::Tensor> out;
   out.reserve(lists.size());
   for (size_t il = 0; il < lists.size(); ++il) {
@@ -116,8 +130,9 @@ std::vector<at::Tensor> TranslateBatch(const std::vector<at::Tensor>& source,
       parts.push_back(x.permute({0, 2, 1, 3}).reshape({x.size(0), x.size(2), -1}));
     }
     const at::Tensor x = parts.size() == 1 ? parts[0] : at::cat(parts, -1);  // [B, T, ν*H_s*D_s]
-    const at::Tensor y = maps.bias.empty() ? at::linear(x, maps.weight[il])
-                                           : at::linear(x, maps.weight[il], maps.bias[il]);
+    at::Tensor y = maps.bias.empty() ? at::linear(x, maps.weight[il])
+                                     : at::linear(x, maps.weight[il], maps.bias[il]);
+    if (anchors.defined() && !maps.anchor.empty()) y = y + at::linear(anchors, maps.anchor[il]);
     out.push_back(y.view({x.size(0), x.size(1), target.n_head_kv, target.head_dim})
                       .transpose(1, 2));  // [B, H_t, T, D_t]
   }
@@ -140,19 +155,20 @@ Whitening WhiteningOf(const at::Tensor& xx, const at::Tensor& x_sum, int64_t n, 
 TranslatedBatch TranslateBatchKv(const TranslatorSpec& spec, const TranslatorMaps& keys,
                                  const TranslatorMaps& values,
                                  const std::vector<at::Tensor>& source_keys,
-                                 const std::vector<at::Tensor>& source_values) {
+                                 const std::vector<at::Tensor>& source_values,
+                                 const at::Tensor& anchors) {
   std::vector<at::Tensor> blocks = source_keys;  // InputBlocks order: keys, then values
   blocks.insert(blocks.end(), source_values.begin(), source_values.end());
   const InputBlocks lists = InputBlocksOf(spec.assignment, spec.inputs, spec.source.n_layer);
-  return {TranslateBatch(blocks, lists.keys, keys, spec.target),
-          TranslateBatch(blocks, lists.values, values, spec.target)};
+  return {TranslateBatch(blocks, lists.keys, keys, spec.target, anchors),
+          TranslateBatch(blocks, lists.values, values, spec.target, anchors)};
 }
 
 at::Tensor DistillKl(const ModelConfig& source_config, const ModelWeights& source_weights,
                      const ModelConfig& target_config, const ModelWeights& target_weights,
                      const TranslatorSpec& spec, const TranslatorMaps& keys,
                      const TranslatorMaps& values, const at::Tensor& ids, int64_t n_prefix,
-                     const at::Tensor& position_weights) {
+                     const at::Tensor& position_weights, const at::Tensor& anchor_table) {
   const int64_t n_cont = ids.size(1) - n_prefix;
   TORCH_CHECK(n_prefix >= 1 && n_cont >= 1, "DistillKl needs a prefix and a continuation");
   at::Tensor teacher_logp;
@@ -170,8 +186,14 @@ at::Tensor DistillKl(const ModelConfig& source_config, const ModelWeights& sourc
     source_out = ReferenceForward(source_config, source_weights, ids.narrow(1, 0, n_prefix), so);
   }
   ReferenceOptions to = plain;
+  TORCH_CHECK(spec.anchor_window == 0 || anchor_table.defined(),
+              "token-anchored maps need their anchor table");
+  const at::Tensor anchors =
+      spec.anchor_window > 0
+          ? AnchorBatch(anchor_table, ids.narrow(1, 0, n_prefix), spec.anchor_window)
+          : at::Tensor();
   TranslatedBatch translated =
-      TranslateBatchKv(spec, keys, values, source_out.keys_prenorm, source_out.values);
+      TranslateBatchKv(spec, keys, values, source_out.keys_prenorm, source_out.values, anchors);
   to.prefix_keys = std::move(translated.keys);
   to.prefix_values = std::move(translated.values);
   const at::Tensor student =
@@ -282,11 +304,7 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
   absl::StatusOr<std::unique_ptr<Translator>> init =
       Translator::Load(o.init_path, ExpectationFor(*source, *target));
   if (!init.ok()) return init.status();
-  if ((*init)->spec().anchor_window > 0) {
-    return absl::UnimplementedError(
-        "distilling token-anchored maps is not supported yet (the differentiable translation "
-        "reads no anchor rows)");
-  }
+  const at::Tensor anchor_table = (*init)->anchor_table();  // undefined without anchors
   SetIntraOpThreads(o.n_threads);
   // As train_lm: keep the large per-step transients on the heap.
   mallopt(M_MMAP_MAX, 0);
@@ -419,6 +437,12 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
       params.push_back(to->bias.back());
       decay.push_back(false);
     }
+    // Anchor weights train as they are (not whitened: their rows are RMS-normalised).
+    for (const at::Tensor& a : from->anchor) {
+      to->anchor.push_back(a.to(at::kFloat).clone().set_requires_grad(true));
+      params.push_back(to->anchor.back());
+      decay.push_back(true);
+    }
   }
   for (const at::Tensor& p : params) {
     exp_avg.push_back(at::zeros_like(p));
@@ -435,6 +459,7 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
     if (!o.whiten) return trained;
     TranslatorMaps w;
     w.bias = trained.bias;
+    w.anchor = trained.anchor;
     for (size_t il = 0; il < trained.weight.size(); ++il) {
       w.weight.push_back(trained.weight[il].matmul(whitening.at(lists[il]).p));
     }
@@ -447,7 +472,7 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
   auto valid_kl = [&] {
     c10::AutoGradMode no_grad(false);
     return MeanKl(*source, *target, spec, applied(keys, blocks.keys),
-                  applied(values, blocks.values), valid_windows, o.batch, o.prefix);
+                  applied(values, blocks.values), valid_windows, o.batch, o.prefix, anchor_table);
   };
   auto save = [&](int64_t step) -> absl::Status {
     TranslatorSpec out = spec;
@@ -465,9 +490,10 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
                                    std::pair{applied(values, blocks.values), &v}}) {
       for (const at::Tensor& w : from.weight) to->weight.push_back(w.detach().clone());
       for (const at::Tensor& b : from.bias) to->bias.push_back(b.detach().clone());
+      for (const at::Tensor& a : from.anchor) to->anchor.push_back(a.detach().clone());
     }
-    absl::StatusOr<std::unique_ptr<Translator>> t =
-        Translator::Create(std::move(out), std::move(k), std::move(v));
+    absl::StatusOr<std::unique_ptr<Translator>> t = Translator::Create(
+        std::move(out), std::move(k), std::move(v), DType::kFloat32, anchor_table);
     if (!t.ok()) return t.status();
     return (*t)->Save(o.out_path);
   };
@@ -509,7 +535,7 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
       if (o.bf16) autocast.emplace();
       loss = DistillKl(source->config(), source->weights32, target->config(), target->weights32,
                        spec, step_keys, step_values, at::stack(rows), o.prefix,
-                       weights.empty() ? at::Tensor() : at::stack(weights));
+                       weights.empty() ? at::Tensor() : at::stack(weights), anchor_table);
     }
     loss.backward();
     DistillRecord rec;

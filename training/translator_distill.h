@@ -40,12 +40,20 @@ namespace kvl::training {
 
 // The differentiable form of Translator::Translate for a batch: source
 // per-layer tensors L_s x [B, H_s, T, D_s] -> target L_t x [B, H_t, T, D_t],
-// y = x·Wᵀ + b with x the head-major concatenation of the listed source layers
-// (translator.h). Gradients flow to maps (and source) when they require grad.
+// y = x·Wᵀ + b (+ a·Aᵀ with token anchors) with x the head-major concatenation
+// of the listed source layers (translator.h) and a the anchor rows [B, T, W*E]
+// (AnchorBatch; undefined without anchors). Gradients flow to maps (and
+// source) when they require grad.
 std::vector<at::Tensor> TranslateBatch(const std::vector<at::Tensor>& source,
                                        const std::vector<std::vector<int64_t>>& lists,
                                        const TranslatorMaps& maps,
-                                       const TranslatorEndpoint& target);
+                                       const TranslatorEndpoint& target,
+                                       const at::Tensor& anchors = at::Tensor());
+
+// The anchor rows of a batch of windows ids [B, T] (translator.h): [B, T, W*E]
+// float32, offset k reading table[ids[:, t-k]] and zeros before a window's
+// first token (a window is treated as the start of its conversation).
+at::Tensor AnchorBatch(const at::Tensor& table, const at::Tensor& ids, int64_t window);
 
 // Both sides of a translator for a batch, reading spec.inputs: source
 // pre-norm keys and values L_s x [B, H_s, T, D_s] -> target pre-norm keys and
@@ -56,7 +64,8 @@ struct TranslatedBatch {
 TranslatedBatch TranslateBatchKv(const TranslatorSpec& spec, const TranslatorMaps& keys,
                                  const TranslatorMaps& values,
                                  const std::vector<at::Tensor>& source_keys,
-                                 const std::vector<at::Tensor>& source_values);
+                                 const std::vector<at::Tensor>& source_values,
+                                 const at::Tensor& anchors = at::Tensor());
 
 // The whitening preconditioner of DistillOptions::whiten for the inputs x [N, d]
 // (rows: tokens) gathered in float64: {P, P⁻¹}, both [d, d] float32 symmetric,
@@ -69,12 +78,15 @@ Whitening WhiteningOf(const at::Tensor& xx, const at::Tensor& x_sum, int64_t n, 
 // Mean KL(target native || target on translated prefix) per position over the
 // continuation, for windows ids [B, P + C] (see the file comment); with
 // `position_weights` [B, C], the weighted mean (0 when all weights are 0).
+// With token anchors (spec.anchor_window > 0) `anchor_table` is the
+// translator's; the prefix's anchor rows come from ids (AnchorBatch).
 // Runs under autograd when the maps require grad; the models' weights should not.
 at::Tensor DistillKl(const ModelConfig& source_config, const ModelWeights& source_weights,
                      const ModelConfig& target_config, const ModelWeights& target_weights,
                      const TranslatorSpec& spec, const TranslatorMaps& keys,
                      const TranslatorMaps& values, const at::Tensor& ids, int64_t n_prefix,
-                     const at::Tensor& position_weights = at::Tensor());
+                     const at::Tensor& position_weights = at::Tensor(),
+                     const at::Tensor& anchor_table = at::Tensor());
 
 // Where a training window's translated prefix ends (kvl distill --hand-over),
 // i.e. which token p the target reads first itself:

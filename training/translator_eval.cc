@@ -59,8 +59,20 @@ Kv Cat(const Kv& a, const Kv& b) {
   return {at::cat({a.keys, b.keys}, 2), at::cat({a.values, b.values}, 2)};
 }
 
-absl::StatusOr<Kv> TranslateKv(const Translator& translator, const Kv& kv) {
-  absl::StatusOr<KvTaps> t = translator.Translate({kv.keys, kv.values});
+std::vector<int64_t> Slice(const std::vector<int64_t>& v, int64_t a, int64_t b) {
+  return std::vector<int64_t>(v.begin() + a, v.begin() + b);
+}
+
+// Translates kv, the cache of tokens [begin, begin + kv.Length()) of ids; a
+// token-anchored translator also reads those ids and up to W-1 before them.
+absl::StatusOr<Kv> TranslateKv(const Translator& translator, const Kv& kv,
+                               const std::vector<int64_t>& ids, int64_t begin) {
+  std::vector<int64_t> span_ids;
+  if (const int64_t w = translator.spec().anchor_window; w > 0) {
+    span_ids = Slice(ids, std::max<int64_t>(0, begin - (w - 1)), begin + kv.Length());
+  }
+  absl::StatusOr<KvTaps> t =
+      translator.Translate({kv.keys, kv.values}, Translator::Output::kFloat32, span_ids);
   if (!t.ok()) return t.status();
   return Kv{t->keys, t->values};
 }
@@ -81,10 +93,6 @@ std::pair<at::Tensor, Kv> RunWithPrefix(const TranslatorModel& m, const Kv& pref
       ReferenceForward(m.config(), m.weights32, at::tensor(ids, at::kLong).unsqueeze(0), o);
   Kv kv{at::stack(out.keys_prenorm).squeeze(1), at::stack(out.values).squeeze(1)};
   return {out.logits[0], kv};
-}
-
-std::vector<int64_t> Slice(const std::vector<int64_t>& v, int64_t a, int64_t b) {
-  return std::vector<int64_t>(v.begin() + a, v.begin() + b);
 }
 
 double MeanOf(const std::vector<double>& v) {
@@ -366,6 +374,7 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
     for (size_t r = 0; r < runs.size(); ++r) {
       const std::vector<int64_t>& ids = runs[r];
       Kv cache_a[2], last_native[2], cache_b[2];
+      int64_t last_native_begin[2] = {0, 0};  // the position of last_native's first token
       // Turn 0: the source writes [0, len - 1) natively.
       auto [logits0, kv0] = RunWithPrefix(*models[0], Kv{}, Slice(ids, 0, len - 1));
       (void)logits0;
@@ -385,7 +394,8 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
         if (n_span > 0) {
           absl::StatusOr<Kv> span =
               TranslateKv(*into[m], {last_native[other].keys.narrow(2, 0, n_span),
-                                     last_native[other].values.narrow(2, 0, n_span)});
+                                     last_native[other].values.narrow(2, 0, n_span)},
+                          ids, last_native_begin[other]);
           if (!span.ok()) return span.status();
           cache_a[m] = Cat(cache_a[m], *span);
         }
@@ -398,8 +408,9 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
         cache_a[m] = Cat(cache_a[m], kv_a);
         // What the other model lacks: [b - 1, b + len - 1).
         last_native[m] = {kv_a.keys.narrow(2, tail, len), kv_a.values.narrow(2, tail, len)};
+        last_native_begin[m] = b - 1;
         // (b) translate the other model's whole line.
-        absl::StatusOr<Kv> whole = TranslateKv(*into[m], cache_b[other]);
+        absl::StatusOr<Kv> whole = TranslateKv(*into[m], cache_b[other], ids, 0);
         if (!whole.ok()) return whole.status();
         auto [logits_b, kv_b] = RunWithPrefix(*models[m], *whole, inputs);
         row.whole_prefix += MeanOf(TokenNll(logits_b, labels));

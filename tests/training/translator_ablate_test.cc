@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -71,6 +73,38 @@ TEST(AblateTranslatorTest, ConditionsMixExactlyTheNamedLayers) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(training::AblateTranslator(*model, *model, **mixed, windows, 20).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Token-anchored maps: the ablation reads each window's anchor rows, as
+// kvl distill does, so "every layer translated" is still the distillation KL.
+TEST(AblateTranslatorTest, TokenAnchoredMapsReadTheWindowsAnchorRows) {
+  TempDir dir("ablate-anchors");
+  const std::string a = testing::WriteRandomModel(dir, "a", 2, 2, 41, 0.12);
+  auto model = training::LoadTranslatorModel(a);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::unique_ptr<Translator> plain = testing::MakeTranslator(a, a, /*identity=*/false, 7);
+  const at::Tensor table = at::randn({4096, 32}, at::make_generator<at::CPUGeneratorImpl>(3));
+  const std::unique_ptr<Translator> anchored =
+      testing::WithAnchors(*plain, table, /*window=*/2, /*scale=*/0.05, /*seed=*/9);
+  std::vector<std::vector<int64_t>> windows;
+  std::vector<at::Tensor> rows;
+  for (int w = 0; w < 3; ++w) {
+    std::vector<int64_t> ids;
+    for (int t = 0; t < 20; ++t) ids.push_back((w * 977 + t * 131 + 5) % 4096);
+    windows.push_back(ids);
+    rows.push_back(at::tensor(ids, at::kLong));
+  }
+  auto with = training::AblateTranslator(*model, *model, *anchored, windows, 12, 2);
+  ASSERT_TRUE(with.ok()) << with.status();
+  auto without = training::AblateTranslator(*model, *model, *plain, windows, 12, 2);
+  ASSERT_TRUE(without.ok()) << without.status();
+  const double distill_kl =
+      training::DistillKl(model->config(), model->weights32, model->config(), model->weights32,
+                          anchored->spec(), anchored->key_maps(), anchored->value_maps(),
+                          at::stack(rows), 12, at::Tensor(), anchored->anchor_table())
+          .item<double>();
+  EXPECT_NEAR(with->translated.all, distill_kl, 1e-5 * std::max(1.0, distill_kl));
+  EXPECT_GT(std::abs(with->translated.all - without->translated.all), 1e-4);
 }
 
 }  // namespace

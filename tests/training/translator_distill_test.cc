@@ -76,6 +76,46 @@ TEST(TranslateBatchTest, EqualsTranslatorTranslateForEveryBatchRow) {
   }
 }
 
+// The differentiable translation of token-anchored maps (distillation's)
+// equals the runtime's Translator::Translate of each window, its ids given
+// from the window's start.
+TEST(TranslateBatchTest, TokenAnchoredMapsMatchTheRuntimeTranslation) {
+  TranslatorSpec spec;
+  spec.source = {"s", "t", 2, 2, 4};
+  spec.target = {"t", "t", 2, 3, 2};
+  spec.assignment_kind = "custom";
+  spec.assignment.keys = {{0}, {1}};
+  spec.assignment.values = {{1}, {0}};
+  spec.anchor_window = 3;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const at::Tensor table = at::randn({11, 4}, gen);
+  TranslatorMaps keys, values;
+  for (TranslatorMaps* maps : {&keys, &values}) {
+    for (int il = 0; il < 2; ++il) {
+      maps->weight.push_back(at::randn({6, 8}, gen));
+      maps->bias.push_back(at::randn({6}, gen));
+      maps->anchor.push_back(at::randn({6, 12}, gen));
+    }
+  }
+  auto tr = Translator::Create(spec, keys, values, DType::kFloat32, table);
+  ASSERT_TRUE(tr.ok()) << tr.status();
+  const at::Tensor k = at::randn({2, 2, 2, 5, 4}, gen);  // [L_s, B, H_s, T, D_s]
+  const at::Tensor v = at::randn({2, 2, 2, 5, 4}, gen);
+  const at::Tensor ids = at::randint(11, {2, 5}, gen, at::kLong);
+  const training::TranslatedBatch got = training::TranslateBatchKv(
+      spec, keys, values, {k[0], k[1]}, {v[0], v[1]}, training::AnchorBatch(table, ids, 3));
+  for (int64_t b = 0; b < 2; ++b) {
+    const std::vector<int64_t> window(ids[b].data_ptr<int64_t>(), ids[b].data_ptr<int64_t>() + 5);
+    auto want = (*tr)->Translate({k.select(1, b), v.select(1, b)},
+                                 Translator::Output::kFloat32, window);
+    ASSERT_TRUE(want.ok()) << want.status();
+    for (int64_t il = 0; il < 2; ++il) {
+      EXPECT_LT(testing::MaxAbsDiff(got.keys[il][b], want->keys[il]), 1e-5);
+      EXPECT_LT(testing::MaxAbsDiff(got.values[il][b], want->values[il]), 1e-5);
+    }
+  }
+}
+
 TEST(DistillKlTest, ZeroForAnIdentitySelfTranslationAndPositiveOtherwise) {
   TempDir dir("distill-kl");
   const std::string a = testing::WriteRandomModel(dir, "a", 2, 2, 9);

@@ -235,6 +235,39 @@ TEST_F(TranslatorToolsTest, EvalOfAnIdentityTranslatorMatchesNativeAndTheReferen
   EXPECT_EQ(r->multi_turn[1].model, "source");
 }
 
+// A token-anchored translator needs each span's ids: with zero anchor weights
+// it must evaluate exactly as its unanchored maps, multi-turn spans included.
+TEST_F(TranslatorToolsTest, TokenAnchoredTranslatorsGetTheirSpansIds) {
+  const at::Tensor table = at::randn({4096, 32}, at::make_generator<at::CPUGeneratorImpl>(3));
+  const std::string anchored = dir_.Path("a_to_a_anchored.safetensors");
+  ASSERT_TRUE(testing::WithAnchors(*testing::MakeTranslator(a_, a_, true), table, 3, 0.0)
+                  ->Save(anchored)
+                  .ok());
+  training::TranslatorEvalOptions o;
+  o.source_dir = o.target_dir = a_;
+  o.translators = {anchored};
+  o.data_path = data_;
+  o.prefix = 24;
+  o.continuation = 16;
+  o.first_k = 4;
+  o.max_windows = 2;
+  o.multi_turn_forward = o.multi_turn_reverse = anchored;
+  o.n_switches = 3;
+  o.turn_len = 10;
+  o.multi_turn_runs = 2;
+  o.n_threads = 1;
+  o.progress = false;
+  absl::StatusOr<training::TranslatorEvalReport> r = training::RunTranslatorEval(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->translated.size(), 1u);
+  EXPECT_NEAR(r->translated[0].gap, 0.0, 1e-5);
+  ASSERT_EQ(r->multi_turn.size(), 3u);
+  for (const training::MultiTurnRow& row : r->multi_turn) {
+    EXPECT_NEAR(row.span_wise, row.reprefill, 1e-4) << "turn " << row.turn;
+    EXPECT_NEAR(row.whole_prefix, row.reprefill, 1e-4) << "turn " << row.turn;
+  }
+}
+
 TEST_F(TranslatorToolsTest, MultiTurnStrategiesAgreeAtTheFirstSwitchOnly) {
   training::TranslatorEvalOptions o = AToBWithMultiTurn();
   absl::StatusOr<training::TranslatorEvalReport> r = training::RunTranslatorEval(o);

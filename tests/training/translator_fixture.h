@@ -75,4 +75,25 @@ inline std::unique_ptr<Translator> MakeTranslator(const std::string& source_dir,
   return std::move(*t);
 }
 
+// A token-anchored copy of `t` (window W, anchor table `table` [V, E]): the
+// same maps plus anchor weights, random * `scale` with the given seed, or
+// zeros when `scale` is 0 (then it translates exactly as `t` does).
+inline std::unique_ptr<Translator> WithAnchors(const Translator& t, const at::Tensor& table,
+                                               int64_t window, double scale, uint64_t seed = 0) {
+  TranslatorSpec spec = t.spec();
+  spec.anchor_window = window;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  TranslatorMaps keys = t.key_maps(), values = t.value_maps();
+  for (TranslatorMaps* m : {&keys, &values}) {
+    for (const at::Tensor& w : m->weight) {
+      const at::Tensor a = at::randn({w.size(0), window * table.size(1)}, gen) * scale;
+      m->anchor.push_back(a);
+    }
+  }
+  absl::StatusOr<std::unique_ptr<Translator>> out =
+      Translator::Create(spec, keys, values, DType::kFloat32, table);
+  EXPECT_TRUE(out.ok()) << out.status();
+  return std::move(*out);
+}
+
 }  // namespace kvl::testing
