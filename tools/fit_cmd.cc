@@ -65,9 +65,6 @@ int RunFit(const Args& args) {
   flags.Add("anchor-window", &o.anchor_window, "W",
             "token anchors: every map also reads the target's anchor rows of tokens "
             "t..t-W+1 (0: none)");
-  flags.Add("anchor-base", &o.anchor_base, "FILE",
-            "with --anchor-window: keep this translator's maps (no anchors, these models) and "
-            "fit only the anchor weights and biases onto them");
   flags.Switch("no-bias", &no_bias, "maps without a bias term");
   flags.Add("max-sequences", &o.max_sequences, "N", "sequences read from the corpus, 0: all");
   flags.Add("seq-len", &o.seq_len, "T", "tokens per sequence, >= 2");
@@ -86,9 +83,6 @@ int RunFit(const Args& args) {
   if (o.ridge < 0) return flags.UsageError("--ridge must be a non-negative number");
   if (o.attention_queries < 1) return flags.UsageError("--attention-queries must be >= 1");
   if (o.anchor_window < 0) return flags.UsageError("--anchor-window must be >= 0");
-  if (!o.anchor_base.empty() && o.anchor_window < 1) {
-    return flags.UsageError("--anchor-base needs --anchor-window >= 1");
-  }
   o.inputs = *ParseMapInputs(inputs_name);  // a name the Choice admits
   o.bias = !no_bias;
   o.progress = !quiet;

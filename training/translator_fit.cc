@@ -143,51 +143,14 @@ absl::Status MomentAccumulator::Add(const KvTaps& source, const KvTaps& target,
   return absl::OkStatus();
 }
 
-std::vector<int64_t> MomentAccumulator::InputColumns(const std::vector<int64_t>& blocks) const {
+at::Tensor MomentAccumulator::SolveOne(const std::vector<int64_t>& blocks, int64_t il,
+                                       bool values, bool bias, double ridge, double* r2) const {
   const int64_t in_per_layer = source_.n_head_kv * source_.head_dim;
+  const int64_t out = target_.n_head_kv * target_.head_dim;
   std::vector<int64_t> idx;
   for (int64_t s : blocks) {
     for (int64_t k = 0; k < in_per_layer; ++k) idx.push_back(s * in_per_layer + k);
   }
-  return idx;
-}
-
-double MomentAccumulator::R2Of(const std::vector<int64_t>& idx, int64_t column, int64_t out,
-                               const at::Tensor& w) const {
-  // SSE = Σ y² - 2 Σ W∘B + Σ W∘(A W), with the unregularised A.
-  const at::Tensor index = at::tensor(idx, at::kLong);
-  const at::Tensor a = xx_.index_select(0, index).index_select(1, index);
-  const at::Tensor b = xy_.index_select(0, index).narrow(1, column, out);
-  const double sum_yy = yy_.narrow(0, column, out).sum().item<double>();
-  const double sse = sum_yy - 2.0 * (w * b).sum().item<double>() + (w * a.matmul(w)).sum().item<double>();
-  const double sum_w = xx_[OnesColumn()][OnesColumn()].item<double>();
-  const at::Tensor sum_y = xy_[OnesColumn()].narrow(0, column, out);
-  const double sst = sum_yy - (sum_y * sum_y).sum().item<double>() / sum_w;
-  return sst > 0.0 ? 1.0 - sse / sst : 0.0;
-}
-
-namespace {
-
-// Solves (A + ridge·(tr(A_d)/d)·I_d) W = B, the ridge on the first d rows only
-// (not the bias): Cholesky in float64, a pseudo-inverse when A is not
-// positive definite.
-at::Tensor RidgeSolve(const at::Tensor& a, const at::Tensor& b, int64_t d, double ridge) {
-  at::Tensor a_reg = a.clone();
-  if (ridge > 0.0 && d > 0) {
-    const double scale = ridge * a.narrow(0, 0, d).narrow(1, 0, d).trace().item<double>() / d;
-    a_reg.diagonal().narrow(0, 0, d).add_(scale);
-  }
-  auto [chol, info] = at::linalg_cholesky_ex(a_reg);
-  if (info.item<int64_t>() == 0) return at::cholesky_solve(b, chol);
-  return at::linalg_pinv(a_reg, /*rcond=*/1e-12, /*hermitian=*/true).matmul(b);
-}
-
-}  // namespace
-
-at::Tensor MomentAccumulator::SolveOne(const std::vector<int64_t>& blocks, int64_t il,
-                                       bool values, bool bias, double ridge, double* r2) const {
-  const int64_t out = target_.n_head_kv * target_.head_dim;
-  std::vector<int64_t> idx = InputColumns(blocks);
   for (int64_t k = 0; k < n_anchor_; ++k) idx.push_back(2 * n_in_ + k);
   const int64_t d = static_cast<int64_t>(idx.size());
   if (bias) idx.push_back(OnesColumn());
@@ -195,31 +158,27 @@ at::Tensor MomentAccumulator::SolveOne(const std::vector<int64_t>& blocks, int64
   const at::Tensor index = at::tensor(idx, at::kLong);
   const at::Tensor a = xx_.index_select(0, index).index_select(1, index);
   const at::Tensor b = xy_.index_select(0, index).narrow(1, column, out);
-  const at::Tensor w = RidgeSolve(a, b, d, ridge);
-  *r2 = R2Of(idx, column, out, w);
-  return w;
-}
 
-at::Tensor MomentAccumulator::SolveAnchorsOnto(const std::vector<int64_t>& blocks, int64_t il,
-                                               bool values, const at::Tensor& fixed, bool bias,
-                                               double ridge, double* r2) const {
-  const int64_t out = target_.n_head_kv * target_.head_dim;
-  const std::vector<int64_t> x_idx = InputColumns(blocks);
-  std::vector<int64_t> a_idx;
-  for (int64_t k = 0; k < n_anchor_; ++k) a_idx.push_back(2 * n_in_ + k);
-  if (bias) a_idx.push_back(OnesColumn());
-  const int64_t column = (values ? n_out_ : 0) + il * out;
-  const at::Tensor xi = at::tensor(x_idx, at::kLong), ai = at::tensor(a_idx, at::kLong);
-  const at::Tensor w0 = fixed.to(at::kDouble).t();  // [d_x, out]
-  const at::Tensor a = xx_.index_select(0, ai).index_select(1, ai);
-  // The anchors (and bias) fit what the fixed maps leave: Y - X·W0.
-  const at::Tensor b = xy_.index_select(0, ai).narrow(1, column, out) -
-                       xx_.index_select(0, ai).index_select(1, xi).matmul(w0);
-  const at::Tensor wa = RidgeSolve(a, b, n_anchor_, ridge);
-  std::vector<int64_t> idx = x_idx;
-  idx.insert(idx.end(), a_idx.begin(), a_idx.end());
-  *r2 = R2Of(idx, column, out, at::cat({w0, wa}, 0));
-  return wa;
+  at::Tensor a_reg = a.clone();
+  if (ridge > 0.0) {
+    const double scale = ridge * a.narrow(0, 0, d).narrow(1, 0, d).trace().item<double>() / d;
+    a_reg.diagonal().narrow(0, 0, d).add_(scale);
+  }
+  at::Tensor w;
+  auto [chol, info] = at::linalg_cholesky_ex(a_reg);
+  if (info.item<int64_t>() == 0) {
+    w = at::cholesky_solve(b, chol);
+  } else {
+    w = at::linalg_pinv(a_reg, /*rcond=*/1e-12, /*hermitian=*/true).matmul(b);
+  }
+  // SSE = Σ y² - 2 Σ W∘B + Σ W∘(A W), with the unregularised A.
+  const double sum_yy = yy_.narrow(0, column, out).sum().item<double>();
+  const double sse = sum_yy - 2.0 * (w * b).sum().item<double>() + (w * a.matmul(w)).sum().item<double>();
+  const double sum_w = xx_[OnesColumn()][OnesColumn()].item<double>();
+  const at::Tensor sum_y = xy_[OnesColumn()].narrow(0, column, out);
+  const double sst = sum_yy - (sum_y * sum_y).sum().item<double>() / sum_w;
+  *r2 = sst > 0.0 ? 1.0 - sse / sst : 0.0;
+  return w;
 }
 
 absl::StatusOr<FitResult> MomentAccumulator::Fit(TranslatorSpec spec, double ridge) const {
@@ -277,62 +236,6 @@ absl::StatusOr<FitResult> MomentAccumulator::Fit(TranslatorSpec spec, double rid
   absl::StatusOr<std::unique_ptr<Translator>> t =
       Translator::Create(std::move(spec), std::move(keys), std::move(values), DType::kFloat32,
                          n_anchor_ > 0 ? anchor_table_.to(at::kFloat) : at::Tensor());
-  if (!t.ok()) return t.status();
-  result.translator = std::move(*t);
-  return result;
-}
-
-absl::StatusOr<FitResult> MomentAccumulator::FitAnchorsOnto(const Translator& base,
-                                                             double ridge) const {
-  if (n_tokens_ == 0) return absl::FailedPreconditionError("no tokens accumulated");
-  if (n_anchor_ == 0) {
-    return absl::FailedPreconditionError("fitting anchors needs moments with anchor columns");
-  }
-  TranslatorSpec spec = base.spec();
-  if (!SameShape(spec.source, source_) || !SameShape(spec.target, target_)) {
-    return absl::InvalidArgumentError("the base translator's shapes differ from the moments'");
-  }
-  if (spec.anchor_window > 0) {
-    return absl::InvalidArgumentError("the base translator already has token anchors");
-  }
-  if (ridge < 0.0) return absl::InvalidArgumentError("ridge must be >= 0");
-  FitResult result;
-  TranslatorMaps keys, values;
-  try {
-    c10::InferenceMode guard;
-    const InputBlocks blocks = InputBlocksOf(spec.assignment, spec.inputs, source_.n_layer);
-    for (const auto& [lists, is_values, fixed, maps, r2s] :
-         {std::tuple{&blocks.keys, false, &base.key_maps(), &keys, &result.r2_keys},
-          {&blocks.values, true, &base.value_maps(), &values, &result.r2_values}}) {
-      for (int64_t il = 0; il < target_.n_layer; ++il) {
-        double r2 = 0.0;
-        const at::Tensor wa = SolveAnchorsOnto((*lists)[il], il, is_values, fixed->weight[il],
-                                               spec.bias, ridge, &r2);
-        {
-          c10::InferenceMode off(false);
-          maps->weight.push_back(fixed->weight[il].to(at::kFloat).clone());
-          maps->anchor.push_back(at::empty({wa.size(1), n_anchor_}, at::kFloat));
-          if (spec.bias) maps->bias.push_back(at::empty({wa.size(1)}, at::kFloat));
-        }
-        maps->anchor.back().copy_(wa.narrow(0, 0, n_anchor_).t());
-        if (spec.bias) maps->bias.back().copy_(wa[n_anchor_]);
-        r2s->push_back(r2);
-      }
-    }
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("solving: ", e.what_without_backtrace()));
-  }
-  // The base's stages stay in the history; this one fitted only the anchors.
-  spec.history.push_back(spec.training);
-  spec.training.method = "anchor_fit";
-  spec.training.ridge = ridge;
-  spec.training.n_tokens = n_tokens_;
-  spec.training.n_sequences = n_spans_;
-  spec.training.steps = 0;
-  spec.anchor_window = anchor_window_;
-  absl::StatusOr<std::unique_ptr<Translator>> t = Translator::Create(
-      std::move(spec), std::move(keys), std::move(values), DType::kFloat32,
-      anchor_table_.to(at::kFloat));
   if (!t.ok()) return t.status();
   result.translator = std::move(*t);
   return result;
@@ -507,20 +410,6 @@ absl::StatusOr<CorpusFit> FitFromCorpus(const CorpusFitOptions& o) {
   spec.training.corpus = o.data_path;
 
   if (o.anchor_window < 0) return absl::InvalidArgumentError("anchor window must be >= 0");
-  std::unique_ptr<Translator> base;
-  if (!o.anchor_base.empty()) {
-    if (o.anchor_window < 1) {
-      return absl::InvalidArgumentError("fitting anchors onto a translator needs a window >= 1");
-    }
-    TranslatorExpectation expect;
-    expect.source_identity = spec.source.identity;
-    expect.target_identity = spec.target.identity;
-    expect.source_tokenizer_hash = spec.source.tokenizer_hash;
-    expect.target_tokenizer_hash = spec.target.tokenizer_hash;
-    absl::StatusOr<std::unique_ptr<Translator>> loaded = Translator::Load(o.anchor_base, expect);
-    if (!loaded.ok()) return loaded.status();
-    base = *std::move(loaded);
-  }
   const at::Tensor anchor_table =
       o.anchor_window > 0 ? AnchorTable(target->checkpoint.weights.embed_tokens, tc.rms_norm_eps)
                           : at::Tensor();
@@ -554,16 +443,6 @@ absl::StatusOr<CorpusFit> FitFromCorpus(const CorpusFitOptions& o) {
   absl::StatusOr<SingleLayerR2Table> single = (*moments)->SingleLayerR2(o.bias, o.ridge);
   if (!single.ok()) return single.status();
   out.single = *std::move(single);
-  out.n_sequences = (*moments)->n_spans();
-  out.n_tokens = (*moments)->n_tokens();
-  if (base) {
-    absl::StatusOr<FitResult> fit = (*moments)->FitAnchorsOnto(*base, o.ridge);
-    if (!fit.ok()) return fit.status();
-    out.fit = *std::move(fit);
-    spec = out.fit.translator->spec();
-    spec.training.corpus = o.data_path;
-    return out;
-  }
   absl::StatusOr<LayerAssignment> assignment =
       kind == "same_index" ? (band == 1 ? SameIndexAssignment(sc.n_layer, tc.n_layer)
                                         : absl::InvalidArgumentError("same_index takes no band"))
@@ -576,6 +455,8 @@ absl::StatusOr<CorpusFit> FitFromCorpus(const CorpusFitOptions& o) {
   absl::StatusOr<FitResult> fit = (*moments)->Fit(spec, o.ridge);
   if (!fit.ok()) return fit.status();
   out.fit = *std::move(fit);
+  out.n_sequences = (*moments)->n_spans();
+  out.n_tokens = (*moments)->n_tokens();
   return out;
 }
 
@@ -595,11 +476,10 @@ nlohmann::json CorpusFitReport(const CorpusFitOptions& o, const CorpusFit& f,
       {"assignment", f.spec.assignment_kind},
       {"band", f.spec.band},
       {"ridge", o.ridge},
-      {"bias", f.spec.bias},
-      {"inputs", MapInputsName(f.spec.inputs)},
+      {"bias", o.bias},
+      {"inputs", MapInputsName(o.inputs)},
       {"weighting", o.weighting},
       {"anchor_window", o.anchor_window},
-      {"anchor_base", o.anchor_base},
       {"n_sequences", f.n_sequences},
       {"n_tokens", f.n_tokens},
       {"r2_keys", f.fit.r2_keys},

@@ -77,16 +77,6 @@ class MomentAccumulator {
   // whose shapes differ from the accumulator's.
   absl::StatusOr<FitResult> Fit(TranslatorSpec spec, double ridge) const;
 
-  // Token anchors onto fixed maps: keeps `base`'s map weights (a translator
-  // without anchors, e.g. a distilled one, of the accumulated shapes) and
-  // solves only each map's anchor weights and bias against what those maps
-  // leave, Y - X·W0, ridge on the anchor columns as in Fit. The result's
-  // spec is base's with the anchor window, training.method "anchor_fit" and
-  // base's record appended to the history. FailedPrecondition without
-  // tokens or anchor columns; InvalidArgument for a base with anchors or
-  // other shapes.
-  absl::StatusOr<FitResult> FitAnchorsOnto(const Translator& base, double ridge) const;
-
   // R² of each (target layer, source layer) pair fitted alone, keys and values.
   absl::StatusOr<SingleLayerR2Table> SingleLayerR2(bool bias, double ridge) const;
 
@@ -106,16 +96,6 @@ class MomentAccumulator {
   // out] and writes the R² of the fit.
   at::Tensor SolveOne(const std::vector<int64_t>& blocks, int64_t il, bool values, bool bias,
                       double ridge, double* r2) const;
-  // The anchor rows (then the bias) of one map whose tap weights are fixed,
-  // [H_t*D_t, in] (FitAnchorsOnto); writes the whole map's R².
-  at::Tensor SolveAnchorsOnto(const std::vector<int64_t>& blocks, int64_t il, bool values,
-                              const at::Tensor& fixed, bool bias, double ridge, double* r2) const;
-  // The moment columns of the source blocks `blocks` (InputBlocks).
-  std::vector<int64_t> InputColumns(const std::vector<int64_t>& blocks) const;
-  // R² of map weights w over the moment columns idx, target columns
-  // [column, column + out).
-  double R2Of(const std::vector<int64_t>& idx, int64_t column, int64_t out,
-              const at::Tensor& w) const;
 
   // The column of the ones (the bias): after the taps and the anchors.
   int64_t OnesColumn() const { return 2 * n_in_ + n_anchor_; }
@@ -160,11 +140,6 @@ struct CorpusFitOptions {
   // W >= 1: token-anchored maps reading the target's anchor rows of tokens
   // t..t-W+1 (translator.h); 0: none.
   int64_t anchor_window = 0;
-  // With anchor_window >= 1: a translator file (without anchors, of these
-  // models) whose maps stay as they are; only the anchor weights and biases
-  // are fitted (MomentAccumulator::FitAnchorsOnto), and the assignment,
-  // inputs and bias options are the base's. Empty: a full fit.
-  std::string anchor_base;
   int64_t max_sequences = 512, seq_len = 256;
   int n_threads = 0;
   bool progress = true;  // a progress bar on stderr

@@ -94,7 +94,7 @@ TranslatorEndpoint EndpointOf(const ModelConfig& config, std::string identity,
 
 // How the maps were obtained; recorded in the file, not used to translate.
 struct TranslatorTraining {
-  std::string method = "closed_form";  // closed_form | distilled | anchor_fit | identity
+  std::string method = "closed_form";  // closed_form | distilled | identity
   std::string weighting = "uniform";   // uniform | attention
   std::string corpus;                  // data file(s) the moments came from
   double ridge = 0.0;
