@@ -42,7 +42,7 @@
 //   translator_bench [--threads 2] [--configs models/configs] [--out FILE]
 //                    [--contexts 64,256,1024,4096,8192] [--repeat K] [--band N|all]
 //                    [--translate-dtype auto|float32|bfloat16] [--inputs I | I,I]
-//                    [--native-tail W]
+//                    [--native-tail W] [--anchor-window W]
 // --repeat multiplies the number of runs each time is the best of (a busy
 // machine needs more to find a quiet moment). --translate-dtype: the
 // translator's arithmetic (default auto: what the server's "auto" picks on this
@@ -50,7 +50,9 @@
 // --inputs: split or joint maps (joint: each reads the source's keys and values,
 // twice the inputs; translator/README.md), one for both directions or one for
 // small->large and one for large->small; the default, split,joint, is what the
-// committed house translators have.
+// committed house translators have. --anchor-window: the maps' token anchors
+// (translator/README.md; default 8, as the committed translators; 0: none);
+// the ids they read are passed as the router passes them.
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
@@ -112,7 +114,8 @@ T Check(absl::StatusOr<T> v) {
 // band 0: every source layer.
 std::unique_ptr<kvl::Translator> RandomTranslator(const kvl::ModelConfig& s,
                                                   const kvl::ModelConfig& t, int64_t band,
-                                                  kvl::MapInputs inputs, kvl::DType compute) {
+                                                  kvl::MapInputs inputs, kvl::DType compute,
+                                                  int64_t anchor_window) {
   if (band == 0) band = s.n_layer;
   kvl::TranslatorSpec spec;
   spec.source = kvl::EndpointOf(s, "bench-source", "bench");
@@ -122,6 +125,7 @@ std::unique_ptr<kvl::Translator> RandomTranslator(const kvl::ModelConfig& s,
   spec.assignment = Check(kvl::RelativeDepthAssignment(s.n_layer, t.n_layer, band));
   spec.inputs = inputs;
   spec.training.method = "random";
+  spec.anchor_window = anchor_window;
   const int64_t blocks = inputs == kvl::MapInputs::kJoint ? 2 * band : band;
   const int64_t in = blocks * s.n_head_kv * s.head_dim, out = t.n_head_kv * t.head_dim;
   kvl::TranslatorMaps keys, values;
@@ -129,12 +133,19 @@ std::unique_ptr<kvl::Translator> RandomTranslator(const kvl::ModelConfig& s,
     for (int64_t il = 0; il < t.n_layer; ++il) {
       m->weight.push_back(at::randn({out, in}) / std::sqrt(static_cast<double>(in)));
       m->bias.push_back(at::zeros({out}));
+      if (anchor_window > 0) {
+        const int64_t a = anchor_window * t.hidden_size;
+        m->anchor.push_back(at::randn({out, a}) / std::sqrt(static_cast<double>(a)));
+      }
     }
   }
-  return Check(kvl::Translator::Create(spec, keys, values, compute));
+  const at::Tensor table =
+      anchor_window > 0 ? at::randn({t.vocab_size, t.hidden_size}) : at::Tensor();
+  return Check(kvl::Translator::Create(spec, keys, values, compute, table));
 }
 
-// FLOPs of translating T tokens: keys and values, 2 * in * out per map and token.
+// FLOPs of translating T tokens: keys and values, 2 * in * out per map and
+// token. Token anchors are a lookup (W rows summed per token), not counted.
 double TranslateFlops(const kvl::Translator& tr, double t) {
   double per_token = 0;
   for (const kvl::TranslatorMaps* m : {&tr.key_maps(), &tr.value_maps()}) {
@@ -155,6 +166,7 @@ int main(int argc, char** argv) {
   std::string out_path, configs = "models/configs";
   std::vector<int64_t> contexts = {64, 256, 1024, 4096, 8192};
   int64_t tail = 32;  // (e): the target's own share of the prefix
+  int64_t anchor_window = 8;  // as the committed translators
   kvl::FlagSet flags("translator_bench",
                      "Times a switch (taps, translation, accept, first decode) against re-prefilling\n"
                      "the history, for the house shapes (docs/translators.md).");
@@ -207,11 +219,15 @@ int main(int argc, char** argv) {
                  return absl::OkStatus();
                });
   flags.Add("native-tail", &tail, "W", "(e): the target's own last W tokens of the prefix");
+  flags.Add("anchor-window", &anchor_window, "W",
+            "token anchors of the random maps, tokens t..t-W+1 (0: none; the committed "
+            "translators' 8)");
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc))) {
     return *exit;
   }
   if (repeat < 1) return flags.UsageError("--repeat must be >= 1");
   if (tail < 1) return flags.UsageError("--native-tail must be at least 1");
+  if (anchor_window < 0) return flags.UsageError("--anchor-window must be >= 0");
   for (int64_t t : contexts) {
     if (t <= tail) {
       return flags.UsageError(
@@ -239,13 +255,13 @@ int main(int argc, char** argv) {
                 "D=%lld) shapes, random init, fp32 models, %d intra-op threads (taps, translation "
                 "and Accept on one, as the router runs them), prefill chunk "
                 "%lld, translator band %s, %s inputs small->large and %s large->small, "
-                "computing in %s",
+                "token anchors W=%lld, computing in %s",
                 (long long)small.config.n_layer, (long long)small.config.n_head_kv,
                 (long long)small.config.head_dim, (long long)large.config.n_layer,
                 (long long)large.config.n_head_kv, (long long)large.config.head_dim, n_threads,
                 (long long)options.prefill_chunk, band == 0 ? "all" : std::to_string(band).c_str(),
                 kvl::MapInputsName(inputs[0]), kvl::MapInputsName(inputs[1]),
-                kvl::DTypeName(compute));
+                (long long)anchor_window, kvl::DTypeName(compute));
   emit(buf);
 
   // The rate the translation's own arithmetic could reach.
@@ -265,6 +281,12 @@ int main(int argc, char** argv) {
   auto slice = [&](int64_t a, int64_t b) {
     return std::vector<int64_t>(ids.begin() + a, ids.begin() + b);
   };
+  // What Translate reads of the ids for the span [a, b): with anchors, the
+  // span's and up to W-1 before it, as the router passes them.
+  auto span_ids = [&](int64_t a, int64_t b) {
+    return anchor_window > 0 ? slice(std::max<int64_t>(0, a - (anchor_window - 1)), b)
+                             : std::vector<int64_t>();
+  };
 
   struct Direction {
     const char* name;
@@ -276,7 +298,8 @@ int main(int argc, char** argv) {
        {Direction{"small->large", small_engine.get(), large_engine.get(), inputs[0]},
         Direction{"large->small", large_engine.get(), small_engine.get(), inputs[1]}}) {
     const std::unique_ptr<kvl::Translator> tr =
-        RandomTranslator(dir.source->config(), dir.target->config(), band, dir.inputs, compute);
+        RandomTranslator(dir.source->config(), dir.target->config(), band, dir.inputs, compute,
+                         anchor_window);
     emit("");
     std::snprintf(buf, sizeof buf, "%s: TTFT after a switch (ms, best of runs)", dir.name);
     emit(buf);
@@ -303,7 +326,7 @@ int main(int argc, char** argv) {
         kvl::SerialIntraOpScope serial;
         kvl::KvTaps taps = Check(source_cache->Taps(t0, t1));
         if (marks != nullptr) (*marks)[0] = Clock::now();
-        kvl::KvTaps out = Check(tr->Translate(taps, kProduct));
+        kvl::KvTaps out = Check(tr->Translate(taps, kProduct, span_ids(t0, t1)));
         if (marks != nullptr) (*marks)[1] = Clock::now();
         Check(cache.Accept(out.keys, out.values));
       };
@@ -349,6 +372,7 @@ int main(int argc, char** argv) {
         Check(line->Rollback(t));
       });
       const kvl::KvTaps taps = Check(source_cache->Taps(0, t));
+      const std::vector<int64_t> ids_t = span_ids(0, t), ids_a = span_ids(0, t - 1);
       // The translation-side parts run on one thread, as in move_span.
       auto serial = [](const std::function<void()>& f) {
         return [f] {
@@ -357,14 +381,14 @@ int main(int argc, char** argv) {
         };
       };
       const double tr_s =
-          Best(runs + 2, serial([&] { (void)Check(tr->Translate(taps, kProduct)); }));
+          Best(runs + 2, serial([&] { (void)Check(tr->Translate(taps, kProduct, ids_t)); }));
       // (a) part by part, each the best of its own runs.
       const double taps_s =
           Best(runs + 2, serial([&] { (void)Check(source_cache->Taps(0, t - 1)); }));
       const kvl::KvTaps taps_a = Check(source_cache->Taps(0, t - 1));
       const double translate_s =
-          Best(runs + 2, serial([&] { (void)Check(tr->Translate(taps_a, kProduct)); }));
-      const kvl::KvTaps out_a = Check(tr->Translate(taps_a, kProduct));
+          Best(runs + 2, serial([&] { (void)Check(tr->Translate(taps_a, kProduct, ids_a)); }));
+      const kvl::KvTaps out_a = Check(tr->Translate(taps_a, kProduct, ids_a));
       const double accept_s = Best(runs + 2, [&] {
         std::unique_ptr<kvl::KvCache> cache = dir.target->NewCache();
         Check(cache->Reserve(t));
@@ -401,7 +425,7 @@ int main(int argc, char** argv) {
       auto translate_after = [&](const std::function<void()>& before) {
         return min_median([&] {
           before();
-          return Seconds(serial([&] { (void)Check(tr->Translate(taps_a, kProduct)); }));
+          return Seconds(serial([&] { (void)Check(tr->Translate(taps_a, kProduct, ids_a)); }));
         });
       };
       // (a) run as a whole, each phase timed inside it.
@@ -462,7 +486,8 @@ int main(int argc, char** argv) {
        "within (a)'s sequence, right after fresh taps; the phase-by-phase table times each "
        "part of (a) inside the same runs of (a) as a whole, its columns' minima and medians "
        "taken separately; translate FLOPs = 2 * T * sum over "
-       "key and value maps of in*out; GEMM = square 2048 torch::mm in the translation's dtype "
+       "key and value maps of in*out (token anchors, a lookup of W rows per token, not "
+       "counted: their time is in the translate columns, not in the FLOPs); GEMM = square 2048 torch::mm in the translation's dtype "
        "on one intra-op thread, as the translation runs, measured right after each row.");
   emit(share.Line());
   if (!out_path.empty()) {

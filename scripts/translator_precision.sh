@@ -20,17 +20,18 @@ windows=${KVL_PRECISION_WINDOWS:-512}
 threads=${KVL_TRAIN_THREADS:-1}
 dir=docs/results/translator_precision
 mkdir -p "$dir" "$work/translators"
-tail=$(sed -n 's/.*int64_t native_tail_tokens = \([0-9]*\);.*/\1/p' server/config.h)
-[ -n "$tail" ] || { echo "no native_tail_tokens default in server/config.h" >&2; exit 1; }
+tail=$(sed -n 's/.*kDefaultNativeTailTokens = \([0-9]*\);.*/\1/p' server/config.h)
+[ -n "$tail" ] || { echo "no kDefaultNativeTailTokens in server/config.h" >&2; exit 1; }
 for pair in ${KVL_PRECISION_PAIRS:-kvl-small:kvl-large kvl-large:kvl-small kvl-small:kvl-small-b kvl-small-b:kvl-small}; do
   s=${pair%%:*}; t=${pair##*:}
   cf="$work/translators/${s}__${t}.closed-form.safetensors"
   if [ ! -f "$cf" ]; then
-    # As scripts/train_translators.sh fits it (its map inputs: joint but for kvl-small -> kvl-large).
+    # As scripts/train_translators.sh fits it (its map inputs: joint but for
+    # kvl-small -> kvl-large; token anchors over 8 tokens).
     inputs=joint; [ "$s:$t" = kvl-small:kvl-large ] && inputs=split
     "$KVL" fit --source "models/$s" --target "models/$t" --data "$work/data/train.jsonl" \
       --out "$cf" --seq-len 512 --max-sequences 256 --assignment relative_depth --band all \
-      --inputs "$inputs" --threads "$threads" --quiet > /dev/null
+      --inputs "$inputs" --anchor-window 8 --threads "$threads" --quiet > /dev/null
   fi
   "$KVL" eval-translator --source "models/$s" --target "models/$t" \
     --translator "$cf,models/translators/${s}__${t}.safetensors" --data "$work/data/test.jsonl" \

@@ -4,9 +4,12 @@
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <numeric>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -314,14 +317,26 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Create(TranslatorSpec sp
     t->keys_ = std::move(keys);
     t->values_ = std::move(values);
     t->compute_ = compute;
+    const int64_t out = t->spec_.target.n_head_kv * t->spec_.target.head_dim;
     if (anchored) {
       t->anchor_table_ = anchor_table.detach().to(at::kCPU, at::kFloat).contiguous();
-      const at::Tensor zero = at::zeros({1, t->anchor_table_.size(1)}, at::kFloat);
-      t->anchor_rows_ = at::cat({t->anchor_table_, zero}, 0)
-                            .to(compute == DType::kBFloat16 ? at::kBFloat16 : at::kFloat)
-                            .contiguous();
+      // The anchors' contribution per token and offset, looked up instead of
+      // multiplied at each switch: [id, k] holds table[id] · A_kᵀ for both
+      // sides ([keys | values], each [L_t*H_t*D_t]).
+      const int64_t w = t->spec_.anchor_window, e = t->anchor_table_.size(1);
+      const int64_t vocab = t->anchor_table_.size(0), width = t->spec_.target.n_layer * out;
+      at::Tensor lookup = at::empty({vocab, w, 2 * width}, at::kFloat);
+      for (const auto& [maps, column] :
+           {std::pair{&t->keys_, int64_t{0}}, {&t->values_, width}}) {
+        const at::Tensor a_t = at::cat(maps->anchor, 0).t();  // [W*E, L_t*H_t*D_t]
+        for (int64_t k = 0; k < w; ++k) {
+          lookup.select(1, k).narrow(1, column, width).copy_(
+              at::mm(t->anchor_table_, a_t.narrow(0, k * e, e)));
+        }
+      }
+      t->anchor_lookup_ =
+          lookup.to(compute == DType::kBFloat16 ? at::kBFloat16 : at::kFloat).contiguous();
     }
-    const int64_t out = t->spec_.target.n_head_kv * t->spec_.target.head_dim;
     // Copies in the compute dtype (none for float32: the maps are shared).
     auto in_compute = [compute](const at::Tensor& x) {
       return x.defined() && compute == DType::kBFloat16 ? x.to(at::kBFloat16).contiguous() : x;
@@ -329,10 +344,6 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Create(TranslatorSpec sp
     for (const auto& [lists, maps, prepared] :
          {std::tuple{&t->blocks_.keys, &t->keys_, &t->prepared_keys_},
           {&t->blocks_.values, &t->values_, &t->prepared_values_}}) {
-      if (anchored) {
-        // Rows of layer il's anchor map land at columns [il*out, (il+1)*out).
-        prepared->anchor_t = in_compute(at::cat(maps->anchor, 0).t().contiguous());
-      }
       Stacked& stacked = prepared->stacked;
       stacked.shared = std::all_of(lists->begin(), lists->end(),
                                    [&](const auto& l) { return l == lists->front(); });
@@ -426,8 +437,76 @@ DType FastestTranslateDtype() {
   return DType::kFloat32;
 }
 
-absl::StatusOr<at::Tensor> Translator::AnchorRows(const std::vector<int64_t>& ids,
-                                                  int64_t n_tokens) const {
+namespace {
+
+// o[c] += row[c] for c < d: the inner loop of AddAnchorRows, compiled for
+// AVX-512, AVX2 and the baseline, the best chosen at load (the build targets
+// generic x86-64, whose SSE2 makes this memory-bound sum compute-bound).
+#if defined(__x86_64__) && defined(__GNUC__)
+#define KVL_ANCHOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define KVL_ANCHOR_CLONES
+#endif
+KVL_ANCHOR_CLONES void AddRow(const float* __restrict row, float* __restrict o, int64_t d) {
+  for (int64_t c = 0; c < d; ++c) o[c] += row[c];
+}
+// The same for bfloat16 rows: a bfloat16 is a float32's upper 16 bits.
+KVL_ANCHOR_CLONES void AddRow(const uint16_t* __restrict row, float* __restrict o, int64_t d) {
+  for (int64_t c = 0; c < d; ++c) {
+    const uint32_t bits = static_cast<uint32_t>(row[c]) << 16;
+    float x;
+    std::memcpy(&x, &bits, sizeof x);
+    o[c] += x;
+  }
+}
+
+// out rows [t0, t1) of [T, D] float32 += for each position j of the span
+// (j < 0: the W-1 tokens before it) and offset k, lookup[id_j, k] into row
+// j + k: the anchors' contribution of token j to the tokens that read it.
+// Each token's W rows are read as one contiguous block.
+template <typename Element>
+void AddAnchorRows(const Element* table, int64_t d, const std::vector<int64_t>& padded, int64_t w,
+                   int64_t t0, int64_t t1, float* out) {
+  const int64_t block_bytes = w * d * static_cast<int64_t>(sizeof(Element));
+  for (int64_t j = t0 - (w - 1); j < t1; ++j) {
+    // The blocks are scattered: fetch the next token's ahead, since the
+    // hardware's prefetchers stop at each page boundary.
+    if (j + 1 < t1 && padded[static_cast<size_t>(j + w)] >= 0) {
+      const char* next =
+          reinterpret_cast<const char*>(table + padded[static_cast<size_t>(j + w)] * w * d);
+      for (int64_t b = 0; b < block_bytes; b += 64) __builtin_prefetch(next + b);
+    }
+    const int64_t id = padded[static_cast<size_t>(j + w - 1)];
+    if (id < 0) continue;  // before the conversation's start
+    const Element* block = table + id * w * d;
+    for (int64_t k = std::max<int64_t>(0, t0 - j); k < w && j + k < t1; ++k) {
+      AddRow(block + k * d, out + (j + k) * d, d);
+    }
+  }
+}
+
+// The sum is bound by memory traffic (W rows of 2*L_t*H_t*D_t per token):
+// spans this long split it with a second thread, each summing its own rows.
+constexpr int64_t kAnchorSplitTokens = 1024;
+
+template <typename Element>
+void AddAnchorRowsSplit(const Element* table, int64_t d, const std::vector<int64_t>& padded,
+                        int64_t w, int64_t n_tokens, float* out) {
+  if (n_tokens < kAnchorSplitTokens) {
+    AddAnchorRows(table, d, padded, w, 0, n_tokens, out);
+    return;
+  }
+  const int64_t half = n_tokens / 2;
+  std::thread second(
+      [&] { AddAnchorRows(table, d, padded, w, half, n_tokens, out); });
+  AddAnchorRows(table, d, padded, w, 0, half, out);
+  second.join();
+}
+
+}  // namespace
+
+absl::StatusOr<at::Tensor> Translator::AnchorSum(const std::vector<int64_t>& ids,
+                                                 int64_t n_tokens) const {
   const int64_t w = spec_.anchor_window, n_ids = static_cast<int64_t>(ids.size());
   const int64_t n_before = n_ids - n_tokens;
   if (n_before < 0 || n_before > w - 1) {
@@ -436,8 +515,8 @@ absl::StatusOr<at::Tensor> Translator::AnchorRows(const std::vector<int64_t>& id
         " earlier ones, got ", n_ids));
   }
   const int64_t vocab = anchor_table_.size(0);
-  // Padded to W-1 ids before the span; a missing one reads the zero row.
-  std::vector<int64_t> padded(static_cast<size_t>(w - 1 - n_before), vocab);
+  // Padded to W-1 ids before the span; -1: before the conversation's start.
+  std::vector<int64_t> padded(static_cast<size_t>(w - 1 - n_before), -1);
   for (int64_t id : ids) {
     if (id < 0 || id >= vocab) {
       return absl::InvalidArgumentError(
@@ -445,13 +524,16 @@ absl::StatusOr<at::Tensor> Translator::AnchorRows(const std::vector<int64_t>& id
     }
     padded.push_back(id);
   }
-  const at::Tensor all = at::tensor(padded, at::kLong);  // [W-1+T]
-  std::vector<at::Tensor> parts;
-  for (int64_t k = 0; k < w; ++k) {
-    // Offset k: token t-k for every t, i.e. padded[W-1+t-k].
-    parts.push_back(anchor_rows_.index_select(0, all.narrow(0, w - 1 - k, n_tokens)));
+  at::Tensor sum = at::zeros({n_tokens, anchor_lookup_.size(2)}, at::kFloat);
+  const int64_t d = anchor_lookup_.size(2);
+  if (anchor_lookup_.scalar_type() == at::kBFloat16) {
+    AddAnchorRowsSplit(reinterpret_cast<const uint16_t*>(anchor_lookup_.data_ptr<at::BFloat16>()),
+                       d, padded, w, n_tokens, sum.data_ptr<float>());
+  } else {
+    AddAnchorRowsSplit(anchor_lookup_.data_ptr<float>(), d, padded, w, n_tokens,
+                       sum.data_ptr<float>());
   }
-  return parts.size() == 1 ? parts[0] : at::cat(parts, 1);  // [T, W*E]
+  return sum;
 }
 
 absl::StatusOr<KvTaps> Translator::Translate(const KvTaps& source, Output output,
@@ -486,14 +568,15 @@ absl::StatusOr<KvTaps> Translator::Translate(const KvTaps& source, Output output
     out.keys = Apply(x, blocks_.keys, prepared_keys_, output);
     out.values = Apply(x, blocks_.values, prepared_values_, output);
     if (spec_.anchor_window > 0) {
-      absl::StatusOr<at::Tensor> a = AnchorRows(ids, n_tokens);
-      if (!a.ok()) return a.status();
+      absl::StatusOr<at::Tensor> summed_or = AnchorSum(ids, n_tokens);
+      if (!summed_or.ok()) return summed_or.status();
+      const at::Tensor& summed = *summed_or;  // [T, 2*L_t*H_t*D_t] float32
       const TranslatorEndpoint& t = spec_.target;
-      for (const auto& [result, prepared] :
-           {std::pair{&out.keys, &prepared_keys_}, {&out.values, &prepared_values_}}) {
+      const int64_t width = t.n_layer * t.n_head_kv * t.head_dim;
+      for (const auto& [result, column] : {std::pair{&out.keys, int64_t{0}}, {&out.values, width}}) {
         // [T, L_t*H_t*D_t] -> [L_t, H_t, T, D_t], added into Apply's result
         // (a fresh tensor, a permuted view of its product or a float32 copy).
-        result->add_(at::mm(*a, prepared->anchor_t)
+        result->add_(summed.narrow(1, column, width)
                          .view({n_tokens, t.n_layer, t.n_head_kv, t.head_dim})
                          .permute({1, 2, 0, 3}));
       }

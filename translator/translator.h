@@ -24,6 +24,12 @@
 // The table ([V, E], stored in the file) is the target's token embeddings, RMS
 // normalised: what the target's first layer reads, in the target's own basis,
 // so that the maps need not carry token identity across two embeddings.
+// Translate does not multiply the anchor rows: Create precomputes
+// table·A_kᵀ for every token id and offset k (V·W rows of both sides'
+// outputs, in the compute dtype: 100 MB in bfloat16 for kvl-small ->
+// kvl-large) and Translate sums each token's W rows, a lookup instead of a
+// GEMM W·E wide (several times the maps' own cost at the house shapes,
+// docs/translators.md section 5).
 //
 // Thread-safety: a Translator is immutable after creation; Translate may be
 // called from any number of threads at once.
@@ -214,7 +220,6 @@ class Translator {
   struct Prepared {
     TranslatorMaps maps;  // per-layer path (only when !stacked.shared)
     Stacked stacked;
-    at::Tensor anchor_t;  // [W*E, L_t*H_t*D_t]: every layer's anchor weights, transposed
   };
   Translator() = default;
   // rows: the source as [2*L_s, T, H_s*D_s] blocks (InputBlocks), in the
@@ -222,14 +227,17 @@ class Translator {
   at::Tensor Apply(const at::Tensor& rows, const std::vector<std::vector<int64_t>>& lists,
                    const Prepared& prepared, Output output) const;
 
-  // The anchor rows of a span, [T, W*E] in the compute dtype (Translate's ids).
-  absl::StatusOr<at::Tensor> AnchorRows(const std::vector<int64_t>& ids, int64_t n_tokens) const;
+  // The anchors' contribution to a span's tokens, [T, 2*L_t*H_t*D_t]
+  // float32 (keys' columns, then values'), from Translate's ids.
+  absl::StatusOr<at::Tensor> AnchorSum(const std::vector<int64_t>& ids, int64_t n_tokens) const;
 
   TranslatorSpec spec_;
   InputBlocks blocks_;
   TranslatorMaps keys_, values_;  // float32, as created or loaded
   at::Tensor anchor_table_;       // [V, E] float32; undefined without anchors
-  at::Tensor anchor_rows_;        // [V + 1, E] in the compute dtype, a zero row last
+  // [V, W, 2*L_t*H_t*D_t] in the compute dtype: [id, k] holds table[id]·A_kᵀ
+  // of the keys' then the values' maps, every layer.
+  at::Tensor anchor_lookup_;
   DType compute_ = DType::kFloat32;
   Prepared prepared_keys_, prepared_values_;
 };

@@ -554,8 +554,9 @@ TEST(DistillTest, Bf16AutocastStepsTrainLikeFloat32AndValidateInFloat32) {
 
 // The committed translators say how they were made: every stage from the
 // closed-form fit on, as the stage summaries committed beside them record it
-// (the summaries are checked against the files by the script that stamped the
-// earlier ones). kvl-small -> kvl-large's last stage kept its init's maps.
+// (the summaries are checked against the files by the script that stamped
+// translators made before kvl distill kept its init's record). Each is
+// token-anchored (W = 8) and distilled after its closed form.
 TEST(CommittedTranslatorsTest, RecordEveryTrainingStage) {
   const std::string src = KVL_SOURCE_DIR;
   const std::pair<const char*, const char*> pairs[] = {{"kvl-small", "kvl-large"},
@@ -570,7 +571,8 @@ TEST(CommittedTranslatorsTest, RecordEveryTrainingStage) {
     auto tr = Translator::Load(path, training::ExpectationFor(*source, *target));
     ASSERT_TRUE(tr.ok()) << tr.status();
     const TranslatorSpec& spec = (*tr)->spec();
-    ASSERT_GE(spec.history.size(), 2u) << path;
+    EXPECT_EQ(spec.anchor_window, 8) << path;
+    ASSERT_GE(spec.history.size(), 1u) << path;
     EXPECT_EQ(spec.history[0].method, "closed_form") << path;
     EXPECT_GT(spec.history[0].n_tokens, 0) << path;
     int64_t distilled_steps = spec.training.steps;
@@ -579,7 +581,7 @@ TEST(CommittedTranslatorsTest, RecordEveryTrainingStage) {
       distilled_steps += spec.history[i].steps;
     }
     EXPECT_EQ(spec.training.method, "distilled") << path;
-    EXPECT_GE(distilled_steps, 2000) << path;
+    EXPECT_GE(distilled_steps, 500) << path;
   }
   auto check = testing::RunProcess(
       {KVL_SYSTEM_PYTHON, src + "/scripts/restamp_translator_history.py", "--check",

@@ -235,6 +235,17 @@ TEST(TranslateTest, TokenAnchorsAddTheTableRowsOfTheLastTokensThroughTheirMaps) 
   ASSERT_TRUE(product.ok()) << product.status();
   EXPECT_LT(MaxAbsDiff(product->keys, out->keys), 1e-5);
   EXPECT_LT(MaxAbsDiff(product->values, out->values), 1e-5);
+  // Computing in bfloat16 (the anchors' lookup rows rounded to it, summed in
+  // float32) stays within bfloat16's rounding of the float32 result.
+  at::Tensor table16;
+  auto tr16 = AnchoredTranslator(spec, DType::kBFloat16, &table16);
+  auto out16 = tr16->Translate(src, Translator::Output::kFloat32, ids);
+  ASSERT_TRUE(out16.ok()) << out16.status();
+  for (const auto& [got, want] : {std::pair{&out16->keys, &out->keys}, {&out16->values, &out->values}}) {
+    const double scale = want->abs().max().item<double>();
+    EXPECT_LT(MaxAbsDiff(*got, *want), 0.03 * scale);
+    EXPECT_GT(MaxAbsDiff(*got, *want), 0.0);  // it did round
+  }
   // The ids must cover the span and at most W-1 tokens before it, inside the table.
   for (const std::vector<int64_t>& bad :
        {std::vector<int64_t>{}, std::vector<int64_t>{3, 3, 0, 9},
