@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <map>
 #include <numeric>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -485,24 +484,6 @@ void AddAnchorRows(const Element* table, int64_t d, const std::vector<int64_t>& 
   }
 }
 
-// The sum is bound by memory traffic (W rows of 2*L_t*H_t*D_t per token):
-// spans this long split it with a second thread, each summing its own rows.
-constexpr int64_t kAnchorSplitTokens = 1024;
-
-template <typename Element>
-void AddAnchorRowsSplit(const Element* table, int64_t d, const std::vector<int64_t>& padded,
-                        int64_t w, int64_t n_tokens, float* out) {
-  if (n_tokens < kAnchorSplitTokens) {
-    AddAnchorRows(table, d, padded, w, 0, n_tokens, out);
-    return;
-  }
-  const int64_t half = n_tokens / 2;
-  std::thread second(
-      [&] { AddAnchorRows(table, d, padded, w, half, n_tokens, out); });
-  AddAnchorRows(table, d, padded, w, 0, half, out);
-  second.join();
-}
-
 }  // namespace
 
 absl::StatusOr<at::Tensor> Translator::AnchorSum(const std::vector<int64_t>& ids,
@@ -527,11 +508,11 @@ absl::StatusOr<at::Tensor> Translator::AnchorSum(const std::vector<int64_t>& ids
   at::Tensor sum = at::zeros({n_tokens, anchor_lookup_.size(2)}, at::kFloat);
   const int64_t d = anchor_lookup_.size(2);
   if (anchor_lookup_.scalar_type() == at::kBFloat16) {
-    AddAnchorRowsSplit(reinterpret_cast<const uint16_t*>(anchor_lookup_.data_ptr<at::BFloat16>()),
-                       d, padded, w, n_tokens, sum.data_ptr<float>());
+    AddAnchorRows(reinterpret_cast<const uint16_t*>(anchor_lookup_.data_ptr<at::BFloat16>()), d,
+                  padded, w, 0, n_tokens, sum.data_ptr<float>());
   } else {
-    AddAnchorRowsSplit(anchor_lookup_.data_ptr<float>(), d, padded, w, n_tokens,
-                       sum.data_ptr<float>());
+    AddAnchorRows(anchor_lookup_.data_ptr<float>(), d, padded, w, 0, n_tokens,
+                  sum.data_ptr<float>());
   }
   return sum;
 }
