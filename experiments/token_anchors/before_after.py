@@ -34,6 +34,19 @@ def sections(text):
     return out
 
 
+def table(before, after, column):
+    """Per direction, each task's cell `column` (0: recall, 1: NLL excess) before and after."""
+    rows = ["| direction | " + " | ".join(f"{t} before | {t} after" for t in TASKS) + " |",
+            "|---|" + "---|" * (2 * len(TASKS))]
+    for d in DIRECTIONS:
+        cells = []
+        for t in TASKS:
+            for side in (before, after):
+                cells.append(side.get(d, {}).get(t, ("?", "?"))[column])
+        rows.append(f"| {d} | " + " | ".join(cells) + " |")
+    return rows
+
+
 def main():
     before = {}
     for d in DIRECTIONS:
@@ -48,23 +61,9 @@ def main():
           "conversations per task, seed 32, native tail 32; recall = accuracy after the switch "
           "over accuracy after a re-prefill, ± a paired standard error. Targets (issue 32): "
           "facts and kv ≥ 0.9× for kvl-small -> kvl-large, ≥ 0.8× in the other directions.", "",
-          "| direction | " + " | ".join(f"{t} before | {t} after" for t in TASKS) + " |",
-          "|---|" + "---|" * (2 * len(TASKS))]
-    for d in DIRECTIONS:
-        cells = []
-        for t in TASKS:
-            cells.append(before.get(d, {}).get(t, ("?", "?"))[0])
-            cells.append(after.get(d, {}).get(t, ("?", "?"))[0])
-        md.append(f"| {d} | " + " | ".join(cells) + " |")
-    md += ["", "The reference answer's NLL above re-prefill's (nats/token):", "",
-           "| direction | " + " | ".join(f"{t} before | {t} after" for t in TASKS) + " |",
-           "|---|" + "---|" * (2 * len(TASKS))]
-    for d in DIRECTIONS:
-        cells = []
-        for t in TASKS:
-            cells.append(before.get(d, {}).get(t, ("?", "?"))[1])
-            cells.append(after.get(d, {}).get(t, ("?", "?"))[1])
-        md.append(f"| {d} | " + " | ".join(cells) + " |")
+          ] + table(before, after, 0) + [
+          "", "The reference answer's NLL above re-prefill's (nats/token):", ""] + \
+        table(before, after, 1)
     text = "\n".join(md) + "\n"
     with open(os.path.join(HERE, "results", "before_after.md"), "w") as f:
         f.write(text)

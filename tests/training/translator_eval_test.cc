@@ -85,6 +85,27 @@ class TranslatorToolsTest : public ::testing::Test {
 
   // a -> b with both translators for a short multi-turn run (4 switches of
   // 8-token turns, 2 runs) and one 16 + 8 perplexity window.
+  // a -> a through `translator` (both ways for the multi-turn runs): 24-token
+  // prefixes, 16-token continuations, 3 switches of 10 tokens, 2 runs.
+  training::TranslatorEvalOptions SelfEvalOptions(const std::string& translator,
+                                                  int64_t windows) const {
+    training::TranslatorEvalOptions o;
+    o.source_dir = o.target_dir = a_;
+    o.translators = {translator};
+    o.data_path = data_;
+    o.prefix = 24;
+    o.continuation = 16;
+    o.first_k = 4;
+    o.max_windows = windows;
+    o.multi_turn_forward = o.multi_turn_reverse = translator;
+    o.n_switches = 3;
+    o.turn_len = 10;
+    o.multi_turn_runs = 2;
+    o.n_threads = 1;
+    o.progress = false;
+    return o;
+  }
+
   training::TranslatorEvalOptions AToBWithMultiTurn() const {
     training::TranslatorEvalOptions o;
     o.source_dir = a_;
@@ -198,20 +219,7 @@ TEST_F(TranslatorToolsTest, LogitsRefuseATranslatorForOtherModelsAndBadPrefixLen
 }
 
 TEST_F(TranslatorToolsTest, EvalOfAnIdentityTranslatorMatchesNativeAndTheReference) {
-  training::TranslatorEvalOptions o;
-  o.source_dir = o.target_dir = a_;
-  o.translators = {identity_};
-  o.data_path = data_;
-  o.prefix = 24;
-  o.continuation = 16;
-  o.first_k = 4;
-  o.max_windows = 3;
-  o.multi_turn_forward = o.multi_turn_reverse = identity_;
-  o.n_switches = 3;
-  o.turn_len = 10;
-  o.multi_turn_runs = 2;
-  o.n_threads = 1;
-  o.progress = false;
+  const training::TranslatorEvalOptions o = SelfEvalOptions(identity_, 3);
   absl::StatusOr<training::TranslatorEvalReport> r = training::RunTranslatorEval(o);
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->n_windows, 3);
@@ -243,20 +251,7 @@ TEST_F(TranslatorToolsTest, TokenAnchoredTranslatorsGetTheirSpansIds) {
   ASSERT_TRUE(testing::WithAnchors(*testing::MakeTranslator(a_, a_, true), table, 3, 0.0)
                   ->Save(anchored)
                   .ok());
-  training::TranslatorEvalOptions o;
-  o.source_dir = o.target_dir = a_;
-  o.translators = {anchored};
-  o.data_path = data_;
-  o.prefix = 24;
-  o.continuation = 16;
-  o.first_k = 4;
-  o.max_windows = 2;
-  o.multi_turn_forward = o.multi_turn_reverse = anchored;
-  o.n_switches = 3;
-  o.turn_len = 10;
-  o.multi_turn_runs = 2;
-  o.n_threads = 1;
-  o.progress = false;
+  const training::TranslatorEvalOptions o = SelfEvalOptions(anchored, 2);
   absl::StatusOr<training::TranslatorEvalReport> r = training::RunTranslatorEval(o);
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->translated.size(), 1u);
