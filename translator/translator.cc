@@ -459,10 +459,11 @@ KVL_ANCHOR_CLONES void AddRow(const uint16_t* __restrict row, float* __restrict 
   }
 }
 
-// out rows [t0, t1) of [T, D] float32 += for each position j of the span
-// (j < 0: the W-1 tokens before it) and offset k, lookup[id_j, k] into row
-// j + k: the anchors' contribution of token j to the tokens that read it.
-// Each token's W rows are read as one contiguous block.
+// Rows [t0, t1) of a span's [T, D] anchor sum += for each position j of the
+// span (j < 0: the W-1 tokens before it) and offset k, lookup[id_j, k] into
+// row j + k: the anchors' contribution of token j to the tokens that read it.
+// out holds rows t0..t1-1. Each token's W rows are read as one contiguous
+// block.
 template <typename Element>
 void AddAnchorRows(const Element* table, int64_t d, const std::vector<int64_t>& padded, int64_t w,
                    int64_t t0, int64_t t1, float* out) {
@@ -479,15 +480,21 @@ void AddAnchorRows(const Element* table, int64_t d, const std::vector<int64_t>& 
     if (id < 0) continue;  // before the conversation's start
     const Element* block = table + id * w * d;
     for (int64_t k = std::max<int64_t>(0, t0 - j); k < w && j + k < t1; ++k) {
-      AddRow(block + k * d, out + (j + k) * d, d);
+      AddRow(block + k * d, out + (j + k - t0) * d, d);
     }
   }
 }
 
+// Tokens per chunk of AddAnchors: its float32 buffer (1.5 MB for kvl-small
+// -> kvl-large) stays in cache and is reused, where a whole span's sum was a
+// fresh allocation of 23 MB at 3.8k tokens whose page faults, in the server,
+// cost more than the sum itself (docs/server-bench.md).
+constexpr int64_t kAnchorChunkTokens = 256;
+
 }  // namespace
 
-absl::StatusOr<at::Tensor> Translator::AnchorSum(const std::vector<int64_t>& ids,
-                                                 int64_t n_tokens) const {
+absl::Status Translator::AddAnchors(const std::vector<int64_t>& ids, KvTaps* out) const {
+  const int64_t n_tokens = out->keys.size(2);
   const int64_t w = spec_.anchor_window, n_ids = static_cast<int64_t>(ids.size());
   const int64_t n_before = n_ids - n_tokens;
   if (n_before < 0 || n_before > w - 1) {
@@ -505,16 +512,29 @@ absl::StatusOr<at::Tensor> Translator::AnchorSum(const std::vector<int64_t>& ids
     }
     padded.push_back(id);
   }
-  at::Tensor sum = at::zeros({n_tokens, anchor_lookup_.size(2)}, at::kFloat);
-  const int64_t d = anchor_lookup_.size(2);
-  if (anchor_lookup_.scalar_type() == at::kBFloat16) {
-    AddAnchorRows(reinterpret_cast<const uint16_t*>(anchor_lookup_.data_ptr<at::BFloat16>()), d,
-                  padded, w, 0, n_tokens, sum.data_ptr<float>());
-  } else {
-    AddAnchorRows(anchor_lookup_.data_ptr<float>(), d, padded, w, 0, n_tokens,
-                  sum.data_ptr<float>());
+  const TranslatorEndpoint& t = spec_.target;
+  const int64_t d = anchor_lookup_.size(2), width = t.n_layer * t.n_head_kv * t.head_dim;
+  const at::Tensor buffer =
+      at::empty({std::min(n_tokens, kAnchorChunkTokens), d}, at::dtype(at::kFloat));
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += kAnchorChunkTokens) {
+    const int64_t n = std::min(kAnchorChunkTokens, n_tokens - t0);
+    const at::Tensor sum = buffer.narrow(0, 0, n).zero_();  // [n, 2*L_t*H_t*D_t]
+    if (anchor_lookup_.scalar_type() == at::kBFloat16) {
+      AddAnchorRows(reinterpret_cast<const uint16_t*>(anchor_lookup_.data_ptr<at::BFloat16>()), d,
+                    padded, w, t0, t0 + n, sum.data_ptr<float>());
+    } else {
+      AddAnchorRows(anchor_lookup_.data_ptr<float>(), d, padded, w, t0, t0 + n,
+                    sum.data_ptr<float>());
+    }
+    for (const auto& [result, column] : {std::pair{&out->keys, int64_t{0}}, {&out->values, width}}) {
+      // [n, L_t*H_t*D_t] -> [L_t, H_t, n, D_t], added into Apply's result
+      // (a fresh tensor, a permuted view of its product or a float32 copy).
+      result->narrow(2, t0, n).add_(sum.narrow(1, column, width)
+                                        .view({n, t.n_layer, t.n_head_kv, t.head_dim})
+                                        .permute({1, 2, 0, 3}));
+    }
   }
-  return sum;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<KvTaps> Translator::Translate(const KvTaps& source, Output output,
@@ -549,18 +569,7 @@ absl::StatusOr<KvTaps> Translator::Translate(const KvTaps& source, Output output
     out.keys = Apply(x, blocks_.keys, prepared_keys_, output);
     out.values = Apply(x, blocks_.values, prepared_values_, output);
     if (spec_.anchor_window > 0) {
-      absl::StatusOr<at::Tensor> summed_or = AnchorSum(ids, n_tokens);
-      if (!summed_or.ok()) return summed_or.status();
-      const at::Tensor& summed = *summed_or;  // [T, 2*L_t*H_t*D_t] float32
-      const TranslatorEndpoint& t = spec_.target;
-      const int64_t width = t.n_layer * t.n_head_kv * t.head_dim;
-      for (const auto& [result, column] : {std::pair{&out.keys, int64_t{0}}, {&out.values, width}}) {
-        // [T, L_t*H_t*D_t] -> [L_t, H_t, T, D_t], added into Apply's result
-        // (a fresh tensor, a permuted view of its product or a float32 copy).
-        result->add_(summed.narrow(1, column, width)
-                         .view({n_tokens, t.n_layer, t.n_head_kv, t.head_dim})
-                         .permute({1, 2, 0, 3}));
-      }
+      if (absl::Status s = AddAnchors(ids, &out); !s.ok()) return s;
     }
     return out;
   } catch (const c10::Error& e) {

@@ -227,9 +227,10 @@ class Translator {
   at::Tensor Apply(const at::Tensor& rows, const std::vector<std::vector<int64_t>>& lists,
                    const Prepared& prepared, Output output) const;
 
-  // The anchors' contribution to a span's tokens, [T, 2*L_t*H_t*D_t]
-  // float32 (keys' columns, then values'), from Translate's ids.
-  absl::StatusOr<at::Tensor> AnchorSum(const std::vector<int64_t>& ids, int64_t n_tokens) const;
+  // Adds the anchors' contribution to a span's tokens, from Translate's ids,
+  // into out's keys and values ([L_t, H_t, T, D_t], as Apply returned them),
+  // a chunk of tokens at a time through one small float32 buffer.
+  absl::Status AddAnchors(const std::vector<int64_t>& ids, KvTaps* out) const;
 
   TranslatorSpec spec_;
   InputBlocks blocks_;

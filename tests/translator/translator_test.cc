@@ -255,6 +255,38 @@ TEST(TranslateTest, TokenAnchorsAddTheTableRowsOfTheLastTokensThroughTheirMaps) 
   }
 }
 
+TEST(TranslateTest, LongSpansAddEveryAnchorAcrossTheSumsChunks) {
+  // Translate sums the anchors a chunk of tokens at a time; a token's anchors
+  // reach back W-1 tokens, across a chunk's start. Each token's result
+  // depends only on its own taps and the ids of its window, so any sub-span,
+  // given the W-1 ids before it, must equal the same rows of the whole span.
+  at::Tensor table;
+  const TranslatorSpec spec = MixedSpec();
+  auto tr = AnchoredTranslator(spec, DType::kFloat32, &table);
+  const int64_t n = 600;
+  const KvTaps src = RandomTaps(spec.source, n, 11);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(12);
+  const at::Tensor random_ids = at::randint(0, 10, {n + 2}, gen);
+  const std::vector<int64_t> ids(random_ids.data_ptr<int64_t>(),
+                                 random_ids.data_ptr<int64_t>() + n + 2);
+  auto whole = tr->Translate(src, Translator::Output::kFloat32, ids);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  for (const auto& [begin, end] : {std::pair<int64_t, int64_t>{0, 300}, {250, 262}, {254, 600},
+                                   {511, 514}}) {
+    KvTaps part;
+    part.keys = src.keys.narrow(2, begin, end - begin);
+    part.values = src.values.narrow(2, begin, end - begin);
+    // ids[i + 2] is token i's; the sub-span takes its two before it.
+    const std::vector<int64_t> part_ids(ids.begin() + begin, ids.begin() + end + 2);
+    auto got = tr->Translate(part, Translator::Output::kFloat32, part_ids);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_LT(MaxAbsDiff(got->keys, whole->keys.narrow(2, begin, end - begin)), 1e-4)
+        << begin << ".." << end;
+    EXPECT_LT(MaxAbsDiff(got->values, whole->values.narrow(2, begin, end - begin)), 1e-4)
+        << begin << ".." << end;
+  }
+}
+
 TEST(TranslateTest, AnchorsNeedTheirTableAndWeights) {
   TranslatorSpec spec = MixedSpec();
   spec.anchor_window = 2;
