@@ -117,7 +117,7 @@ class MachineShare:
                 f"{os.cpu_count()} CPUs' time{warn}")
 
 
-def write_config(directory, threads, translate_dtype, native_tail):
+def write_config(directory, threads, translate_dtype, native_tail, repair):
     models = [{"name": m, "path": os.path.join(ROOT, "models", m)} for m in (SMALL, SMALL_B, LARGE)]
     translators = []
     for src, dst in ((SMALL, LARGE), (LARGE, SMALL), (SMALL, SMALL_B), (SMALL_B, SMALL)):
@@ -133,7 +133,8 @@ def write_config(directory, threads, translate_dtype, native_tail):
         "models": models,
         "translators": translators,
         "routing": {"policy": "explicit", "default_model": SMALL, "strategy": "translate",
-                    "models": [SMALL, LARGE], "native_tail_tokens": native_tail},
+                    "models": [SMALL, LARGE], "native_tail_tokens": native_tail,
+                    "repair": repair},
         "sessions": {"idle_timeout_seconds": 0, "memory_budget_bytes": 8 << 30},
     }
     path = os.path.join(directory, "server.json")
@@ -413,6 +414,8 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="server runtime.threads (0: all)")
     ap.add_argument("--translate-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                     help="translators[].compute_dtype (default: the server's default, auto)")
+    ap.add_argument("--repair", choices=["off", "after-turn", "idle-only"], default="after-turn",
+                    help="routing.repair (default: the server's default, after-turn)")
     ap.add_argument("--native-tail", type=int, default=32,
                     help="routing.native_tail_tokens (default: the server's default, 32)")
     ap.add_argument("--cxx-client",
@@ -443,7 +446,7 @@ def main():
         subprocess.run(["protoc", f"--proto_path={ROOT}/proto", f"--python_out={stubs}",
                         "kvlingo/v1/chat.proto", "kvlingo/v1/session.proto",
                         "kvlingo/v1/model.proto"], check=True)
-        config = write_config(tmp, args.threads, args.translate_dtype, args.native_tail)
+        config = write_config(tmp, args.threads, args.translate_dtype, args.native_tail, args.repair)
         proc, target, log_path = start_server(os.path.abspath(args.server), config, tmp)
         wall_start = time.perf_counter()
         try:
@@ -456,7 +459,8 @@ def main():
                  f"python {platform.python_version()}  grpcio {grpc.__version__}")
             emit(f"server: {args.server}  runtime.threads={args.threads}  dtype float32  "
                  f"models {SMALL}, {SMALL_B}, {LARGE}  translators compute_dtype "
-                 f"{args.translate_dtype}  routing.native_tail_tokens {args.native_tail}")
+                 f"{args.translate_dtype}  routing.native_tail_tokens {args.native_tail}  "
+                 f"routing.repair {args.repair}")
             emit(f"load at start: {load_line()}")
             emit()
             emit(f"== 1. TTFT of the first turn after a switch {SMALL} -> {LARGE} "

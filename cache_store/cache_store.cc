@@ -44,7 +44,8 @@ void AppendLedgerSpan(std::vector<LedgerSpan>* ledger, int64_t begin, int64_t en
 struct TurnLease::Entry {
   explicit Entry(int n_models)
       : lines(n_models), evicted(n_models, false), line_bytes(n_models, 0),
-        line_tokens(n_models, 0), last_use(n_models, 0), served(n_models, false) {}
+        line_tokens(n_models, 0), line_translated(n_models, 0), repaired(n_models, 0),
+        last_use(n_models, 0), served(n_models, false) {}
 
   uint64_t seq = 0;  // creation order, never reused
   std::string system_prompt;
@@ -54,7 +55,8 @@ struct TurnLease::Entry {
   std::vector<std::unique_ptr<KvCache>> lines;
   std::vector<bool> evicted;
   // Accounting as of the last release (what View reports while busy).
-  std::vector<int64_t> line_bytes, line_tokens;
+  std::vector<int64_t> line_bytes, line_tokens, line_translated;
+  std::vector<int64_t> repaired;  // tokens recomputed by repair, per model
   std::vector<uint64_t> last_use;
   std::vector<bool> served;  // has ever had a line
   bool busy = false;
@@ -67,6 +69,7 @@ TurnLease::TurnLease(CacheStore* store, std::string id, std::shared_ptr<Entry> e
   begin_lengths_.assign(n, -1);
   replaced_.resize(n);
   was_replaced_.assign(n, false);
+  repaired_.assign(n, 0);
   for (int m = 0; m < n; ++m) {
     if (entry_->lines[m] != nullptr) begin_lengths_[m] = entry_->lines[m]->Length();
   }
@@ -126,12 +129,20 @@ absl::Status TurnLease::Reserve(int64_t bytes) {
   return absl::OkStatus();
 }
 
+bool TurnLease::HasForeignSpans(int model) const {
+  const KvCache* line = entry_->lines[model].get();
+  return line != nullptr && line->FirstForeignToken() >= 0;
+}
+
+void TurnLease::AddRepaired(int model, int64_t tokens) { repaired_[model] += tokens; }
+
 void TurnLease::Commit(ConversationState next) {
   TORCH_CHECK(!committed_);
   {
     // View and List copy the state of a session in a turn under the mutex.
     absl::MutexLock lock(&store_->mu_);
     std::swap(entry_->state, next);  // the old state is freed after unlocking
+    for (size_t m = 0; m < repaired_.size(); ++m) entry_->repaired[m] += repaired_[m];
   }
   for (auto& line : replaced_) line.reset();  // superseded lines are freed
   committed_ = true;
@@ -214,7 +225,8 @@ SessionView CacheStore::ViewOf(const std::string& id, const Entry& e) const {
   view.state = e.state;
   for (int m = 0; m < options_.n_models; ++m) {
     if (!e.served[m]) continue;
-    view.lines.push_back({m, e.line_tokens[m], e.line_bytes[m], static_cast<bool>(e.evicted[m])});
+    view.lines.push_back({m, e.line_tokens[m], e.line_bytes[m], static_cast<bool>(e.evicted[m]),
+                          e.line_translated[m], e.repaired[m]});
   }
   return view;
 }
@@ -309,11 +321,15 @@ void CacheStore::SetLineBytes(Entry& e, int model, int64_t bytes) {
 void CacheStore::Release(TurnLease* lease) {
   Entry& e = *lease->entry_;
   // Measured by the lease holder's thread, which still owns the lines.
-  std::vector<int64_t> bytes(options_.n_models, 0), tokens(options_.n_models, 0);
+  std::vector<int64_t> bytes(options_.n_models, 0), tokens(options_.n_models, 0),
+      translated(options_.n_models, 0);
   for (int m = 0; m < options_.n_models; ++m) {
     if (e.lines[m] == nullptr) continue;
     bytes[m] = e.lines[m]->Bytes();
     tokens[m] = e.lines[m]->Length();
+    for (const KvSpan& span : e.lines[m]->Spans()) {
+      if (!span.native) translated[m] += span.t1 - span.t0;
+    }
   }
   absl::MutexLock lock(&mu_);
   reserved_bytes_ -= lease->reserved_;
@@ -321,6 +337,7 @@ void CacheStore::Release(TurnLease* lease) {
   for (int m = 0; m < options_.n_models; ++m) {
     if (!e.removed) SetLineBytes(e, m, bytes[m]);
     e.line_tokens[m] = tokens[m];
+    e.line_translated[m] = translated[m];
     if (e.lines[m] != nullptr) {
       e.served[m] = true;
       e.evicted[m] = false;

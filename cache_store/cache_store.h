@@ -74,6 +74,11 @@ struct CacheLineInfo {
   int64_t tokens = 0;  // the prefix of the history the line holds
   int64_t bytes = 0;   // KvCache::Bytes(), as counted against the budget
   bool evicted = false;
+  // Tokens of the line that another model's cache was translated into (the
+  // line's foreign spans), and how many tokens background repair has
+  // recomputed natively in this model's lines of the session so far.
+  int64_t translated_tokens = 0;
+  int64_t repaired_tokens = 0;
 };
 
 struct SessionView {
@@ -137,6 +142,11 @@ class TurnLease {
   // other sessions, least recently used first. ResourceExhausted when even
   // evicting every idle line would not make room.
   absl::Status Reserve(int64_t bytes);
+  // Whether the model's line holds foreign (translated) spans; does not mark
+  // the line used.
+  bool HasForeignSpans(int model) const;
+  // Counts `tokens` as repaired in the model's line (CacheLineInfo), at Commit.
+  void AddRepaired(int model, int64_t tokens);
   // Makes `next` the session's state and keeps the lines as they are.
   void Commit(ConversationState next);
 
@@ -152,6 +162,7 @@ class TurnLease {
   std::vector<std::unique_ptr<KvCache>> replaced_;  // per model: the line before ReplaceLine
   std::vector<bool> was_replaced_;
   int64_t reserved_ = 0;
+  std::vector<int64_t> repaired_;  // per model, counted at Commit
   bool committed_ = false;
 };
 

@@ -71,6 +71,45 @@ absl::Status KvCache::Reserve(int64_t n_tokens) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<KvCache>> KvCache::ClonePrefix(int64_t n_tokens,
+                                                               int64_t capacity) const {
+  if (n_tokens < 0 || n_tokens > n_tokens_) {
+    return absl::OutOfRangeError(
+        absl::StrCat("ClonePrefix of ", n_tokens, " tokens: the line holds ", n_tokens_));
+  }
+  std::unique_ptr<KvCache> copy(
+      new KvCache(transform_, n_layer_, n_head_kv_, head_dim_, options_, tap_mode_));
+  try {
+    copy->EnsureCapacity(std::max(n_tokens, capacity));
+    c10::InferenceMode inference;
+    if (n_tokens > 0) {
+      copy->keys_.narrow(2, 0, n_tokens).copy_(keys_.narrow(2, 0, n_tokens));
+      copy->values_.narrow(2, 0, n_tokens).copy_(values_.narrow(2, 0, n_tokens));
+      if (keys_prenorm_.defined()) {
+        copy->keys_prenorm_.narrow(2, 0, n_tokens).copy_(keys_prenorm_.narrow(2, 0, n_tokens));
+      }
+      if (inv_rms_.defined()) {
+        copy->inv_rms_.narrow(2, 0, n_tokens).copy_(inv_rms_.narrow(2, 0, n_tokens));
+      }
+    }
+  } catch (const c10::Error& e) {
+    return absl::ResourceExhaustedError(absl::StrCat("clone: ", e.what_without_backtrace()));
+  }
+  copy->n_tokens_ = n_tokens;
+  for (const KvSpan& span : spans_) {
+    if (span.t0 >= n_tokens) break;
+    copy->spans_.push_back({span.t0, std::min(span.t1, n_tokens), span.native});
+  }
+  return copy;
+}
+
+int64_t KvCache::FirstForeignToken() const {
+  for (const KvSpan& span : spans_) {
+    if (!span.native) return span.t0;
+  }
+  return -1;
+}
+
 absl::Status KvCache::Rollback(int64_t n_tokens) {
   if (n_tokens < 0 || n_tokens > n_tokens_) {
     return absl::OutOfRangeError(

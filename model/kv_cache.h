@@ -72,6 +72,16 @@ class KvCache {
   // Capacity is kept.
   absl::Status Rollback(int64_t n_tokens);
 
+  // A new line holding a copy of this line's first n_tokens (their keys,
+  // values, what inverts the keys and their spans), with capacity for
+  // `capacity` tokens (at least n_tokens). The background repair
+  // (router/repair.cc) recomputes a line's translated tail on such a copy
+  // while the session goes on using the original. OutOfRange when n_tokens
+  // exceeds Length(); ResourceExhausted when the memory cannot be allocated.
+  absl::StatusOr<std::unique_ptr<KvCache>> ClonePrefix(int64_t n_tokens, int64_t capacity) const;
+  // The first token of the first foreign span; -1 when the line is all native.
+  int64_t FirstForeignToken() const;
+
   // Keys before k-norm/RoPE and values of [t0, t1): copies, and normal (not
   // inference) tensors, so training code may use them under autograd.
   // InvalidArgument for a bad range, FailedPrecondition if any part of it is

@@ -25,6 +25,18 @@ const char* PolicyName(Policy policy) {
   return "?";
 }
 
+const char* RepairModeName(RepairMode mode) {
+  switch (mode) {
+    case RepairMode::kOff:
+      return "off";
+    case RepairMode::kAfterTurn:
+      return "after-turn";
+    case RepairMode::kIdleOnly:
+      return "idle-only";
+  }
+  return "?";
+}
+
 const char* StrategyName(Strategy strategy) {
   switch (strategy) {
     case Strategy::kTranslate:

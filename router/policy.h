@@ -21,6 +21,12 @@ enum class Policy { kFixed, kExplicit, kRules, kCascade, kAlternate };
 enum class Strategy { kTranslate, kReprefill, kReprefillMissing };
 // Which path produced the answering model's cache of the history.
 enum class CachePath { kNative, kTranslated, kReprefill };
+// Background repair of translated lines (router/repair.cc): off; after-turn
+// (each line a turn left with translated spans is recomputed natively as soon
+// as the turn ends, giving way to turns waiting for its model between chunks);
+// idle-only (the same, but a chunk runs only while no turn is running on any
+// model).
+enum class RepairMode { kOff, kAfterTurn, kIdleOnly };
 inline constexpr int kNumPolicies = 5;
 inline constexpr int kNumCachePaths = 3;
 inline constexpr int kNumStrategies = 3;
@@ -28,6 +34,7 @@ inline constexpr int kNumStrategies = 3;
 const char* PolicyName(Policy policy);        // "fixed", "explicit", ..., as configured
 const char* StrategyName(Strategy strategy);  // "translate", "reprefill", "reprefill-missing"
 const char* CachePathName(CachePath path);    // "native", "translated", "reprefill"
+const char* RepairModeName(RepairMode mode);  // "off", "after-turn", "idle-only"
 // The inverses of PolicyName and StrategyName; InvalidArgument listing the
 // names otherwise ("expected one of fixed, explicit, ..., got 'x'").
 absl::StatusOr<Policy> ParsePolicy(absl::string_view name);
@@ -64,6 +71,9 @@ struct RoutingConfig {
   // here, the plain switch; the server's configuration defaults it to
   // kDefaultNativeTailTokens (server/config.h).
   int64_t native_tail_tokens = 0;
+  // Off here; the server's configuration defaults it to after-turn
+  // (server/config.h).
+  RepairMode repair = RepairMode::kOff;
 };
 
 struct RouteChoice {

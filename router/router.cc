@@ -5,6 +5,7 @@
 #include <random>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "model/chat_template.h"
@@ -61,15 +62,23 @@ struct Router::Work {
 // ends its queue time.
 class Router::ModelLock {
  public:
-  ModelLock(Router& router, Work& work, int model) : lock_(&router.models_[model]->mu) {
+  ModelLock(Router& router, Work& work, int model) : slot_(*router.models_[model]) {
+    // Counted while waiting, so that a background repair gives way between
+    // its chunks (repair.cc).
+    slot_.turns_waiting.fetch_add(1);
+    slot_.mu.Lock();
+    slot_.turns_waiting.fetch_sub(1);
     if (!work.started) {
       work.started = true;
       work.result.queue_seconds = Seconds(work.options->received, Clock::now());
     }
   }
+  ~ModelLock() { slot_.mu.Unlock(); }
+  ModelLock(const ModelLock&) = delete;
+  ModelLock& operator=(const ModelLock&) = delete;
 
  private:
-  absl::MutexLock lock_;
+  Slot& slot_;
 };
 
 absl::StatusOr<std::unique_ptr<Router>> Router::Create(std::vector<LoadedModel> models,
@@ -129,10 +138,11 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(std::vector<LoadedModel> 
   r->routing_ = std::move(routing);
   r->store_ = store;
   r->observer_ = observer != nullptr ? observer : &r->null_observer_;
+  if (r->routing_.repair != RepairMode::kOff) r->StartRepairThread();
   return r;
 }
 
-Router::~Router() = default;
+Router::~Router() { StopRepairThread(); }
 
 int Router::ModelIndex(std::string_view name) const {
   for (size_t i = 0; i < names_.size(); ++i) {
@@ -280,7 +290,15 @@ absl::StatusOr<TurnResult> Router::RunTurn(const std::string& session_id,
                                            const TurnOptions& options,
                                            const TurnCallbacks& callbacks) {
   if (absl::Status s = ValidateTurn(options); !s.ok()) return s;
+  turns_running_.fetch_add(1);
+  absl::Cleanup running = [this] { turns_running_.fetch_sub(1); };
   absl::StatusOr<std::unique_ptr<TurnLease>> lease = store_->Begin(session_id);
+  if (absl::IsAborted(lease.status())) {
+    // The repair thread may hold the session for a swap, a moment: wait for
+    // it and try once more (another turn of the session stays Aborted).
+    { absl::MutexLock swap(&swap_mu_); }
+    lease = store_->Begin(session_id);
+  }
   if (!lease.ok()) return lease.status();
   const ConversationState& committed = (*lease)->state();
 
@@ -320,6 +338,14 @@ absl::StatusOr<TurnResult> Router::RunTurn(const std::string& session_id,
 
   // 5. Commit.
   Commit(work, model, *std::move(generated));
+  std::vector<int> to_repair;
+  if (routing_.repair != RepairMode::kOff) {
+    for (int m = 0; m < n_models(); ++m) {
+      if ((*lease)->HasForeignSpans(m)) to_repair.push_back(m);
+    }
+  }
+  lease->reset();  // the session is free again: a repair may take it
+  if (!to_repair.empty()) QueueRepairs(session_id, to_repair);
   work.result.total_seconds = Seconds(options.received, Clock::now());
   return std::move(work.result);
 }

@@ -31,21 +31,34 @@
 // one is held at once, so turns cannot deadlock. Turns on different models run
 // in parallel; turns on the same model queue on its mutex, one after another
 // (no batching yet).
+//
+// Background repair (routing.repair, router/repair.cc): after a turn that
+// leaves a line with translated spans, one repair thread recomputes that
+// line natively from its first translated token on a copy, a chunk of
+// kRepairChunkTokens at a time under the model's mutex, giving way between
+// chunks to any turn waiting for the model; when it has caught up with the
+// line it swaps the copy in under a short lease (a turn boundary: never while
+// a turn holds the session). A turn that starts before the swap reads the
+// translated line, as without repair; the lines it grows are caught up before
+// the swap.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "cache_store/cache_store.h"
 #include "model/engine.h"
 #include "model/tokenizer.h"
@@ -65,6 +78,15 @@ class TurnObserver {
   virtual void OnGeneratedTokens(int model, int64_t n) {}
   virtual void OnTimeToFirstToken(int model, CachePath path, double seconds) {}
   virtual void OnInterTokenLatency(int model, double seconds) {}
+  // A repaired line swapped in: `tokens` recomputed natively in `seconds` of
+  // engine time (router/repair.cc).
+  virtual void OnRepair(int model, int64_t tokens, double seconds) {}
+  // Lines queued for repair or being repaired, after each change.
+  virtual void OnRepairBacklog(int64_t lines) {}
+  // The repair thread finished a chunk: its copy of the model's line now
+  // holds `done` of the `target` tokens it is catching up with. Called with no
+  // lock held.
+  virtual void OnRepairChunk(int model, int64_t done, int64_t target) {}
 };
 
 struct LoadedModel {
@@ -176,11 +198,23 @@ class Router {
   absl::StatusOr<TurnResult> RunTurn(const std::string& session_id, const TurnOptions& options,
                                      const TurnCallbacks& callbacks);
 
+  // Repair: lines queued or being repaired now.
+  int64_t RepairBacklog() const;
+  // Blocks until no line is queued or being repaired (or `timeout` passes);
+  // true when the backlog is empty. For tests, benchmarks and shutdown.
+  bool WaitForRepairs(absl::Duration timeout);
+  static constexpr int64_t kRepairChunkTokens = 256;
+
  private:
   struct Slot {
     LoadedModel loaded;
     int64_t bytes_per_token = 0;
     absl::Mutex mu;  // one thread drives the engine at a time
+    std::atomic<int> turns_waiting{0};  // turns blocked on (or about to take) mu
+  };
+  struct RepairJob {
+    std::string session_id;
+    int model = 0;
   };
   struct Work;      // one turn's working state
   class ModelLock;  // holds a model's engine for a stage; ends the queue time
@@ -212,6 +246,20 @@ class Router {
   absl::Status Handover(Work& work, int model, int64_t upto, int64_t extra_tokens,
                         int64_t line_tokens, int64_t* run_from = nullptr);
 
+  // Repair (router/repair.cc).
+  void StartRepairThread();
+  void StopRepairThread();
+  // Queues the session's lines that hold translated spans; called after a
+  // turn's lease has ended.
+  void QueueRepairs(const std::string& session_id, const std::vector<int>& models);
+  void RepairLoop();
+  // Recomputes one line and swaps it in; OK also when there is nothing left
+  // to do (the session or line is gone, or is already native).
+  absl::Status RepairLine(const RepairJob& job);
+  // Waits (between chunks) until the model may run a repair chunk; false when
+  // the router is stopping.
+  bool WaitForRepairTurn(Slot& slot);
+
   std::vector<std::unique_ptr<Slot>> models_;
   std::vector<std::string> names_;
   std::vector<LoadedTranslator> translators_;
@@ -222,6 +270,16 @@ class Router {
   CacheStore* store_ = nullptr;
   TurnObserver* observer_ = nullptr;
   TurnObserver null_observer_;
+
+  std::atomic<int> turns_running_{0};
+  // Held while the repair thread holds a session's lease, so that a turn
+  // refused as Aborted during that moment can wait for it and retry.
+  absl::Mutex swap_mu_;
+  mutable absl::Mutex repair_mu_;
+  std::deque<RepairJob> repair_queue_ ABSL_GUARDED_BY(repair_mu_);
+  int64_t repairs_in_progress_ ABSL_GUARDED_BY(repair_mu_) = 0;
+  bool repair_stop_ ABSL_GUARDED_BY(repair_mu_) = false;
+  std::thread repair_thread_;
 };
 
 }  // namespace kvl::router

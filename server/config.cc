@@ -151,6 +151,8 @@ const std::vector<absl::string_view> kPolicyNames =
     NamesOf<router::Policy>(router::kNumPolicies, router::PolicyName);
 const std::vector<absl::string_view> kStrategyNames =
     NamesOf<router::Strategy>(router::kNumStrategies, router::StrategyName);
+const std::vector<absl::string_view> kRepairNames =
+    NamesOf<router::RepairMode>(3, router::RepairModeName);
 
 absl::Status ReadDtype(const Json& object, const std::string& path, DType* out) {
   size_t index = static_cast<size_t>(*out);
@@ -412,14 +414,16 @@ absl::Status ParseRouting(const Json& j, const std::string& path,
   if (absl::Status s = CheckKeys(
           j, path,
           {"policy", "default_model", "strategy", "models", "rules", "cascade_max_entropy",
-           "cascade_min_mean_logprob", "native_tail_tokens"});
+           "cascade_min_mean_logprob", "native_tail_tokens", "repair"});
       !s.ok()) {
     return s;
   }
   size_t policy = static_cast<size_t>(out->policy);
   size_t strategy = static_cast<size_t>(out->strategy);
+  size_t repair = static_cast<size_t>(out->repair);
   absl::Status s = ReadChoice(j, "policy", path, kPolicyNames, &policy);
   if (s.ok()) s = ReadChoice(j, "strategy", path, kStrategyNames, &strategy);
+  if (s.ok()) s = ReadChoice(j, "repair", path, kRepairNames, &repair);
   if (s.ok()) s = ReadString(j, "default_model", path, default_model);
   if (s.ok()) s = ReadModelList(j, "models", path, models, &out->order);
   if (s.ok()) {
@@ -434,6 +438,7 @@ absl::Status ParseRouting(const Json& j, const std::string& path,
   if (!s.ok()) return s;
   out->policy = static_cast<router::Policy>(policy);
   out->strategy = static_cast<router::Strategy>(strategy);
+  out->repair = static_cast<router::RepairMode>(repair);
   if (const Json* rules = Find(j, "rules"); rules != nullptr) {
     const std::string where = Child(path, "rules");
     if (absl::Status st = ExpectArray(*rules, where); !st.ok()) return st;
@@ -545,6 +550,7 @@ absl::StatusOr<ServerConfig> ParseConfig(absl::string_view text, const std::stri
   }
   ServerConfig c;
   c.routing.native_tail_tokens = kDefaultNativeTailTokens;
+  c.routing.repair = kDefaultRepairMode;
   std::string default_model;
   if (const Json* j = Find(root, "server")) {
     if (absl::Status s = ParseServer(*j, "server", &c.server); !s.ok()) return s;

@@ -70,6 +70,9 @@ using TranslatorEntry = router::TranslatorSource;
 // model reads the last 32 tokens of the history itself at a translated switch
 // (router/planner.h; why 32: docs/translators.md, "Deployment choices").
 inline constexpr int64_t kDefaultNativeTailTokens = 32;
+// routing.repair when the file does not set it: a translated line is
+// recomputed natively in the background after its turn (router/repair.cc).
+inline constexpr router::RepairMode kDefaultRepairMode = router::RepairMode::kAfterTurn;
 
 struct SessionsSection {
   // Sessions untouched for this long are deleted; 0 disables expiry.

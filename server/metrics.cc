@@ -146,6 +146,30 @@ ServerMetrics::ServerMetrics(const std::string& version, std::vector<std::string
     generated_tokens_.push_back(&generated.Add({{"model", models[m]}}));
     cache_bytes_.push_back(&bytes.Add({{"model", models[m]}}));
   }
+  auto& repaired = prometheus::BuildCounter()
+                       .Name("kvlingo_repaired_tokens_total")
+                       .Help("Tokens of translated cache recomputed natively by background "
+                             "repair, by model.")
+                       .Register(*registry_);
+  auto& repair_seconds = prometheus::BuildCounter()
+                             .Name("kvlingo_repair_seconds_total")
+                             .Help("Engine time spent by background repair, by model.")
+                             .Register(*registry_);
+  auto& repairs = prometheus::BuildCounter()
+                      .Name("kvlingo_repairs_total")
+                      .Help("Repaired cache lines swapped in, by model.")
+                      .Register(*registry_);
+  for (int m = 0; m < n; ++m) {
+    repaired_tokens_.push_back(&repaired.Add({{"model", models[m]}}));
+    repair_seconds_.push_back(&repair_seconds.Add({{"model", models[m]}}));
+    repairs_.push_back(&repairs.Add({{"model", models[m]}}));
+  }
+  repair_backlog_ = &prometheus::BuildGauge()
+                         .Name("kvlingo_repair_backlog_lines")
+                         .Help("Cache lines with translated spans queued for background repair "
+                               "or being repaired.")
+                         .Register(*registry_)
+                         .Add({});
   translation_seconds_.assign(n * n, nullptr);
   translated_tokens_.assign(n * n, nullptr);
   switches_.assign(n * n, {});
@@ -215,6 +239,16 @@ void ServerMetrics::OnTimeToFirstToken(int model, router::CachePath path, double
 
 void ServerMetrics::OnInterTokenLatency(int model, double seconds) {
   inter_token_[model]->Observe(seconds);
+}
+
+void ServerMetrics::OnRepair(int model, int64_t tokens, double seconds) {
+  repaired_tokens_[model]->Increment(static_cast<double>(tokens));
+  repair_seconds_[model]->Increment(seconds);
+  repairs_[model]->Increment();
+}
+
+void ServerMetrics::OnRepairBacklog(int64_t lines) {
+  repair_backlog_->Set(static_cast<double>(lines));
 }
 
 void ServerMetrics::CountRpc(RpcMethod method, int code) {

@@ -73,6 +73,8 @@ class ServerMetrics final : public router::TurnObserver {
   void OnGeneratedTokens(int model, int64_t n) override;
   void OnTimeToFirstToken(int model, router::CachePath path, double seconds) override;
   void OnInterTokenLatency(int model, double seconds) override;
+  void OnRepair(int model, int64_t tokens, double seconds) override;
+  void OnRepairBacklog(int64_t lines) override;
 
   // The registry in the Prometheus text exposition format (version 0.0.4).
   std::string RenderText() const;
@@ -97,6 +99,8 @@ class ServerMetrics final : public router::TurnObserver {
   prometheus::Gauge* sessions_evicted_ = nullptr;
   prometheus::Gauge* cache_budget_ = nullptr;
   prometheus::Counter* evicted_lines_ = nullptr;
+  std::vector<prometheus::Counter*> repaired_tokens_, repair_seconds_, repairs_;
+  prometheus::Gauge* repair_backlog_ = nullptr;
 };
 
 }  // namespace kvl::server

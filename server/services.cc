@@ -43,6 +43,8 @@ void ToProto(const ServiceDeps& deps, const SessionView& view, kvlingo::v1::Sess
     l->set_tokens(static_cast<uint32_t>(line.tokens));
     l->set_bytes(static_cast<uint64_t>(line.bytes));
     l->set_evicted(line.evicted);
+    l->set_translated_tokens(static_cast<uint32_t>(line.translated_tokens));
+    l->set_repaired_tokens(static_cast<uint64_t>(line.repaired_tokens));
   }
 }
 

@@ -13,7 +13,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "model/chat_template.h"
 #include "router/planner.h"
 #include "tests/model/test_models.h"
@@ -700,6 +703,197 @@ TEST_F(RouterTest, EvictedLinesAreRebuiltByPrefillAndAnOverBudgetTurnChangesNoth
   EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(store_->View("x")->state.history, before.state.history);
   EXPECT_EQ(store_->View("x")->lines.size(), before.lines.size());
+}
+
+
+// Background repair (router/repair.cc).
+namespace repair_test {
+
+// A long first turn (more than one repair chunk), then fixed replies, so that
+// every session below holds the same history whatever its cache.
+const char* kLongTurn =
+    "Here is what I know about the trip. My sister lives in Lisbon, near the river, "
+    "and the flight leaves at nine. The hotel is the one with the green door on the "
+    "corner of the square. We booked twelve nights, and the code for the locker is "
+    "four seven one nine. Remember that the museum closes early on Mondays, that the "
+    "tram to the castle starts at seven, and that the bakery by the station sells the "
+    "best custard tarts in town. The car rental desk is in hall two, the deposit is "
+    "three hundred euros, and the insurance covers scratches but not the tyres. My "
+    "cousin arrives on Thursday from Porto with the kids, so we need a table for six "
+    "at the fish restaurant on Friday evening, ideally by the window. On Saturday we "
+    "take the train to Sintra: it leaves from Rossio every twenty minutes, the palace "
+    "opens at half past nine, and the walk up the hill takes about forty minutes, so "
+    "bring water and good shoes. The gardens close at six. On Sunday the flea market "
+    "behind the monastery opens at dawn; my sister says the best stalls are gone by "
+    "ten, and that the man with the blue umbrella sells old maps of the city. Our "
+    "return flight is on the last Tuesday, gate numbers are posted an hour before, "
+    "and the taxi to the airport should be booked the night before, for six sharp.";
+
+}  // namespace repair_test
+
+// The three conditions of one conversation: small answers a long turn, large
+// takes over (translated, or re-prefilled for the twin) with a given reply,
+// then large reads a question with a given answer. Returns the last turn's
+// reply log-probabilities.
+class RepairTest : public RouterTest {
+ protected:
+  std::vector<double> RunConversation(const std::string& session, Strategy switch_strategy,
+                                      std::function<void()> before_last = nullptr) {
+    EXPECT_TRUE(store_->Create(session, "", router_->RenderPreamble("Be brief.")).ok());
+    auto t1 = Given(session, repair_test::kLongTurn, 0, "Noted.", Strategy::kTranslate);
+    EXPECT_TRUE(t1.ok()) << t1.status();
+    auto t2 = Given(session, "Where does my sister live?", 2, "In Lisbon.", switch_strategy);
+    EXPECT_TRUE(t2.ok()) << t2.status();
+    if (before_last) before_last();
+    auto t3 = Given(session, "And the locker code?", 2, "Four seven one nine.",
+                    Strategy::kTranslate);
+    EXPECT_TRUE(t3.ok()) << t3.status();
+    return t3.ok() ? t3->reply_logprobs : std::vector<double>{};
+  }
+
+  absl::StatusOr<TurnResult> Given(const std::string& session, const std::string& text, int model,
+                                   const std::string& reply, Strategy strategy) {
+    TurnOptions o;
+    o.user_message = text;
+    o.policy = Policy::kExplicit;
+    o.explicit_model = model;
+    o.strategy = strategy;
+    o.reply = reply;
+    return router_->RunTurn(session, o, {});
+  }
+
+  CacheLineInfo LineOf(const std::string& session, int model) {
+    const absl::StatusOr<SessionView> view = store_->View(session);
+    EXPECT_TRUE(view.ok()) << view.status();
+    if (!view.ok()) return {};
+    for (const CacheLineInfo& line : view->lines) {
+      if (line.model == model) return line;
+    }
+    ADD_FAILURE() << "no line of model " << model;
+    return {};
+  }
+
+  static double MaxDiff(const std::vector<double>& a, const std::vector<double>& b) {
+    EXPECT_EQ(a.size(), b.size());
+    double d = 0;
+    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) d = std::max(d, std::abs(a[i] - b[i]));
+    return d;
+  }
+
+  // The large model's line of `session` against large's own prefill of the
+  // history it holds: max relative Frobenius distance over layers, keys and
+  // values.
+  double DistanceFromNativePrefill(const std::string& session) {
+    const ConversationState state = store_->View(session)->state;
+    auto lease = store_->Begin(session);
+    EXPECT_TRUE(lease.ok()) << lease.status();
+    KvCache* line = (*lease)->line(2);
+    EXPECT_NE(line, nullptr);
+    auto native = engines_[2]->NewCache();
+    const std::vector<int64_t> held(state.history.begin(), state.history.begin() + line->Length());
+    EXPECT_TRUE(engines_[2]->Prefill(*native, held).ok());
+    double worst = 0;
+    for (int64_t il = 0; il < line->n_layer(); ++il) {
+      for (const auto& [a, b] : {std::pair{line->Keys(il), native->Keys(il)},
+                                 {line->Values(il), native->Values(il)}}) {
+        worst = std::max(worst, ((a - b).norm() / b.norm()).item<double>());
+      }
+    }
+    return worst;
+  }
+};
+
+TEST_F(RepairTest, ARepairedLineEqualsANativePrefillAndTheNextTurnTheReprefilledTwins) {
+  // Without repair: the translated line stays, and the last turn reads it.
+  MakeRouter(Explicit());
+  const std::vector<double> translated = RunConversation("plain", Strategy::kTranslate);
+  const double translated_distance = DistanceFromNativePrefill("plain");
+  const std::vector<double> twin = RunConversation("twin", Strategy::kReprefill);
+  ASSERT_FALSE(twin.empty());
+  // The translation is lossy: the test below could fail.
+  EXPECT_GT(MaxDiff(translated, twin), 1e-3);
+  EXPECT_GT(translated_distance, 1e-2);
+
+  RoutingConfig routing = Explicit();
+  routing.repair = RepairMode::kAfterTurn;
+  MakeRouter(routing);
+  const std::vector<double> repaired = RunConversation("s", Strategy::kTranslate, [&] {
+    ASSERT_TRUE(router_->WaitForRepairs(absl::Seconds(60)));
+  });
+  // The last turn, after the repair, reads what the re-prefilled twin reads:
+  // equal up to the decoder's chunking (the repair runs 256-token chunks on
+  // top of the native head, the twin's re-prefill its own chunks).
+  EXPECT_LT(MaxDiff(repaired, twin), 1e-4);
+  ASSERT_TRUE(router_->WaitForRepairs(absl::Seconds(60)));
+  EXPECT_LT(DistanceFromNativePrefill("s"), 1e-5);
+  const CacheLineInfo large = LineOf("s", 2);
+  EXPECT_EQ(large.translated_tokens, 0);
+  EXPECT_GT(large.repaired_tokens, Router::kRepairChunkTokens);  // more than one chunk
+  EXPECT_EQ(router_->RepairBacklog(), 0);
+}
+
+// Blocks the repair thread after its first chunk until released.
+struct ChunkGate : TurnObserver {
+  absl::Mutex mu;
+  bool first_chunk_done ABSL_GUARDED_BY(mu) = false;
+  bool released ABSL_GUARDED_BY(mu) = false;
+  int64_t chunks ABSL_GUARDED_BY(mu) = 0;
+  int64_t repaired_tokens ABSL_GUARDED_BY(mu) = 0;
+  void OnRepairChunk(int model, int64_t done, int64_t target) override {
+    absl::MutexLock lock(&mu);
+    ++chunks;
+    first_chunk_done = true;
+    mu.Await(absl::Condition(&released));
+  }
+  void OnRepair(int model, int64_t tokens, double seconds) override {
+    absl::MutexLock lock(&mu);
+    repaired_tokens += tokens;
+  }
+};
+
+TEST_F(RepairTest, ATurnArrivingMidRepairReadsTheTranslatedLineAndTheRepairStillLands) {
+  MakeRouter(Explicit());
+  const std::vector<double> translated = RunConversation("plain", Strategy::kTranslate);
+
+  ChunkGate gate;
+  auto release = [&gate] {
+    absl::MutexLock lock(&gate.mu);
+    gate.released = true;
+  };
+  // Whatever happens below, the repair thread is let go and the router (which
+  // calls the gate) ends before the gate does.
+  absl::Cleanup done = [&] {
+    release();
+    router_.reset();
+  };
+  RoutingConfig routing = Explicit();
+  routing.repair = RepairMode::kAfterTurn;
+  MakeRouter(routing, int64_t{1} << 30, DType::kFloat32, &gate);
+  const std::vector<double> mid = RunConversation("s", Strategy::kTranslate, [&] {
+    // The last turn starts while the repair is half-way: after its first chunk.
+    absl::MutexLock lock(&gate.mu);
+    gate.mu.Await(absl::Condition(&gate.first_chunk_done));
+  });
+  // Answered on the translated line, exactly as without repair.
+  EXPECT_EQ(mid, translated);
+  release();
+  ASSERT_TRUE(router_->WaitForRepairs(absl::Seconds(60)));
+  // The repair caught up with the tokens that turn added, then landed.
+  EXPECT_LT(DistanceFromNativePrefill("s"), 1e-5);
+  const CacheLineInfo line = LineOf("s", 2);
+  EXPECT_EQ(line.translated_tokens, 0);
+  {
+    absl::MutexLock lock(&gate.mu);
+    EXPECT_GE(gate.chunks, 3);  // two for the switch's line, at least one for the catch-up
+    EXPECT_EQ(gate.repaired_tokens, line.repaired_tokens);
+  }
+  // The next turn reads the repaired line: as a re-prefilled twin's does.
+  RunConversation("twin", Strategy::kReprefill);
+  auto next = Given("s", "One more thing?", 2, "Yes.", Strategy::kTranslate);
+  auto twin_next = Given("twin", "One more thing?", 2, "Yes.", Strategy::kTranslate);
+  ASSERT_TRUE(next.ok()) << next.status();
+  ASSERT_TRUE(twin_next.ok()) << twin_next.status();
+  EXPECT_LT(MaxDiff(next->reply_logprobs, twin_next->reply_logprobs), 1e-4);
 }
 
 }  // namespace
