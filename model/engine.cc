@@ -234,6 +234,19 @@ absl::StatusOr<GenerateResult> Engine::Generate(KvCache& cache,
       return sampled.status();
     }
     const int64_t id = *sampled;
+    if (options.record_logprobs) {
+      absl::Status recorded = Guarded("logprobs", [&]() -> absl::Status {
+        c10::InferenceMode guard;
+        const at::Tensor lp = at::log_softmax(logits->to(at::kFloat), -1);
+        result.logprobs.push_back(lp[id].item<double>());
+        if (i == 0) result.first_greedy = lp.argmax().item<int64_t>();
+        return absl::OkStatus();
+      });
+      if (!recorded.ok()) {
+        (void)cache.Rollback(n_start);
+        return recorded;
+      }
+    }
     if (std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), id) !=
         options.stop_token_ids.end()) {
       result.finish_reason = FinishReason::kStopToken;

@@ -92,6 +92,8 @@ struct GenerateOptions {
   // back until it cannot; what is still held when generation ends comes in one
   // last call with id -1). Returning false cancels generation.
   std::function<bool(int64_t id, std::string_view text)> on_token;
+  // Fill GenerateResult::logprobs and first_greedy (a log-softmax per step).
+  bool record_logprobs = false;
 };
 
 struct GenerateResult {
@@ -103,6 +105,11 @@ struct GenerateResult {
   std::string text;  // concatenated token text, cut before a stop string
   FinishReason finish_reason = FinishReason::kLength;
   int64_t stop_token_id = -1;  // the stop token sampled, for kStopToken
+  // GenerateOptions::record_logprobs only: the model's log-probability (nats,
+  // of its unscaled distribution) of each sampled token, tokens then the stop
+  // token; and the most likely first token (argmax of the first step).
+  std::vector<double> logprobs;
+  int64_t first_greedy = -1;
 };
 
 class Engine {

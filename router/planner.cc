@@ -56,9 +56,11 @@ HandoverPlan PlanHandover(const PlannerInput& in) {
     int64_t translated_end = b;
     if (in.strategy == Strategy::kTranslate && w >= 0 && w != in.target) {
       if (!in.has_translator || !in.has_translator(w, in.target)) {
-        plan.notes.push_back(absl::StrCat("no translator ", in.model_names[w], "->",
-                                          in.model_names[in.target], ": prefilled [", b, ", ", e,
-                                          ")"));
+        const std::string why = in.why_no_translator ? in.why_no_translator(w, in.target) : "";
+        plan.notes.push_back(absl::StrCat(
+            why.empty() ? "no translator " : "translator ", in.model_names[w], "->",
+            in.model_names[in.target], why.empty() ? "" : " ", why, ": prefilled [", b, ", ", e,
+            ")"));
       } else {
         const int64_t held_end = std::min(e, NativeRunEnd(in.line_spans[w], b));
         const bool unrun_tail = w == in.last_model && b >= in.tail_begin;

@@ -69,6 +69,9 @@ struct PlannerInput {
   // last model's unrun tail is [tail_begin, tail_end).
   int64_t tail_begin = 0, tail_end = 0;
   std::function<bool(int source, int target)> has_translator;
+  // Why has_translator is false for a pair that has a translator file (e.g.
+  // "closed by the quality gate ..."); null or empty: "no translator".
+  std::function<std::string(int source, int target)> why_no_translator;
   // Tokens at the end of the history [0, n) prefilled rather than translated
   // (RoutingConfig::native_tail_tokens); 0: translate up to n. The last
   // model's unrun tail, prefilled in any case, counts toward them.

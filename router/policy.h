@@ -74,6 +74,17 @@ struct RoutingConfig {
   // Off here; the server's configuration defaults it to after-turn
   // (server/config.h).
   RepairMode repair = RepairMode::kOff;
+  // The live quality gate (router/repair.cc): a translator pair whose mean
+  // switch divergence (TurnObserver::OnSwitchFidelity, nats/token) over its
+  // last gate_window repaired switch turns exceeds gate_max_divergence, once
+  // at least gate_min_samples are in, is closed: its switches re-prefill for
+  // gate_cooldown_seconds, then it is used again with an empty window (on
+  // probation: it closes again as soon as the bound is exceeded over
+  // gate_min_samples turns). Needs repair; off at infinity.
+  double gate_max_divergence = std::numeric_limits<double>::infinity();
+  int64_t gate_window = 20;
+  int64_t gate_min_samples = 5;
+  double gate_cooldown_seconds = 600;
 };
 
 struct RouteChoice {

@@ -4,8 +4,13 @@
 // swap the line holds what a native prefill of the same history would (the
 // decoder's chunked prefill, as a re-prefill computes it), so every later turn
 // reads the same cache as after a re-prefill.
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -25,6 +30,97 @@ constexpr absl::Duration kSessionBusyRetry = absl::Milliseconds(5);
 
 }  // namespace
 
+void Router::ScoreProbes(const at::Tensor& logits, int64_t chunk_begin,
+                         const std::vector<int64_t>& history,
+                         std::vector<FidelityProbe>* probes) {
+  c10::InferenceMode guard;
+  const at::Tensor logprobs = at::log_softmax(logits.to(at::kFloat), -1);  // [n, V]
+  const int64_t n = logprobs.size(0);
+  for (FidelityProbe& probe : *probes) {
+    for (size_t i = 0; i < probe.tokens.size(); ++i) {
+      const int64_t pos = probe.begin + static_cast<int64_t>(i);
+      const int64_t row = pos - 1 - chunk_begin;  // the logits that predict history[pos]
+      if (row < 0 || row >= n) continue;
+      if (pos >= static_cast<int64_t>(history.size()) || history[pos] != probe.tokens[i]) continue;
+      probe.native[i] = logprobs[row][probe.tokens[i]].item<double>();
+      if (i == 0) probe.native_first = logprobs[row].argmax().item<int64_t>();
+    }
+  }
+}
+
+void Router::ReportFidelity(const std::vector<FidelityProbe>& probes) {
+  for (const FidelityProbe& probe : probes) {
+    double sum = 0;
+    bool complete = !probe.tokens.empty();
+    for (size_t i = 0; i < probe.tokens.size(); ++i) {
+      if (std::isnan(probe.native[i])) complete = false;
+      sum += probe.translated[i] - probe.native[i];
+    }
+    if (!complete) continue;  // the line was cut or replaced before the reply
+    const int64_t n = static_cast<int64_t>(probe.tokens.size());
+    const bool differs = probe.first_greedy >= 0 && probe.native_first != probe.first_greedy;
+    observer_->OnSwitchFidelity(probe.source, probe.target, sum / n, n, differs);
+    FeedGate(probe.source, probe.target, sum / n);
+    spdlog::debug("switch fidelity {} -> {} in session {}: {:.4f} nats/token over {} tokens{}",
+                  names_[probe.source], names_[probe.target], probe.session_id, sum / n, n,
+                  differs ? ", first token differs" : "");
+  }
+}
+
+bool Router::GateOpen(int source, int target, std::string* why) const {
+  bool reopened = false;
+  {
+    absl::MutexLock lock(&gate_mu_);
+    Gate& gate = gates_[static_cast<size_t>(source) * n_models() + target];
+    if (!gate.closed) return true;
+    if (Clock::now() < gate.closed_until) {
+      if (why != nullptr) *why = gate.reason;
+      return false;
+    }
+    // The cool-down is over: used again, on probation (an empty window).
+    gate.closed = false;
+    gate.window.clear();
+    reopened = true;
+  }
+  if (reopened) {
+    spdlog::info("quality gate: translator {} -> {} is used again after its cool-down, on "
+                 "probation", names_[source], names_[target]);
+    observer_->OnGate(source, target, true, "cool-down over");
+  }
+  return true;
+}
+
+void Router::FeedGate(int source, int target, double nats_per_token) {
+  if (!(routing_.gate_max_divergence < std::numeric_limits<double>::infinity())) return;
+  std::string reason;
+  {
+    absl::MutexLock lock(&gate_mu_);
+    Gate& gate = gates_[static_cast<size_t>(source) * n_models() + target];
+    if (gate.closed) return;
+    gate.window.push_back(nats_per_token);
+    while (static_cast<int64_t>(gate.window.size()) > routing_.gate_window) gate.window.pop_front();
+    if (static_cast<int64_t>(gate.window.size()) < routing_.gate_min_samples) return;
+    double mean = 0;
+    for (double x : gate.window) mean += x;
+    mean /= static_cast<double>(gate.window.size());
+    if (mean <= routing_.gate_max_divergence) return;
+    gate.closed = true;
+    gate.closed_until =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double>(routing_.gate_cooldown_seconds));
+    gate.reason = absl::StrCat("closed by the quality gate: mean switch divergence ",
+                               absl::SixDigits(mean), " nats/token over the last ",
+                               gate.window.size(), " repaired switches exceeds ",
+                               absl::SixDigits(routing_.gate_max_divergence), " (for ",
+                               absl::SixDigits(routing_.gate_cooldown_seconds), " s)");
+    gate.window.clear();
+    reason = gate.reason;
+  }
+  spdlog::warn("quality gate: translator {} -> {} {}; its switches re-prefill", names_[source],
+               names_[target], reason);
+  observer_->OnGate(source, target, false, reason);
+}
+
 void Router::StartRepairThread() {
   repair_thread_ = std::thread([this] { RepairLoop(); });
 }
@@ -37,11 +133,17 @@ void Router::StopRepairThread() {
   if (repair_thread_.joinable()) repair_thread_.join();
 }
 
-void Router::QueueRepairs(const std::string& session_id, const std::vector<int>& models) {
+void Router::QueueRepairs(const std::string& session_id, const std::vector<int>& models,
+                          std::optional<FidelityProbe> probe) {
   int64_t backlog = 0;
   {
     absl::MutexLock lock(&repair_mu_);
     if (repair_stop_) return;
+    if (probe) {
+      probe->session_id = session_id;
+      probe->native.assign(probe->tokens.size(), std::numeric_limits<double>::quiet_NaN());
+      probes_.push_back(*std::move(probe));
+    }
     for (int m : models) {
       const bool queued = std::any_of(repair_queue_.begin(), repair_queue_.end(),
                                       [&](const RepairJob& job) {
@@ -115,6 +217,19 @@ absl::Status Router::RepairLine(const RepairJob& job) {
   std::vector<int64_t> history;
   int64_t from = -1, done = 0, target = 0;
   double engine_seconds = 0;
+  // The translated replies this line's repair will score.
+  std::vector<FidelityProbe> probes;
+  {
+    absl::MutexLock lock(&repair_mu_);
+    for (auto it = probes_.begin(); it != probes_.end();) {
+      if (it->session_id == job.session_id && it->target == job.model) {
+        probes.push_back(std::move(*it));
+        it = probes_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
   while (true) {
     // Take the session for a moment: read what to repair, or swap the repaired
     // copy in once it has caught up with the line.
@@ -139,6 +254,10 @@ absl::Status Router::RepairLine(const RepairJob& job) {
           if (!fresh.ok()) return fresh.status();
           copy = *std::move(fresh);
           done = from;
+          for (FidelityProbe& probe : probes) {
+            std::fill(probe.native.begin(), probe.native.end(),
+                      std::numeric_limits<double>::quiet_NaN());
+          }
         }
         target = line.Length();
         if (done == target) {
@@ -152,9 +271,10 @@ absl::Status Router::RepairLine(const RepairJob& job) {
           l.AddRepaired(job.model, repaired);
           l.Commit(l.state());
           observer_->OnRepair(job.model, repaired, engine_seconds);
+          ReportFidelity(probes);
           return absl::OkStatus();
         }
-        history.assign(l.state().history.begin(), l.state().history.begin() + target);
+        history = l.state().history;  // the line holds its first `target` tokens
       }
     }
     if (copy == nullptr || done == target) {
@@ -171,12 +291,16 @@ absl::Status Router::RepairLine(const RepairJob& job) {
       if (!WaitForRepairTurn(slot)) return absl::OkStatus();
       const int64_t n = std::min(kRepairChunkTokens, target - done);
       const std::vector<int64_t> ids(history.begin() + done, history.begin() + done + n);
+      // Every position's logits when a probe's token is predicted in this chunk.
+      const bool scoring = std::any_of(probes.begin(), probes.end(), [&](const FidelityProbe& p) {
+        return p.begin - 1 < done + n && p.begin - 1 + static_cast<int64_t>(p.tokens.size()) > done;
+      });
       const Clock::time_point t0 = Clock::now();
       {
         absl::MutexLock lock(&slot.mu);
-        if (absl::StatusOr<at::Tensor> logits = engine.Prefill(*copy, ids); !logits.ok()) {
-          return logits.status();
-        }
+        absl::StatusOr<at::Tensor> logits = engine.Prefill(*copy, ids, scoring);
+        if (!logits.ok()) return logits.status();
+        if (scoring) ScoreProbes(*logits, done, history, &probes);
       }
       engine_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
       done += n;

@@ -54,6 +54,9 @@ struct Router::Work {
   HandoverPlan plan;
   TurnResult result;
   bool started = false;  // an engine mutex was taken (queue time measured)
+  // A translated turn's generated reply, for the repair's fidelity score
+  // (filled by Commit when the generation recorded log-probabilities).
+  std::optional<FidelityProbe> probe;
 
   bool Cancelled() const { return options->cancelled && options->cancelled(); }
 };
@@ -138,6 +141,10 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(std::vector<LoadedModel> 
   r->routing_ = std::move(routing);
   r->store_ = store;
   r->observer_ = observer != nullptr ? observer : &r->null_observer_;
+  {
+    absl::MutexLock lock(&r->gate_mu_);
+    r->gates_.resize(static_cast<size_t>(n) * n);
+  }
   if (r->routing_.repair != RepairMode::kOff) r->StartRepairThread();
   return r;
 }
@@ -183,7 +190,14 @@ absl::Status Router::Handover(Work& work, int model, int64_t upto, int64_t extra
   in.last_model = committed.last_model;
   in.tail_begin = committed.tail_begin;
   in.tail_end = static_cast<int64_t>(committed.history.size());
-  in.has_translator = [this](int s, int t) { return by_pair_[s][t] != nullptr; };
+  in.has_translator = [this](int s, int t) {
+    return by_pair_[s][t] != nullptr && GateOpen(s, t, nullptr);
+  };
+  in.why_no_translator = [this](int s, int t) {
+    std::string why;
+    if (by_pair_[s][t] != nullptr) GateOpen(s, t, &why);
+    return why;
+  };
   in.native_tail_tokens = routing_.native_tail_tokens;
   in.model_names = names_;
   HandoverPlan plan = PlanHandover(in);
@@ -345,7 +359,7 @@ absl::StatusOr<TurnResult> Router::RunTurn(const std::string& session_id,
     }
   }
   lease->reset();  // the session is free again: a repair may take it
-  if (!to_repair.empty()) QueueRepairs(session_id, to_repair);
+  if (!to_repair.empty()) QueueRepairs(session_id, to_repair, std::move(work.probe));
   work.result.total_seconds = Seconds(options.received, Clock::now());
   return std::move(work.result);
 }
@@ -463,6 +477,10 @@ absl::StatusOr<GenerateResult> Router::HandOverAndGenerate(Work& work, int model
   Clock::time_point t_last = t_prefill, t_first = t_prefill;
   int64_t n_emitted = 0;
   const CachePath path = work.plan.path;
+  // A translated turn keeps what the translated line gave its tokens, for the
+  // repair to compare with the native line (OnSwitchFidelity).
+  g.record_logprobs = routing_.repair != RepairMode::kOff && path == CachePath::kTranslated &&
+                      committed.last_model >= 0 && committed.last_model != model;
   g.on_token = [&](int64_t id, std::string_view text) {
     const Clock::time_point now = Clock::now();
     if (id >= 0) {
@@ -548,6 +566,17 @@ void Router::Commit(Work& work, int model, GenerateResult gen) {
   const std::vector<int64_t> close = Encode(*tokenizer_, CloseAssistantTurn(generated_text));
   work.history.insert(work.history.end(), close.begin(), close.end());
   AppendLedgerSpan(&work.ledger, begin, static_cast<int64_t>(work.history.size()), model);
+  if (!gen.logprobs.empty()) {
+    FidelityProbe probe;
+    probe.source = committed.last_model;
+    probe.target = model;
+    probe.begin = begin + static_cast<int64_t>(prompt.size());
+    probe.tokens = gen.tokens;
+    if (gen.finish_reason == FinishReason::kStopToken) probe.tokens.push_back(gen.stop_token_id);
+    probe.translated = gen.logprobs;
+    probe.first_greedy = gen.first_greedy;
+    if (probe.tokens.size() == probe.translated.size()) work.probe = std::move(probe);
+  }
 
   ConversationState next;
   next.history = std::move(work.history);

@@ -83,6 +83,17 @@ class TurnObserver {
   virtual void OnRepair(int model, int64_t tokens, double seconds) {}
   // Lines queued for repair or being repaired, after each change.
   virtual void OnRepairBacklog(int64_t lines) {}
+  // The live quality gate closed (open = false) or reopened a translator pair.
+  virtual void OnGate(int source, int target, bool open, const std::string& reason) {}
+  // A repair recomputed the reply of a translated switch turn (source ->
+  // target): nats_per_token is the mean over the reply's tokens (and stop
+  // token) of log p_translated - log p_native, the log-probabilities the target
+  // gave each token on the translated line while generating and on the
+  // repaired (native) one; for sampled tokens, an estimate of
+  // KL(translated || native) per token. first_token_differs: the native
+  // line's most likely first token is not the translated line's.
+  virtual void OnSwitchFidelity(int source, int target, double nats_per_token, int64_t tokens,
+                                bool first_token_differs) {}
   // The repair thread finished a chunk: its copy of the model's line now
   // holds `done` of the `target` tokens it is catching up with. Called with no
   // lock held.
@@ -216,6 +227,18 @@ class Router {
     std::string session_id;
     int model = 0;
   };
+  // The reply of a translated switch turn, kept until its line is repaired
+  // (OnSwitchFidelity).
+  struct FidelityProbe {
+    std::string session_id;
+    int source = -1, target = -1;
+    int64_t begin = 0;                // history position of tokens[0]
+    std::vector<int64_t> tokens;      // the reply's tokens, then its stop token
+    std::vector<double> translated;   // their log-probabilities on the translated line
+    int64_t first_greedy = -1;        // the translated line's most likely first token
+    std::vector<double> native;       // filled by the repair (NaN until then)
+    int64_t native_first = -1;
+  };
   struct Work;      // one turn's working state
   class ModelLock;  // holds a model's engine for a stage; ends the queue time
 
@@ -251,11 +274,19 @@ class Router {
   void StopRepairThread();
   // Queues the session's lines that hold translated spans; called after a
   // turn's lease has ended.
-  void QueueRepairs(const std::string& session_id, const std::vector<int>& models);
+  void QueueRepairs(const std::string& session_id, const std::vector<int>& models,
+                    std::optional<FidelityProbe> probe);
   void RepairLoop();
   // Recomputes one line and swaps it in; OK also when there is nothing left
   // to do (the session or line is gone, or is already native).
   absl::Status RepairLine(const RepairJob& job);
+  // Records the native log-probabilities of the probes' tokens predicted by a
+  // repair chunk's logits [n, V] (the chunk starts at history position
+  // chunk_begin).
+  static void ScoreProbes(const at::Tensor& logits, int64_t chunk_begin,
+                          const std::vector<int64_t>& history, std::vector<FidelityProbe>* probes);
+  // OnSwitchFidelity for each probe the repair scored completely.
+  void ReportFidelity(const std::vector<FidelityProbe>& probes);
   // Waits (between chunks) until the model may run a repair chunk; false when
   // the router is stopping.
   bool WaitForRepairTurn(Slot& slot);
@@ -277,6 +308,21 @@ class Router {
   absl::Mutex swap_mu_;
   mutable absl::Mutex repair_mu_;
   std::deque<RepairJob> repair_queue_ ABSL_GUARDED_BY(repair_mu_);
+  std::vector<FidelityProbe> probes_ ABSL_GUARDED_BY(repair_mu_);
+  // The live quality gate, per (source, target) pair.
+  struct Gate {
+    std::deque<double> window;  // the last gate_window divergences
+    std::chrono::steady_clock::time_point closed_until{};
+    bool closed = false;
+    std::string reason;
+  };
+  mutable absl::Mutex gate_mu_;
+  // [source * n + target]; mutable: GateOpen reopens a pair whose cool-down is over.
+  mutable std::vector<Gate> gates_ ABSL_GUARDED_BY(gate_mu_);
+  // Whether the pair's translator may be used now (reopens it after its
+  // cool-down); `why` says why not.
+  bool GateOpen(int source, int target, std::string* why) const;
+  void FeedGate(int source, int target, double nats_per_token);
   int64_t repairs_in_progress_ ABSL_GUARDED_BY(repair_mu_) = 0;
   bool repair_stop_ ABSL_GUARDED_BY(repair_mu_) = false;
   std::thread repair_thread_;

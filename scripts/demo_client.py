@@ -7,6 +7,7 @@ build/python), and each method is called by its full name.
 usage: /usr/bin/python3 scripts/demo_client.py TARGET STUBS_DIR METRICS_URL
 """
 import sys
+import time
 import urllib.request
 
 import grpc
@@ -106,12 +107,27 @@ def main():
         if not same:
             print(f"      {td.model}, re-prefilled: {twin_answer.strip()[:160]!r}")
 
-    with urllib.request.urlopen(metrics_url, timeout=5) as response:
-        lines = [l for l in response.read().decode().splitlines()
-                 if l.startswith(("kvlingo_up", "kvlingo_sessions_active", "kvlingo_switches_total",
-                                  "kvlingo_time_to_first_token_seconds_count",
-                                  "kvlingo_cache_bytes"))
-                 and not l.endswith(" 0")]
+    def scrape():
+        with urllib.request.urlopen(metrics_url, timeout=5) as response:
+            return response.read().decode().splitlines()
+
+    # Background repair (routing.repair, after-turn by default) recomputes the
+    # translated cache natively after the switch turn; wait for it to land
+    # (bounded), so that the excerpt shows what it did.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if "kvlingo_repair_backlog_lines 0" in scrape():
+            break
+        time.sleep(0.2)
+    lines = [l for l in scrape()
+             if l.startswith(("kvlingo_up", "kvlingo_sessions_active", "kvlingo_switches_total",
+                              "kvlingo_time_to_first_token_seconds_count",
+                              "kvlingo_cache_bytes", "kvlingo_repaired_tokens_total",
+                              "kvlingo_repairs_total", "kvlingo_repair_backlog_lines",
+                              "kvlingo_switch_divergence_nats_sum",
+                              "kvlingo_switch_divergence_nats_count",
+                              "kvlingo_switch_first_token_differs_total"))
+             and (not l.endswith(" 0") or l.startswith("kvlingo_repair_backlog_lines"))]
     print("metrics (excerpt):")
     for line in lines:
         print(f"  {line}")

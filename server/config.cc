@@ -414,7 +414,7 @@ absl::Status ParseRouting(const Json& j, const std::string& path,
   if (absl::Status s = CheckKeys(
           j, path,
           {"policy", "default_model", "strategy", "models", "rules", "cascade_max_entropy",
-           "cascade_min_mean_logprob", "native_tail_tokens", "repair"});
+           "cascade_min_mean_logprob", "native_tail_tokens", "repair", "gate"});
       !s.ok()) {
     return s;
   }
@@ -439,6 +439,36 @@ absl::Status ParseRouting(const Json& j, const std::string& path,
   out->policy = static_cast<router::Policy>(policy);
   out->strategy = static_cast<router::Strategy>(strategy);
   out->repair = static_cast<router::RepairMode>(repair);
+  if (const Json* gate = Find(j, "gate"); gate != nullptr) {
+    const std::string where = Child(path, "gate");
+    if (absl::Status st = ExpectObject(*gate, where); !st.ok()) return st;
+    if (absl::Status st = CheckKeys(*gate, where,
+                                    {"max_divergence_nats", "window", "min_samples",
+                                     "cooldown_seconds"});
+        !st.ok()) {
+      return st;
+    }
+    absl::Status st = ReadNumber(*gate, "max_divergence_nats", where,
+                                 -std::numeric_limits<double>::max(),
+                                 std::numeric_limits<double>::max(), &out->gate_max_divergence);
+    if (st.ok()) st = ReadInt(*gate, "window", where, 1, 1 << 20, &out->gate_window);
+    if (st.ok()) st = ReadInt(*gate, "min_samples", where, 1, 1 << 20, &out->gate_min_samples);
+    if (st.ok()) {
+      st = ReadNumber(*gate, "cooldown_seconds", where, 0, std::numeric_limits<double>::max(),
+                      &out->gate_cooldown_seconds);
+    }
+    if (!st.ok()) return st;
+    if (out->gate_min_samples > out->gate_window) {
+      return Invalid(Child(where, "min_samples"),
+                     absl::StrCat(out->gate_min_samples, " exceeds window ", out->gate_window));
+    }
+    if (out->repair == router::RepairMode::kOff &&
+        out->gate_max_divergence < std::numeric_limits<double>::infinity()) {
+      return Invalid(where, absl::StrCat("the live quality gate scores switches as their lines "
+                                         "are repaired; it needs ",
+                                         Child(path, "repair"), " other than \"off\""));
+    }
+  }
   if (const Json* rules = Find(j, "rules"); rules != nullptr) {
     const std::string where = Child(path, "rules");
     if (absl::Status st = ExpectArray(*rules, where); !st.ok()) return st;

@@ -58,6 +58,9 @@ const std::vector<double> kInterTokenBuckets = {0.001, 0.005, 0.01, 0.025, 0.05,
 const std::vector<double> kTranslationBuckets = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
                                                  0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
                                                  1,      2.5,     5,      10};
+// Nats per token of a switch turn's reply (negative: the native cache liked
+// the reply better).
+const std::vector<double> kDivergenceBuckets = {-0.1, 0, 0.01, 0.03, 0.1, 0.3, 1, 3};
 constexpr std::array<router::CachePath, router::kNumCachePaths> kPaths = {
     router::CachePath::kNative, router::CachePath::kTranslated, router::CachePath::kReprefill};
 constexpr std::array<router::Strategy, router::kNumStrategies> kStrategies = {
@@ -170,6 +173,42 @@ ServerMetrics::ServerMetrics(const std::string& version, std::vector<std::string
                                "or being repaired.")
                          .Register(*registry_)
                          .Add({});
+  auto& divergence = prometheus::BuildHistogram()
+                         .Name("kvlingo_switch_divergence_nats")
+                         .Help("Per translated switch turn, once its line is repaired: mean over "
+                               "the reply's tokens of log p(translated cache) - log p(native "
+                               "cache), nats/token, by source and target model.")
+                         .Register(*registry_);
+  auto& differs = prometheus::BuildCounter()
+                      .Name("kvlingo_switch_first_token_differs_total")
+                      .Help("Repaired translated switch turns whose most likely first token on "
+                            "the native cache differs from the translated cache's, by source and "
+                            "target model.")
+                      .Register(*registry_);
+  auto& gate_open = prometheus::BuildGauge()
+                        .Name("kvlingo_translator_gate_open")
+                        .Help("1 while a translator pair may be used, 0 while the live quality "
+                              "gate (routing.gate) has closed it and its switches re-prefill.")
+                        .Register(*registry_);
+  auto& gate_closures = prometheus::BuildCounter()
+                            .Name("kvlingo_translator_gate_closures_total")
+                            .Help("Times the live quality gate closed a translator pair.")
+                            .Register(*registry_);
+  gate_open_.assign(n * n, nullptr);
+  gate_closures_.assign(n * n, nullptr);
+  switch_divergence_.assign(n * n, nullptr);
+  first_token_differs_.assign(n * n, nullptr);
+  for (int a = 0; a < n; ++a) {
+    for (int b = 0; b < n; ++b) {
+      if (a == b) continue;
+      switch_divergence_[a * n + b] =
+          &divergence.Add({{"source", models[a]}, {"target", models[b]}}, kDivergenceBuckets);
+      first_token_differs_[a * n + b] = &differs.Add({{"source", models[a]}, {"target", models[b]}});
+      gate_open_[a * n + b] = &gate_open.Add({{"source", models[a]}, {"target", models[b]}});
+      gate_open_[a * n + b]->Set(1);
+      gate_closures_[a * n + b] = &gate_closures.Add({{"source", models[a]}, {"target", models[b]}});
+    }
+  }
   translation_seconds_.assign(n * n, nullptr);
   translated_tokens_.assign(n * n, nullptr);
   switches_.assign(n * n, {});
@@ -245,6 +284,19 @@ void ServerMetrics::OnRepair(int model, int64_t tokens, double seconds) {
   repaired_tokens_[model]->Increment(static_cast<double>(tokens));
   repair_seconds_[model]->Increment(seconds);
   repairs_[model]->Increment();
+}
+
+void ServerMetrics::OnSwitchFidelity(int source, int target, double nats_per_token,
+                                     int64_t tokens, bool first_token_differs) {
+  if (source < 0 || target < 0 || source == target) return;
+  switch_divergence_[source * n_models_ + target]->Observe(nats_per_token);
+  if (first_token_differs) first_token_differs_[source * n_models_ + target]->Increment();
+}
+
+void ServerMetrics::OnGate(int source, int target, bool open, const std::string& reason) {
+  if (source < 0 || target < 0 || source == target) return;
+  gate_open_[source * n_models_ + target]->Set(open ? 1 : 0);
+  if (!open) gate_closures_[source * n_models_ + target]->Increment();
 }
 
 void ServerMetrics::OnRepairBacklog(int64_t lines) {

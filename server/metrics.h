@@ -75,6 +75,9 @@ class ServerMetrics final : public router::TurnObserver {
   void OnInterTokenLatency(int model, double seconds) override;
   void OnRepair(int model, int64_t tokens, double seconds) override;
   void OnRepairBacklog(int64_t lines) override;
+  void OnGate(int source, int target, bool open, const std::string& reason) override;
+  void OnSwitchFidelity(int source, int target, double nats_per_token, int64_t tokens,
+                        bool first_token_differs) override;
 
   // The registry in the Prometheus text exposition format (version 0.0.4).
   std::string RenderText() const;
@@ -101,6 +104,10 @@ class ServerMetrics final : public router::TurnObserver {
   prometheus::Counter* evicted_lines_ = nullptr;
   std::vector<prometheus::Counter*> repaired_tokens_, repair_seconds_, repairs_;
   prometheus::Gauge* repair_backlog_ = nullptr;
+  std::vector<prometheus::Histogram*> switch_divergence_;   // [source * n + target]
+  std::vector<prometheus::Counter*> first_token_differs_;   // [source * n + target]
+  std::vector<prometheus::Gauge*> gate_open_;                // [source * n + target]
+  std::vector<prometheus::Counter*> gate_closures_;          // [source * n + target]
 };
 
 }  // namespace kvl::server

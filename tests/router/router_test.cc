@@ -896,5 +896,154 @@ TEST_F(RepairTest, ATurnArrivingMidRepairReadsTheTranslatedLineAndTheRepairStill
   EXPECT_LT(MaxDiff(next->reply_logprobs, twin_next->reply_logprobs), 1e-4);
 }
 
+struct FidelityLog : TurnObserver {
+  absl::Mutex mu;
+  struct Call {
+    int source, target;
+    double nats;
+    int64_t tokens;
+    bool differs;
+  };
+  std::vector<Call> calls ABSL_GUARDED_BY(mu);
+  void OnSwitchFidelity(int source, int target, double nats, int64_t tokens,
+                        bool differs) override {
+    absl::MutexLock lock(&mu);
+    calls.push_back({source, target, nats, tokens, differs});
+  }
+};
+
+// log p of ids[i] given ids[0..i), for i in [first, ids.size()), from one
+// prefill of `line` (already holding ids[0..start)) with every position's logits.
+std::vector<double> ScoreByPrefill(Engine& engine, KvCache& line, const std::vector<int64_t>& ids,
+                                   int64_t first, int64_t* argmax_first) {
+  const int64_t start = line.Length();
+  const std::vector<int64_t> run(ids.begin() + start, ids.end() - 1);
+  auto logits = engine.Prefill(line, run, /*all_logits=*/true);
+  EXPECT_TRUE(logits.ok()) << logits.status();
+  const at::Tensor lp = at::log_softmax(logits->to(at::kDouble), -1);
+  std::vector<double> out;
+  for (int64_t i = first; i < static_cast<int64_t>(ids.size()); ++i) {
+    const int64_t row = i - 1 - start;
+    out.push_back(lp[row][ids[i]].item<double>());
+    if (i == first) *argmax_first = lp[row].argmax().item<int64_t>();
+  }
+  return out;
+}
+
+TEST_F(RepairTest, TheRepairScoresTheSwitchReplyOnTheNativeLineAgainstTheTranslatedOne) {
+  FidelityLog log;
+  RoutingConfig routing = Explicit();
+  routing.repair = RepairMode::kAfterTurn;
+  MakeRouter(routing, int64_t{1} << 30, DType::kFloat32, &log);
+  absl::Cleanup done = [&] { router_.reset(); };  // the router calls `log`
+  ASSERT_TRUE(store_->Create("s", "", router_->RenderPreamble("Be brief.")).ok());
+  ASSERT_TRUE(Turn("s", repair_test::kLongTurn, 0).ok());
+  const ConversationState after1 = store_->View("s")->state;
+  auto t2 = Turn("s", "Where does my sister live?", 2);
+  ASSERT_TRUE(t2.ok()) << t2.status();
+  ASSERT_EQ(t2->routing.path, CachePath::kTranslated);
+  ASSERT_TRUE(router_->WaitForRepairs(absl::Seconds(60)));
+  // A plain continuation on large is not a switch: no second score.
+  ASSERT_TRUE(Turn("s", "Thanks.", 2).ok());
+  ASSERT_TRUE(router_->WaitForRepairs(absl::Seconds(60)));
+
+  // The oracle, by hand: the reply (and its stop token) scored by one prefill
+  // on large's own cache of the history, and on a cache translated by the
+  // router's translator from small's prefill of what small held.
+  const ConversationState after2 = store_->View("s")->state;
+  const int64_t first = static_cast<int64_t>(after1.history.size() +
+                                             TurnTokens("Where does my sister live?").size());
+  const int64_t n_scored = static_cast<int64_t>(t2->tokens.size()) +
+                           (t2->finish_reason == FinishReason::kStopToken ? 1 : 0);
+  const std::vector<int64_t> ids(after2.history.begin(), after2.history.begin() + first + n_scored);
+  Engine& small = *engines_[0];
+  Engine& large = *engines_[2];
+  auto native_line = large.NewCache();
+  int64_t native_first = -1, translated_first = -1;
+  const std::vector<double> native = ScoreByPrefill(large, *native_line, ids, first, &native_first);
+  auto small_line = small.NewCache();
+  const int64_t n_held = after1.tail_begin;
+  ASSERT_TRUE(small.Prefill(*small_line, {after1.history.begin(), after1.history.begin() + n_held})
+                  .ok());
+  auto taps = small_line->Taps(0, n_held);
+  ASSERT_TRUE(taps.ok());
+  auto moved = router_->FindTranslator(0, 2)->Translate(*taps);
+  ASSERT_TRUE(moved.ok());
+  auto translated_line = large.NewCache();
+  ASSERT_TRUE(translated_line->Accept(moved->keys, moved->values).ok());
+  const std::vector<double> translated =
+      ScoreByPrefill(large, *translated_line, ids, first, &translated_first);
+  double expected = 0;
+  for (int64_t i = 0; i < n_scored; ++i) expected += translated[i] - native[i];
+  expected /= static_cast<double>(n_scored);
+
+  absl::MutexLock lock(&log.mu);
+  ASSERT_EQ(log.calls.size(), 1u);
+  const FidelityLog::Call& call = log.calls[0];
+  EXPECT_EQ(call.source, 0);
+  EXPECT_EQ(call.target, 2);
+  EXPECT_EQ(call.tokens, n_scored);
+  // The router scored the reply token by token while decoding and the repair
+  // in 256-token chunks; the oracle prefills once: float32 rounding apart.
+  EXPECT_NEAR(call.nats, expected, 1e-3);
+  EXPECT_GT(std::abs(expected), 1e-4);  // the two caches do disagree
+  EXPECT_EQ(call.differs, native_first != translated_first);
+}
+
+struct GateLog : TurnObserver {
+  absl::Mutex mu;
+  std::vector<std::pair<std::pair<int, int>, bool>> events ABSL_GUARDED_BY(mu);
+  void OnGate(int source, int target, bool open, const std::string& reason) override {
+    absl::MutexLock lock(&mu);
+    events.push_back({{source, target}, open});
+  }
+};
+
+TEST_F(RepairTest, TheLiveGateClosesAPairAboveItsBoundAndReopensItAfterTheCoolDown) {
+  GateLog log;
+  RoutingConfig routing = Explicit();
+  routing.repair = RepairMode::kAfterTurn;
+  // Every score exceeds this bound: the first repaired switch closes its pair.
+  routing.gate_max_divergence = -1e9;
+  routing.gate_window = 1;
+  routing.gate_min_samples = 1;
+  routing.gate_cooldown_seconds = 3.0;  // far longer than the two turns it must cover
+  MakeRouter(routing, int64_t{1} << 30, DType::kFloat32, &log);
+  absl::Cleanup done = [&] { router_.reset(); };  // the router calls `log`
+  auto turn = [&](const std::string& text, int model) {
+    auto t = Turn("s", text, model);
+    EXPECT_TRUE(t.ok()) << t.status();
+    EXPECT_TRUE(router_->WaitForRepairs(absl::Seconds(60)));
+    return t.ok() ? *t : TurnResult{};
+  };
+  ASSERT_TRUE(store_->Create("s", "", router_->RenderPreamble("Be brief.")).ok());
+  turn(repair_test::kLongTurn, 0);
+  const TurnResult first = turn("Where does my sister live?", 2);
+  EXPECT_GT(first.routing.tokens_translated, 0);
+  {
+    absl::MutexLock lock(&log.mu);
+    ASSERT_FALSE(log.events.empty());
+    EXPECT_EQ(log.events[0], (std::pair<std::pair<int, int>, bool>{{0, 2}, false}));
+  }
+  const absl::Time closed_at = absl::Now();
+  turn("Back to small.", 0);
+  // small -> large is closed: small's new span is prefilled, and the routing
+  // decision says why.
+  const TurnResult gated = turn("And large again?", 2);
+  ASSERT_LT(absl::Now() - closed_at, absl::Seconds(3)) << "the machine is too slow for this test";
+  EXPECT_EQ(gated.routing.tokens_translated, 0);
+  EXPECT_THAT(gated.routing.reason,
+              HasSubstr("translator small->large closed by the quality gate"));
+  // After the cool-down the pair is used again (on probation).
+  absl::SleepFor(absl::Seconds(3) - (absl::Now() - closed_at) + absl::Milliseconds(50));
+  turn("Small once more.", 0);
+  const TurnResult reopened = turn("Large once more?", 2);
+  EXPECT_GT(reopened.routing.tokens_translated, 0);
+  absl::MutexLock lock(&log.mu);
+  EXPECT_NE(std::find(log.events.begin(), log.events.end(),
+                      std::pair<std::pair<int, int>, bool>{{0, 2}, true}),
+            log.events.end());
+}
+
 }  // namespace
 }  // namespace kvl::router

@@ -43,6 +43,8 @@ TEST(ConfigTest, EmptyObjectGivesDocumentedDefaults) {
   EXPECT_EQ(c->routing.policy, router::Policy::kFixed);
   EXPECT_EQ(c->routing.strategy, router::Strategy::kTranslate);
   EXPECT_EQ(c->routing.native_tail_tokens, 32);
+  EXPECT_EQ(c->routing.repair, router::RepairMode::kAfterTurn);
+  EXPECT_EQ(c->routing.gate_max_divergence, std::numeric_limits<double>::infinity());
   EXPECT_EQ(c->routing.cascade_max_entropy, 3.0);
   EXPECT_EQ(c->routing.cascade_min_mean_logprob, -std::numeric_limits<double>::infinity());
   EXPECT_EQ(c->sessions.idle_timeout_seconds, 3600);
@@ -68,7 +70,9 @@ TEST(ConfigTest, FullConfigWithCommentsAndRelativePaths) {
                 "models": ["small", "large"],
                 "rules": [{"model": "large", "contains": ["prove", "derive"], "min_bytes": 10}],
                 "cascade_max_entropy": 2.5, "cascade_min_mean_logprob": -0.5,
-                "native_tail_tokens": 16},
+                "native_tail_tokens": 16, "repair": "idle-only",
+                "gate": {"max_divergence_nats": 0.05, "window": 10, "min_samples": 3,
+                         "cooldown_seconds": 30}},
     "sessions": {"idle_timeout_seconds": 0, "memory_budget_bytes": 1048576}
   })";
   absl::StatusOr<ServerConfig> c = ParseConfig(text, dir.path());
@@ -99,6 +103,11 @@ TEST(ConfigTest, FullConfigWithCommentsAndRelativePaths) {
   EXPECT_EQ(c->routing.cascade_max_entropy, 2.5);
   EXPECT_EQ(c->routing.cascade_min_mean_logprob, -0.5);
   EXPECT_EQ(c->routing.native_tail_tokens, 16);
+  EXPECT_EQ(c->routing.repair, router::RepairMode::kIdleOnly);
+  EXPECT_EQ(c->routing.gate_max_divergence, 0.05);
+  EXPECT_EQ(c->routing.gate_window, 10);
+  EXPECT_EQ(c->routing.gate_min_samples, 3);
+  EXPECT_EQ(c->routing.gate_cooldown_seconds, 30.0);
   EXPECT_EQ(c->sessions.idle_timeout_seconds, 0);
   EXPECT_EQ(c->sessions.memory_budget_bytes, 1048576);
 }
@@ -218,6 +227,19 @@ TEST(ConfigTest, CrossReferencesAreChecked) {
       HasSubstr("config: translators[0].compute_dtype: expected one of auto, float32, bfloat16"));
   EXPECT_THAT(parse(R"(, "routing": {"default_model": "a", "native_tail_tokens": -1})").message(),
               HasSubstr("config: routing.native_tail_tokens"));
+  EXPECT_THAT(parse(R"(, "routing": {"default_model": "a", "repair": "sometimes"})").message(),
+              HasSubstr("config: routing.repair: expected one of off, after-turn, idle-only"));
+  EXPECT_THAT(
+      parse(R"(, "routing": {"default_model": "a", "repair": "off", "gate": {"max_divergence_nats": 0.1}})")
+          .message(),
+      HasSubstr("config: routing.gate: the live quality gate scores switches as their lines are "
+                "repaired; it needs routing.repair other than \"off\""));
+  EXPECT_THAT(
+      parse(R"(, "routing": {"default_model": "a", "gate": {"window": 2, "min_samples": 3}})")
+          .message(),
+      HasSubstr("config: routing.gate.min_samples: 3 exceeds window 2"));
+  EXPECT_THAT(parse(R"(, "routing": {"default_model": "a", "gate": {"bound": 1}})").message(),
+              HasSubstr("routing.gate"));
   EXPECT_THAT(
       parse(
           R"(, "routing": {"default_model": "a"}, "translators": [{"source": "a", "target": "b", "path": "t.kvlt"}, {"name": "x", "source": "a", "target": "b", "path": "t.kvlt"}])")

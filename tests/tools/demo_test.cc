@@ -73,6 +73,15 @@ TEST(DemoTest, CascadeEscalatesMidConversationByTranslation) {
   EXPECT_TRUE(std::regex_search(
       run->out, std::regex(R"(kvlingo_time_to_first_token_seconds_count\{model="kvl-large",path="translated"\} [1-9])")))
       << run->out;
+  // Background repair recomputed kvl-large's translated line after the switch
+  // and scored the switch turn's reply on it.
+  EXPECT_TRUE(std::regex_search(run->out, std::regex(R"(kvlingo_repairs_total\{model="kvl-large"\} [1-9])")))
+      << run->out;
+  EXPECT_TRUE(std::regex_search(
+      run->out,
+      std::regex(R"(kvlingo_switch_divergence_nats_count\{source="kvl-small",target="kvl-large"\} [1-9])")))
+      << run->out;
+  EXPECT_NE(run->out.find("kvlingo_repair_backlog_lines 0"), std::string::npos) << run->out;
 }
 
 }  // namespace
