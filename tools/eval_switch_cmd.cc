@@ -44,6 +44,12 @@ int RunEvalSwitch(const Args& args) {
   flags.Add("list-len", &o.data.list_max_len, "N", "difficulty knob");
   flags.Add("string-len", &o.data.string_max_len, "N", "difficulty knob");
   flags.Add("tails", &tails, "W,W,...", "native tails of the translate conditions ('' : none)");
+  flags.Switch("hand-over-turn", &o.hand_over_turn,
+               "switch one turn before the question (a given hand-over turn), so that the "
+               "question is a turn after a switch turn");
+  flags.Switch("repair", &o.repair,
+               "with --hand-over-turn: also each translate condition with background repair "
+               "(the question waits for it)");
   flags.Add("max-new-tokens", &o.max_new_tokens, "N", "greedy answer length limit");
   flags.Choice("translate-dtype", &translate_dtype, {"auto", "float32", "bfloat16"},
                "the translation's arithmetic (auto: the server's default)");

@@ -28,6 +28,10 @@ constexpr char kDocumentAck[] = "Okay, I have them.";  // one of datagen's kv ac
 constexpr char kReprefill[] = "reprefill";
 
 std::string TranslateCondition(int64_t tail) { return absl::StrCat("translate W=", tail); }
+std::string RepairCondition(int64_t tail) { return absl::StrCat("translate W=", tail, " +repair"); }
+// The hand-over turn of SwitchEvalOptions::hand_over_turn and its given reply.
+constexpr char kHandOverTurn[] = "Thanks. One more question.";
+constexpr char kHandOverReply[] = "Sure, go ahead.";
 
 double Mean(const std::vector<double>& v) {
   double sum = 0;
@@ -66,17 +70,19 @@ struct ConditionRouter {
   std::string name;
   int answer_model = 1;  // 0: the source answers
   router::Strategy strategy = router::Strategy::kTranslate;
+  bool repair = false;
   std::unique_ptr<CacheStore> store;
   std::unique_ptr<router::Router> router;
 };
 
 absl::StatusOr<ConditionRouter> MakeConditionRouter(const SwitchEvalOptions& o, std::string name,
                                                     int answer_model, router::Strategy strategy,
-                                                    int64_t native_tail) {
+                                                    int64_t native_tail, bool repair = false) {
   ConditionRouter c;
   c.name = std::move(name);
   c.answer_model = answer_model;
   c.strategy = strategy;
+  c.repair = repair;
   const std::vector<router::ModelSource> models = {
       {std::filesystem::path(o.source_dir).filename().string(), o.source_dir, DType::kFloat32},
       {std::filesystem::path(o.target_dir).filename().string(), o.target_dir, DType::kFloat32}};
@@ -88,6 +94,7 @@ absl::StatusOr<ConditionRouter> MakeConditionRouter(const SwitchEvalOptions& o, 
   routing.policy = router::Policy::kExplicit;
   routing.strategy = strategy;
   routing.native_tail_tokens = native_tail;
+  routing.repair = repair ? router::RepairMode::kAfterTurn : router::RepairMode::kOff;
   CacheStoreOptions store_options;
   store_options.n_models = 2;
   c.store = std::make_unique<CacheStore>(store_options);
@@ -149,6 +156,17 @@ absl::StatusOr<ItemRun> RunItem(ConditionRouter& c, const datagen::Conversation&
       turn.reply = m[i + 1].content;
       status = c.router->RunTurn(id, turn, {}).status();
     }
+    if (status.ok() && o.hand_over_turn) {
+      router::TurnOptions hand_over;
+      hand_over.user_message = kHandOverTurn;
+      hand_over.explicit_model = c.answer_model;
+      hand_over.strategy = c.strategy;
+      hand_over.reply = kHandOverReply;
+      status = c.router->RunTurn(id, hand_over, {}).status();
+      if (status.ok() && c.repair && !c.router->WaitForRepairs(absl::Minutes(5))) {
+        status = absl::DeadlineExceededError("the repair did not finish in 5 minutes");
+      }
+    }
     if (status.ok()) {
       router::TurnOptions question;
       question.user_message = m[m.size() - 2].content;
@@ -203,6 +221,10 @@ absl::StatusOr<SwitchEvalReport> RunSwitchEval(const SwitchEvalOptions& o) {
   if (!o.native_tails.empty() && o.translator_path.empty()) {
     return absl::InvalidArgumentError("translate conditions need a translator");
   }
+  if (o.repair && !o.hand_over_turn) {
+    return absl::InvalidArgumentError(
+        "repair conditions need the hand-over turn: a repair helps the turns after a switch");
+  }
   std::vector<datagen::Task> tasks;
   for (const std::string& name : o.tasks) {
     absl::StatusOr<datagen::Task> task = ParseTask(name);
@@ -224,6 +246,12 @@ absl::StatusOr<SwitchEvalReport> RunSwitchEval(const SwitchEvalOptions& o) {
         MakeConditionRouter(o, TranslateCondition(tail), 1, router::Strategy::kTranslate, tail);
     if (!c.ok()) return c.status();
     routers.push_back(*std::move(c));
+    if (o.repair) {
+      absl::StatusOr<ConditionRouter> repaired = MakeConditionRouter(
+          o, RepairCondition(tail), 1, router::Strategy::kTranslate, tail, /*repair=*/true);
+      if (!repaired.ok()) return repaired.status();
+      routers.push_back(*std::move(repaired));
+    }
   }
 
   SwitchEvalReport report;
@@ -334,6 +362,8 @@ nlohmann::json SwitchEvalJson(const SwitchEvalOptions& o, const SwitchEvalReport
             {"list_len", o.data.list_max_len},
             {"string_len", o.data.string_max_len}}},
           {"native_tails", o.native_tails},
+          {"hand_over_turn", o.hand_over_turn},
+          {"repair", o.repair},
           {"max_new_tokens", o.max_new_tokens},
           {"translate_dtype", DTypeName(o.translate_dtype.value_or(FastestTranslateDtype()))},
           {"conditions", r.conditions},

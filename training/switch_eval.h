@@ -18,6 +18,10 @@
 //               native tail of W tokens (the router's native_tail_tokens) for
 //               each W asked for (0: the translator alone; the server's default
 //               is 32)
+//   translate +repair
+//               (hand_over_turn and repair) the same, the switch a turn before
+//               the question, whose line background repair has recomputed
+//               natively by the time the question comes
 //
 // Thread safety: a free function; it drives its routers from the calling thread.
 #pragma once
@@ -52,6 +56,15 @@ struct SwitchEvalOptions {
   // house models were trained on.
   datagen::DataOptions data = HouseCorpusKnobs();
   std::vector<int64_t> native_tails = {0, 32};
+  // The switch one turn before the question: after the source's turns the
+  // answering model takes a hand-over turn (kHandOverTurn, its reply given),
+  // then reads the question without a switch. What a turn after a switch turn
+  // sees.
+  bool hand_over_turn = false;
+  // With hand_over_turn: each translate condition also runs with background
+  // repair ("translate W=.. +repair"), the question waiting for the repair
+  // of the hand-over turn's line (routing.repair after-turn).
+  bool repair = false;
   int64_t max_new_tokens = 24;
   int n_threads = 0;
   std::optional<DType> translate_dtype;  // unset: FastestTranslateDtype()

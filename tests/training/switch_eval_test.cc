@@ -94,6 +94,35 @@ TEST_F(SwitchEvalTest, ATailOverTheWholeHistoryIsRePrefillAndNoTailIsNot) {
   EXPECT_GT(max_translated_difference, 1e-3);
 }
 
+// With the switch a turn before the question and background repair, the
+// question reads a repaired (native) cache: its answer scores as re-prefill's
+// (to float32 rounding: different prefill chunks), where the translated cache
+// without repair does not.
+TEST_F(SwitchEvalTest, AfterAHandOverTurnTheRepairedConditionScoresAsRePrefill) {
+  SwitchEvalOptions o = Options();
+  o.native_tails = {0};
+  o.hand_over_turn = true;
+  o.repair = true;
+  absl::StatusOr<SwitchEvalReport> r = RunSwitchEval(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->conditions, (std::vector<std::string>{"source", "reprefill", "translate W=0",
+                                                      "translate W=0 +repair"}));
+  double max_translated_difference = 0;
+  for (const auto& [task, cells] : r->cells) {
+    const SwitchEvalCell& base = cells.at("reprefill");
+    const SwitchEvalCell& repaired = cells.at("translate W=0 +repair");
+    const SwitchEvalCell& translated = cells.at("translate W=0");
+    ASSERT_EQ(repaired.answer_nll.size(), base.answer_nll.size());
+    for (size_t i = 0; i < base.answer_nll.size(); ++i) {
+      EXPECT_NEAR(repaired.answer_nll[i], base.answer_nll[i], 1e-4) << task << " " << i;
+      max_translated_difference = std::max(
+          max_translated_difference, std::abs(translated.answer_nll[i] - base.answer_nll[i]));
+    }
+    EXPECT_EQ(repaired.correct, base.correct) << task;
+  }
+  EXPECT_GT(max_translated_difference, 1e-3);
+}
+
 TEST_F(SwitchEvalTest, BadOptionsAreInvalidArgument) {
   SwitchEvalOptions o = Options();
   o.tasks = {"poetry"};
@@ -103,6 +132,9 @@ TEST_F(SwitchEvalTest, BadOptionsAreInvalidArgument) {
   EXPECT_EQ(RunSwitchEval(o).status().code(), absl::StatusCode::kInvalidArgument);
   o = Options();
   o.native_tails = {-1};
+  EXPECT_EQ(RunSwitchEval(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = Options();
+  o.repair = true;  // without the hand-over turn there is no turn for it to help
   EXPECT_EQ(RunSwitchEval(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
