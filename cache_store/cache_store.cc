@@ -39,12 +39,39 @@ void AppendLedgerSpan(std::vector<LedgerSpan>* ledger, int64_t begin, int64_t en
   }
 }
 
+std::vector<LineSpanInfo> LineProvenance(const std::vector<KvSpan>& spans,
+                                         const std::vector<LedgerSpan>& ledger) {
+  std::vector<LineSpanInfo> out;
+  auto add = [&out](int64_t begin, int64_t end, SpanProvenance provenance, int source) {
+    if (begin >= end) return;
+    if (!out.empty() && out.back().end == begin && out.back().provenance == provenance &&
+        out.back().source == source) {
+      out.back().end = end;
+    } else {
+      out.push_back({begin, end, provenance, source});
+    }
+  };
+  for (const KvSpan& span : spans) {
+    if (span.native) {
+      add(span.t0, span.t1, span.repaired ? SpanProvenance::kRepaired : SpanProvenance::kNative,
+          -1);
+      continue;
+    }
+    for (const LedgerSpan& l : ledger) {
+      add(std::max(span.t0, l.begin), std::min(span.t1, l.end), SpanProvenance::kTranslated,
+          l.model);
+    }
+  }
+  return out;
+}
+
 // Lines and state of one session. `lines`, `state` are touched by the lease
 // holder while `busy`; the accounting fields only under the store's mutex.
 struct TurnLease::Entry {
   explicit Entry(int n_models)
       : lines(n_models), evicted(n_models, false), line_bytes(n_models, 0),
-        line_tokens(n_models, 0), line_translated(n_models, 0), repaired(n_models, 0),
+        line_tokens(n_models, 0), line_translated(n_models, 0), line_spans(n_models),
+        repaired(n_models, 0),
         last_use(n_models, 0), served(n_models, false) {}
 
   uint64_t seq = 0;  // creation order, never reused
@@ -56,6 +83,7 @@ struct TurnLease::Entry {
   std::vector<bool> evicted;
   // Accounting as of the last release (what View reports while busy).
   std::vector<int64_t> line_bytes, line_tokens, line_translated;
+  std::vector<std::vector<LineSpanInfo>> line_spans;
   std::vector<int64_t> repaired;  // tokens recomputed by repair, per model
   std::vector<uint64_t> last_use;
   std::vector<bool> served;  // has ever had a line
@@ -63,8 +91,9 @@ struct TurnLease::Entry {
   bool removed = false;
 };
 
-TurnLease::TurnLease(CacheStore* store, std::string id, std::shared_ptr<Entry> entry)
-    : store_(store), id_(std::move(id)), entry_(std::move(entry)) {
+TurnLease::TurnLease(CacheStore* store, std::string id, std::shared_ptr<Entry> entry,
+                     LeaseUse use)
+    : store_(store), id_(std::move(id)), entry_(std::move(entry)), use_(use) {
   const int n = store_->n_models();
   begin_lengths_.assign(n, -1);
   replaced_.resize(n);
@@ -113,19 +142,37 @@ void TurnLease::ReplaceLine(int model, std::unique_ptr<KvCache> line) {
 
 absl::Status TurnLease::Reserve(int64_t bytes) {
   if (bytes <= 0) return absl::OkStatus();
+  if (absl::Status s = store_->ReserveBytes(entry_.get(), bytes, "this turn"); !s.ok()) return s;
+  reserved_ += bytes;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ByteReservation>> TurnLease::ReserveDetached(int64_t bytes) {
+  bytes = std::max<int64_t>(bytes, 0);
+  if (absl::Status s = store_->ReserveBytes(entry_.get(), bytes, "a repair copy"); !s.ok()) {
+    return s;
+  }
+  return std::unique_ptr<ByteReservation>(new ByteReservation(store_, bytes));
+}
+
+ByteReservation::~ByteReservation() {
   absl::MutexLock lock(&store_->mu_);
-  const int64_t budget = store_->budget_bytes();
-  while (store_->total_bytes_ + store_->reserved_bytes_ + bytes > budget) {
-    if (!store_->EvictOne(entry_.get())) {
+  store_->reserved_bytes_ -= bytes_;
+}
+
+absl::Status CacheStore::ReserveBytes(const Entry* except, int64_t bytes, const char* what) {
+  absl::MutexLock lock(&mu_);
+  const int64_t budget = budget_bytes();
+  while (total_bytes_ + reserved_bytes_ + bytes > budget) {
+    if (!EvictOne(except)) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "KV cache memory budget exhausted: this turn needs ", bytes, " more bytes; ",
-          store_->total_bytes_ + store_->reserved_bytes_, " of ", budget,
+          "KV cache memory budget exhausted: ", what, " needs ", bytes, " more bytes; ",
+          total_bytes_ + reserved_bytes_, " of ", budget,
           " bytes are held by sessions in use (sessions.memory_budget_bytes) and nothing idle "
           "is left to evict"));
     }
   }
-  store_->reserved_bytes_ += bytes;
-  reserved_ += bytes;
+  reserved_bytes_ += bytes;
   return absl::OkStatus();
 }
 
@@ -226,7 +273,7 @@ SessionView CacheStore::ViewOf(const std::string& id, const Entry& e) const {
   for (int m = 0; m < options_.n_models; ++m) {
     if (!e.served[m]) continue;
     view.lines.push_back({m, e.line_tokens[m], e.line_bytes[m], static_cast<bool>(e.evicted[m]),
-                          e.line_translated[m], e.repaired[m]});
+                          e.line_translated[m], e.repaired[m], e.line_spans[m]});
   }
   return view;
 }
@@ -292,7 +339,8 @@ std::vector<std::string> CacheStore::RemoveIdle(int64_t idle_seconds) {
   return removed;
 }
 
-absl::StatusOr<std::unique_ptr<TurnLease>> CacheStore::Begin(const std::string& session_id) {
+absl::StatusOr<std::unique_ptr<TurnLease>> CacheStore::Begin(const std::string& session_id,
+                                                             LeaseUse use) {
   std::shared_ptr<Entry> entry;
   {
     absl::MutexLock lock(&mu_);
@@ -306,9 +354,9 @@ absl::StatusOr<std::unique_ptr<TurnLease>> CacheStore::Begin(const std::string& 
     }
     entry = it->second;
     entry->busy = true;
-    entry->last_active_unix_seconds = options_.clock();
+    if (use == LeaseUse::kTurn) entry->last_active_unix_seconds = options_.clock();
   }
-  return std::unique_ptr<TurnLease>(new TurnLease(this, session_id, std::move(entry)));
+  return std::unique_ptr<TurnLease>(new TurnLease(this, session_id, std::move(entry), use));
 }
 
 void CacheStore::SetLineBytes(Entry& e, int model, int64_t bytes) {
@@ -323,6 +371,7 @@ void CacheStore::Release(TurnLease* lease) {
   // Measured by the lease holder's thread, which still owns the lines.
   std::vector<int64_t> bytes(options_.n_models, 0), tokens(options_.n_models, 0),
       translated(options_.n_models, 0);
+  std::vector<std::vector<LineSpanInfo>> spans(options_.n_models);
   for (int m = 0; m < options_.n_models; ++m) {
     if (e.lines[m] == nullptr) continue;
     bytes[m] = e.lines[m]->Bytes();
@@ -330,6 +379,7 @@ void CacheStore::Release(TurnLease* lease) {
     for (const KvSpan& span : e.lines[m]->Spans()) {
       if (!span.native) translated[m] += span.t1 - span.t0;
     }
+    spans[m] = LineProvenance(e.lines[m]->Spans(), e.state.ledger);
   }
   absl::MutexLock lock(&mu_);
   reserved_bytes_ -= lease->reserved_;
@@ -338,6 +388,7 @@ void CacheStore::Release(TurnLease* lease) {
     if (!e.removed) SetLineBytes(e, m, bytes[m]);
     e.line_tokens[m] = tokens[m];
     e.line_translated[m] = translated[m];
+    e.line_spans[m] = std::move(spans[m]);
     if (e.lines[m] != nullptr) {
       e.served[m] = true;
       e.evicted[m] = false;
@@ -345,7 +396,7 @@ void CacheStore::Release(TurnLease* lease) {
     }
   }
   e.busy = false;
-  e.last_active_unix_seconds = options_.clock();
+  if (lease->use_ == LeaseUse::kTurn) e.last_active_unix_seconds = options_.clock();
   if (e.removed) {
     for (auto& line : e.lines) line.reset();
   }
@@ -371,6 +422,8 @@ bool CacheStore::EvictOne(const Entry* except) {
   victim->lines[victim_model].reset();
   victim->evicted[victim_model] = true;
   victim->line_tokens[victim_model] = 0;
+  victim->line_translated[victim_model] = 0;
+  victim->line_spans[victim_model].clear();
   SetLineBytes(*victim, victim_model, 0);
   ++evictions_;
   return true;

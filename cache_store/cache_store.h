@@ -69,6 +69,27 @@ struct ConversationState {
   int cascade_level = 0;  // index into the cascade's model list; never decreases
 };
 
+// Where a run of a cache line's tokens came from.
+enum class SpanProvenance {
+  kNative,      // computed by the line's own model as the conversation went
+  kTranslated,  // translated from `source`'s cache at a switch
+  kRepaired,    // computed by the line's own model, replacing a translation
+};
+
+struct LineSpanInfo {
+  int64_t begin = 0, end = 0;  // [begin, end) of the history
+  SpanProvenance provenance = SpanProvenance::kNative;
+  int source = -1;  // kTranslated: the model whose cache was translated (the ledger's writer)
+  bool operator==(const LineSpanInfo& o) const {
+    return begin == o.begin && end == o.end && provenance == o.provenance && source == o.source;
+  }
+};
+
+// A line's spans (KvCache::Spans) by provenance, translated runs split by
+// their writer in `ledger`, adjacent runs of the same kind merged.
+std::vector<LineSpanInfo> LineProvenance(const std::vector<KvSpan>& spans,
+                                         const std::vector<LedgerSpan>& ledger);
+
 struct CacheLineInfo {
   int model = -1;
   int64_t tokens = 0;  // the prefix of the history the line holds
@@ -79,6 +100,7 @@ struct CacheLineInfo {
   // recomputed natively in this model's lines of the session so far.
   int64_t translated_tokens = 0;
   int64_t repaired_tokens = 0;
+  std::vector<LineSpanInfo> spans;  // as of the last turn or repair, in order
 };
 
 struct SessionView {
@@ -118,6 +140,27 @@ struct CacheStoreOptions {
 
 class CacheStore;
 
+// Cache memory held against the budget by something that is not a session's
+// line yet (background repair's copy of a line), until destroyed. Must not
+// outlive its store.
+class ByteReservation {
+ public:
+  ByteReservation(const ByteReservation&) = delete;
+  ByteReservation& operator=(const ByteReservation&) = delete;
+  ~ByteReservation();
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  friend class TurnLease;
+  ByteReservation(CacheStore* store, int64_t bytes) : store_(store), bytes_(bytes) {}
+  CacheStore* store_;
+  int64_t bytes_;
+};
+
+// What a lease is for: a turn, or background work (repair) that must not
+// count as activity (the session's idle timer keeps running).
+enum class LeaseUse { kTurn, kBackground };
+
 // Exclusive use of one session for one turn. The lines may be grown, rolled
 // back or replaced; Commit makes the new state final. Destroying an uncommitted
 // lease restores the session exactly: lines rolled back to their lengths at
@@ -142,6 +185,9 @@ class TurnLease {
   // other sessions, least recently used first. ResourceExhausted when even
   // evicting every idle line would not make room.
   absl::Status Reserve(int64_t bytes);
+  // As Reserve, but the bytes stay held after the lease ends, until the
+  // returned reservation is destroyed.
+  absl::StatusOr<std::unique_ptr<ByteReservation>> ReserveDetached(int64_t bytes);
   // Whether the model's line holds foreign (translated) spans; does not mark
   // the line used.
   bool HasForeignSpans(int model) const;
@@ -153,7 +199,7 @@ class TurnLease {
  private:
   friend class CacheStore;
   struct Entry;
-  TurnLease(CacheStore* store, std::string id, std::shared_ptr<Entry> entry);
+  TurnLease(CacheStore* store, std::string id, std::shared_ptr<Entry> entry, LeaseUse use);
 
   CacheStore* store_;
   std::string id_;
@@ -163,6 +209,7 @@ class TurnLease {
   std::vector<bool> was_replaced_;
   int64_t reserved_ = 0;
   std::vector<int64_t> repaired_;  // per model, counted at Commit
+  LeaseUse use_ = LeaseUse::kTurn;
   bool committed_ = false;
 };
 
@@ -202,17 +249,25 @@ class CacheStore {
   // turn; returns their ids.
   std::vector<std::string> RemoveIdle(int64_t idle_seconds);
   // NotFound for an unknown id; Aborted when another turn holds the session.
-  absl::StatusOr<std::unique_ptr<TurnLease>> Begin(const std::string& session_id);
+  // A kTurn lease marks the session active at its start and end; a
+  // kBackground one does not.
+  absl::StatusOr<std::unique_ptr<TurnLease>> Begin(const std::string& session_id,
+                                                   LeaseUse use = LeaseUse::kTurn);
 
   CacheStoreStats Stats() const;
 
  private:
   friend class TurnLease;
+  friend class ByteReservation;
   using Entry = TurnLease::Entry;
 
   // Called by a lease as it ends: re-measures the session's lines, releases
   // the reservation and evicts idle lines while over budget.
   void Release(TurnLease* lease);
+  // Adds `bytes` to the reserved bytes, evicting idle lines of sessions other
+  // than `except` while over budget; ResourceExhausted naming `what` when
+  // nothing is left to evict.
+  absl::Status ReserveBytes(const Entry* except, int64_t bytes, const char* what);
   // Evicts the least recently used line of an idle session other than
   // `except`; false when there is none.
   bool EvictOne(const Entry* except) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -150,6 +150,9 @@ class Engine {
   // as Prefill's; the cache is rolled back on error.
   struct ContinuationScore {
     std::vector<double> logprobs;  // [T-1]: of ids[1..T), each given what precedes it, nats
+    // [T-1]: whether ids[i + 1] was the most likely token there (what greedy
+    // decoding would have picked; a tie counts for the lower id, as argmax).
+    std::vector<bool> greedy;
     double mean_logprob = 0;       // their mean
     double next_entropy = 0;       // of the token after ids, nats
     int64_t n_scored = 0;          // T - 1

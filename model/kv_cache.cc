@@ -98,9 +98,24 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::ClonePrefix(int64_t n_tokens,
   copy->n_tokens_ = n_tokens;
   for (const KvSpan& span : spans_) {
     if (span.t0 >= n_tokens) break;
-    copy->spans_.push_back({span.t0, std::min(span.t1, n_tokens), span.native});
+    copy->spans_.push_back({span.t0, std::min(span.t1, n_tokens), span.native, span.repaired});
   }
   return copy;
+}
+
+void KvCache::MarkRepaired(int64_t from) {
+  std::vector<KvSpan> spans;
+  for (const KvSpan& span : spans_) {
+    if (span.t1 <= from || !span.native) {
+      spans.push_back(span);
+    } else if (span.t0 >= from) {
+      spans.push_back({span.t0, span.t1, true, true});
+    } else {
+      spans.push_back({span.t0, from, true, span.repaired});
+      spans.push_back({from, span.t1, true, true});
+    }
+  }
+  spans_ = std::move(spans);
 }
 
 int64_t KvCache::FirstForeignToken() const {
@@ -123,7 +138,8 @@ absl::Status KvCache::Rollback(int64_t n_tokens) {
 
 void KvCache::Commit(int64_t n, bool native) {
   if (n == 0) return;
-  if (!spans_.empty() && spans_.back().native == native) {
+  // Only newly computed tokens come here: they never extend a repaired span.
+  if (!spans_.empty() && spans_.back().native == native && !spans_.back().repaired) {
     spans_.back().t1 += n;
   } else {
     spans_.push_back(KvSpan{n_tokens_, n_tokens_ + n, native});

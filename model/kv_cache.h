@@ -42,6 +42,9 @@ enum class KeyTapMode {
 struct KvSpan {
   int64_t t0 = 0, t1 = 0;  // [t0, t1)
   bool native = true;
+  // Native, computed by background repair where the line held a translation
+  // (KvCache::MarkRepaired): provenance only, read as native everywhere.
+  bool repaired = false;
 };
 
 struct KvTaps {
@@ -81,6 +84,10 @@ class KvCache {
   absl::StatusOr<std::unique_ptr<KvCache>> ClonePrefix(int64_t n_tokens, int64_t capacity) const;
   // The first token of the first foreign span; -1 when the line is all native.
   int64_t FirstForeignToken() const;
+  // Marks the native tokens [from, Length()) as repaired (KvSpan::repaired),
+  // splitting the span that holds `from`. The repair's copy, once it has
+  // recomputed them.
+  void MarkRepaired(int64_t from);
 
   // Keys before k-norm/RoPE and values of [t0, t1): copies, and normal (not
   // inference) tensors, so training code may use them under autograd.

@@ -16,6 +16,30 @@ absl::Status Annotate(const absl::Status& s, const std::string& where) {
 
 }  // namespace
 
+std::string LoadGateRefusal(const std::optional<TranslatorEvaluation>& evaluation,
+                            std::optional<double> min_recovered,
+                            std::optional<double> max_gap_nats) {
+  if (!min_recovered && !max_gap_nats) return "";
+  if (!evaluation) {
+    return "the file carries no evaluation to check against the configured minimum (stamp it "
+           "with `kvl eval-translator --stamp` or `kvl stamp-translator`)";
+  }
+  const TranslatorEvaluation& e = *evaluation;
+  const std::string measured =
+      absl::StrCat(" (measured on ", e.data.empty() ? "unnamed data" : e.data, ", ", e.windows,
+                   " windows)");
+  if (min_recovered && !(e.recovered >= *min_recovered)) {
+    return absl::StrCat("its evaluation recovers ", absl::SixDigits(e.recovered),
+                        " of the prefix benefit", measured, ", below the minimum ",
+                        absl::SixDigits(*min_recovered));
+  }
+  if (max_gap_nats && !(e.gap_nats <= *max_gap_nats)) {
+    return absl::StrCat("its evaluation's gap is ", absl::SixDigits(e.gap_nats), " nats/token",
+                        measured, ", above the maximum ", absl::SixDigits(*max_gap_nats));
+  }
+  return "";
+}
+
 absl::StatusOr<std::unique_ptr<Router>> LoadRouter(const std::vector<ModelSource>& sources,
                                                    const std::vector<TranslatorSource>& translators,
                                                    RoutingConfig routing, int n_threads,
@@ -69,7 +93,22 @@ absl::StatusOr<std::unique_ptr<Router>> LoadRouter(const std::vector<ModelSource
                  sources[t.source].name, sources[t.target].name, t.path,
                  MapInputsName((*loaded)->spec().inputs), DTypeName(compute),
                  t.compute_dtype ? "" : " (auto)");
-    loaded_translators.push_back({t.name, t.path, t.source, t.target, *std::move(loaded)});
+    std::string refused =
+        LoadGateRefusal((*loaded)->spec().evaluation,
+                        t.min_recovered ? t.min_recovered : routing.gate_min_recovered,
+                        t.max_gap_nats ? t.max_gap_nats : routing.gate_max_gap_nats);
+    if (!refused.empty()) {
+      spdlog::warn("translator {} ({} -> {}) refused by the quality gate: {}; switches from {} "
+                   "to {} re-prefill",
+                   t.name, sources[t.source].name, sources[t.target].name, refused,
+                   sources[t.source].name, sources[t.target].name);
+    } else if (const std::optional<TranslatorEvaluation>& e = (*loaded)->spec().evaluation) {
+      spdlog::info("translator {}: evaluated on {} ({} windows): recovers {:.4f}, gap {:.4f} "
+                   "nats/token",
+                   t.name, e->data, e->windows, e->recovered, e->gap_nats);
+    }
+    loaded_translators.push_back(
+        {t.name, t.path, t.source, t.target, *std::move(loaded), std::move(refused)});
   }
   return Router::Create(std::move(models), std::move(loaded_translators),
                         std::move(shared_tokenizer), std::move(routing), store, observer);

@@ -15,6 +15,7 @@
 #include "model/config.h"
 #include "router/policy.h"
 #include "router/router.h"
+#include "translator/translator.h"
 
 namespace kvl::router {
 
@@ -34,14 +35,27 @@ struct TranslatorSource {
   // unset: bfloat16 where the CPU has bfloat16 dot-product instructions,
   // else float32 (kvl::FastestTranslateDtype).
   std::optional<DType> compute_dtype;
+  // The load-time quality gate's minimum for this pair; unset: the routing
+  // configuration's (RoutingConfig::gate_min_recovered, gate_max_gap_nats).
+  std::optional<double> min_recovered, max_gap_nats;
 };
+
+// Why the load-time quality gate refuses a translator with `evaluation`
+// (empty: it does not). Refused: no evaluation while a minimum is set, a
+// recovered share below min_recovered, a gap above max_gap_nats.
+std::string LoadGateRefusal(const std::optional<TranslatorEvaluation>& evaluation,
+                            std::optional<double> min_recovered,
+                            std::optional<double> max_gap_nats);
 
 // Loads every model (LoadModelDir with `dtype` and n_threads) and every
 // translator (checked against the loaded models and their tokenizer), then
 // creates the Router over `store` (sized for the models). The models must
 // share one tokenizer. Errors name the entry, "models[1] (large): ..." or
 // "translators[0] (a->b): ...", with the loader's code (NotFound,
-// InvalidArgument, FailedPrecondition); Router::Create's.
+// InvalidArgument, FailedPrecondition); Router::Create's. A translator the
+// load-time quality gate refuses (LoadGateRefusal) is not an error: it is
+// logged and passed on as refused (LoadedTranslator::refused), and the router
+// re-prefills its pair's switches.
 absl::StatusOr<std::unique_ptr<Router>> LoadRouter(const std::vector<ModelSource>& models,
                                                    const std::vector<TranslatorSource>& translators,
                                                    RoutingConfig routing, int n_threads,

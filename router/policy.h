@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <regex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,12 @@ struct RoutingConfig {
   int64_t gate_window = 20;
   int64_t gate_min_samples = 5;
   double gate_cooldown_seconds = 600;
+  // The load-time quality gate (router/loader.h): a translator whose stamped
+  // evaluation (TranslatorEvaluation) recovers less than gate_min_recovered
+  // of the prefix benefit, or has a gap above gate_max_gap_nats, or carries no
+  // evaluation while either is set, is refused: its switches re-prefill.
+  // TranslatorSource's own minimum overrides these. Unset: no minimum.
+  std::optional<double> gate_min_recovered, gate_max_gap_nats;
 };
 
 struct RouteChoice {

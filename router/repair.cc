@@ -214,6 +214,7 @@ absl::Status Router::RepairLine(const RepairJob& job) {
   Slot& slot = *models_[job.model];
   Engine& engine = *slot.loaded.engine;
   std::unique_ptr<KvCache> copy;
+  std::unique_ptr<ByteReservation> held;  // the copy's bytes, against the budget
   std::vector<int64_t> history;
   int64_t from = -1, done = 0, target = 0;
   double engine_seconds = 0;
@@ -235,7 +236,9 @@ absl::Status Router::RepairLine(const RepairJob& job) {
     // copy in once it has caught up with the line.
     {
       absl::MutexLock swap(&swap_mu_);
-      absl::StatusOr<std::unique_ptr<TurnLease>> lease = store_->Begin(job.session_id);
+      // A background lease: the repair does not restart the session's idle timer.
+      absl::StatusOr<std::unique_ptr<TurnLease>> lease =
+          store_->Begin(job.session_id, LeaseUse::kBackground);
       if (absl::IsNotFound(lease.status())) return absl::OkStatus();  // deleted or expired
       if (absl::IsAborted(lease.status())) {
         // A turn holds the session: retry after it (below).
@@ -248,7 +251,13 @@ absl::Status Router::RepairLine(const RepairJob& job) {
         const int64_t first = line.FirstForeignToken();
         if (copy == nullptr || first != from || line.Length() < done) {
           // Start (again: the line was replaced since the copy was taken).
+          // The copy's memory counts against the budget from here to the swap.
           from = first;
+          held.reset();
+          absl::StatusOr<std::unique_ptr<ByteReservation>> reserved =
+              l.ReserveDetached(line.Bytes());
+          if (!reserved.ok()) return reserved.status();
+          held = *std::move(reserved);
           absl::StatusOr<std::unique_ptr<KvCache>> fresh =
               line.ClonePrefix(from, line.Capacity());
           if (!fresh.ok()) return fresh.status();
@@ -262,11 +271,15 @@ absl::Status Router::RepairLine(const RepairJob& job) {
         target = line.Length();
         if (done == target) {
           // Caught up: the copy holds the line's tokens, all computed natively.
+          // It becomes the line: its bytes are the line's from here (the
+          // lease re-measures them), the old line's are freed.
+          held.reset();
           if (absl::Status s = l.Reserve(std::max<int64_t>(0, copy->Bytes() - line.Bytes()));
               !s.ok()) {
             return s;
           }
           const int64_t repaired = done - from;
+          copy->MarkRepaired(from);
           l.ReplaceLine(job.model, std::move(copy));
           l.AddRepaired(job.model, repaired);
           l.Commit(l.state());

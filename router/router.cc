@@ -144,6 +144,19 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(std::vector<LoadedModel> 
   {
     absl::MutexLock lock(&r->gate_mu_);
     r->gates_.resize(static_cast<size_t>(n) * n);
+    for (const LoadedTranslator& t : r->translators_) {
+      if (t.refused.empty()) continue;
+      Gate& gate = r->gates_[static_cast<size_t>(t.source) * n + t.target];
+      gate.closed = true;
+      gate.closed_until = std::chrono::steady_clock::time_point::max();
+      gate.reason = absl::StrCat("refused at load by the quality gate: ", t.refused);
+    }
+  }
+  for (const LoadedTranslator& t : r->translators_) {
+    if (!t.refused.empty()) {
+      r->observer_->OnGate(t.source, t.target, false,
+                           absl::StrCat("refused at load by the quality gate: ", t.refused));
+    }
   }
   if (r->routing_.repair != RepairMode::kOff) r->StartRepairThread();
   return r;
@@ -539,6 +552,8 @@ absl::StatusOr<GenerateResult> Router::ReadGivenReply(Work& work, int model,
   // logprobs[i] is of ids[i + 1]: the reply starts at ids[to_run.size()].
   work.result.reply_logprobs.assign(score->logprobs.begin() + (to_run.size() - 1),
                                     score->logprobs.end());
+  work.result.reply_greedy.assign(score->greedy.begin() + (to_run.size() - 1),
+                                  score->greedy.end());
   work.result.prefill_tokens += static_cast<int64_t>(ids.size()) - 1;
   observer_->OnPrefillTokens(model, static_cast<int64_t>(ids.size()) - 1);
   GenerateResult gen;

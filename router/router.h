@@ -83,7 +83,8 @@ class TurnObserver {
   virtual void OnRepair(int model, int64_t tokens, double seconds) {}
   // Lines queued for repair or being repaired, after each change.
   virtual void OnRepairBacklog(int64_t lines) {}
-  // The live quality gate closed (open = false) or reopened a translator pair.
+  // The quality gate closed (open = false) or reopened a translator pair: the
+  // live gate, or at load for a translator it refused (Router::Create).
   virtual void OnGate(int source, int target, bool open, const std::string& reason) {}
   // A repair recomputed the reply of a translated switch turn (source ->
   // target): nats_per_token is the mean over the reply's tokens (and stop
@@ -111,6 +112,10 @@ struct LoadedTranslator {
   std::string path;
   int source = 0, target = 0;
   std::unique_ptr<Translator> translator;
+  // Non-empty: the load-time quality gate refused it (router/loader.h) and
+  // this says why; the pair's switches re-prefill, reported as a gate closed
+  // until the translator is loaded again.
+  std::string refused;
 };
 
 struct TurnOptions {
@@ -160,6 +165,9 @@ struct TurnResult {
   // each of the reply's tokens and then the stop token, given everything
   // before it.
   std::vector<double> reply_logprobs;
+  // Aligned with reply_logprobs: whether each was the model's most likely
+  // token. All true: greedy decoding would have written exactly the reply.
+  std::vector<bool> reply_greedy;
 };
 
 struct TurnCallbacks {

@@ -41,6 +41,9 @@ def main():
     create = channel.unary_unary("/kvlingo.v1.SessionService/CreateSession",
                                  request_serializer=session_pb2.CreateSessionRequest.SerializeToString,
                                  response_deserializer=session_pb2.Session.FromString)
+    get_session = channel.unary_unary("/kvlingo.v1.SessionService/GetSession",
+                                      request_serializer=session_pb2.GetSessionRequest.SerializeToString,
+                                      response_deserializer=session_pb2.Session.FromString)
     list_models = channel.unary_unary("/kvlingo.v1.ModelService/ListModels",
                                       request_serializer=model_pb2.ListModelsRequest.SerializeToString,
                                       response_deserializer=model_pb2.ListModelsResponse.FromString)
@@ -131,6 +134,17 @@ def main():
     print("metrics (excerpt):")
     for line in lines:
         print(f"  {line}")
+
+    # Where each model's cache of the conversation came from, after the repair.
+    view = get_session(session_pb2.GetSessionRequest(session_id=main_session.session_id), timeout=10)
+    print("cache lines of the session (GetSession):")
+    for line in view.cache_lines:
+        spans = []
+        for sp in line.spans:
+            kind = session_pb2.SpanProvenance.Name(sp.provenance).replace("SPAN_PROVENANCE_", "").lower()
+            spans.append(f"[{sp.begin}, {sp.end}) {kind}"
+                         + (f" from {sp.source_model}" if sp.source_model else ""))
+        print(f"  {line.model}: {line.tokens} tokens: " + ", ".join(spans))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@
 # bought: experiments/token_anchors/README.md).
 # Needs the house models (scripts/train_house_models.sh) and its corpus in
 # $KVL_HOUSE_WORK/data. Writes models/translators/<source>__<target>.safetensors
+# (stamped with their evaluation, for kvl-server's load-time quality gate)
 # (what the server loads); the distillation's logs and curves and the closed
 # form's per-layer R² (<source>__<target>.closed-form.r2.json) under
 # docs/results/training/<source>__<target>/ (scripts/restamp_translator_history.py
@@ -130,6 +131,6 @@ for pair in $PAIRS; do
   timed "eval $s->$t" "$KVL" eval-translator --source "models/$s" --target "models/$t" \
     --translator "$cf,$base.safetensors" \
     --data "$WORK/data/test.jsonl" --suites "${SUITES%,}" "${multi[@]}" \
-    --threads "$THREADS" --quiet --json "$RESULTS/${s}__${t}.json"
+    --threads "$THREADS" --quiet --json "$RESULTS/${s}__${t}.json" --stamp
 done
 echo "step times (seconds) in $TIMES:"; cat "$TIMES"

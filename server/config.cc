@@ -5,6 +5,7 @@
 #include <fstream>
 #include <initializer_list>
 #include <limits>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -114,6 +115,16 @@ absl::Status ReadNumber(const Json& object, absl::string_view key, const std::st
     return Invalid(
         where, absl::StrCat("expected a number in [", min, ", ", max, "], got ", Shown(*value)));
   }
+  *out = v;
+  return absl::OkStatus();
+}
+
+// ReadNumber into an optional, set only when the key is present.
+absl::Status ReadOptionalNumber(const Json& object, absl::string_view key, const std::string& path,
+                                double min, double max, std::optional<double>* out) {
+  if (Find(object, key) == nullptr) return absl::OkStatus();
+  double v = 0;
+  if (absl::Status s = ReadNumber(object, key, path, min, max, &v); !s.ok()) return s;
   *out = v;
   return absl::OkStatus();
 }
@@ -300,7 +311,8 @@ absl::Status ParseTranslators(const Json& j, const std::string& path, const std:
     const std::string at = Index(path, i);
     const Json& e = j[i];
     if (absl::Status s = ExpectObject(e, at); !s.ok()) return s;
-    if (absl::Status s = CheckKeys(e, at, {"name", "source", "target", "path", "compute_dtype"});
+    if (absl::Status s = CheckKeys(e, at, {"name", "source", "target", "path", "compute_dtype",
+                                           "min_recovered", "max_gap_nats"});
         !s.ok()) {
       return s;
     }
@@ -311,6 +323,9 @@ absl::Status ParseTranslators(const Json& j, const std::string& path, const std:
     if (s.ok()) s = ReadChoice(e, "compute_dtype", at, kTranslateDtypeNames, &compute);
     if (compute == 1) t.compute_dtype = DType::kFloat32;
     if (compute == 2) t.compute_dtype = DType::kBFloat16;
+    if (s.ok()) s = ReadOptionalNumber(e, "min_recovered", at, 0, 1, &t.min_recovered);
+    if (s.ok()) s = ReadOptionalNumber(e, "max_gap_nats", at, 0, std::numeric_limits<double>::max(),
+                                             &t.max_gap_nats);
     if (s.ok()) s = ReadRequiredString(e, "source", at, &source);
     if (s.ok()) s = ReadRequiredString(e, "target", at, &target);
     if (s.ok()) s = ReadRequiredString(e, "path", at, &t.path);
@@ -444,13 +459,16 @@ absl::Status ParseRouting(const Json& j, const std::string& path,
     if (absl::Status st = ExpectObject(*gate, where); !st.ok()) return st;
     if (absl::Status st = CheckKeys(*gate, where,
                                     {"max_divergence_nats", "window", "min_samples",
-                                     "cooldown_seconds"});
+                                     "cooldown_seconds", "min_recovered", "max_gap_nats"});
         !st.ok()) {
       return st;
     }
     absl::Status st = ReadNumber(*gate, "max_divergence_nats", where,
                                  -std::numeric_limits<double>::max(),
                                  std::numeric_limits<double>::max(), &out->gate_max_divergence);
+    if (st.ok()) st = ReadOptionalNumber(*gate, "min_recovered", where, 0, 1, &out->gate_min_recovered);
+    if (st.ok()) st = ReadOptionalNumber(*gate, "max_gap_nats", where, 0, std::numeric_limits<double>::max(),
+                                         &out->gate_max_gap_nats);
     if (st.ok()) st = ReadInt(*gate, "window", where, 1, 1 << 20, &out->gate_window);
     if (st.ok()) st = ReadInt(*gate, "min_samples", where, 1, 1 << 20, &out->gate_min_samples);
     if (st.ok()) {

@@ -187,12 +187,14 @@ ServerMetrics::ServerMetrics(const std::string& version, std::vector<std::string
                       .Register(*registry_);
   auto& gate_open = prometheus::BuildGauge()
                         .Name("kvlingo_translator_gate_open")
-                        .Help("1 while a translator pair may be used, 0 while the live quality "
-                              "gate (routing.gate) has closed it and its switches re-prefill.")
+                        .Help("1 while a translator pair may be used, 0 while the quality gate "
+                              "(routing.gate) has closed it, live or at load, and its switches "
+                              "re-prefill.")
                         .Register(*registry_);
   auto& gate_closures = prometheus::BuildCounter()
                             .Name("kvlingo_translator_gate_closures_total")
-                            .Help("Times the live quality gate closed a translator pair.")
+                            .Help("Times the quality gate closed a translator pair (a refusal at load "
+                                  "counts once).")
                             .Register(*registry_);
   gate_open_.assign(n * n, nullptr);
   gate_closures_.assign(n * n, nullptr);

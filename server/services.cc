@@ -45,6 +45,23 @@ void ToProto(const ServiceDeps& deps, const SessionView& view, kvlingo::v1::Sess
     l->set_evicted(line.evicted);
     l->set_translated_tokens(static_cast<uint32_t>(line.translated_tokens));
     l->set_repaired_tokens(static_cast<uint64_t>(line.repaired_tokens));
+    for (const LineSpanInfo& span : line.spans) {
+      kvlingo::v1::CacheSpan* sp = l->add_spans();
+      sp->set_begin(static_cast<uint32_t>(span.begin));
+      sp->set_end(static_cast<uint32_t>(span.end));
+      switch (span.provenance) {
+        case SpanProvenance::kNative:
+          sp->set_provenance(kvlingo::v1::SPAN_PROVENANCE_NATIVE);
+          break;
+        case SpanProvenance::kTranslated:
+          sp->set_provenance(kvlingo::v1::SPAN_PROVENANCE_TRANSLATED);
+          if (span.source >= 0) sp->set_source_model(names[span.source]);
+          break;
+        case SpanProvenance::kRepaired:
+          sp->set_provenance(kvlingo::v1::SPAN_PROVENANCE_REPAIRED);
+          break;
+      }
+    }
   }
 }
 

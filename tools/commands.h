@@ -21,6 +21,8 @@ int RunFit(const Args& args);        // tools/fit_cmd.cc
 int RunDistill(const Args& args);    // tools/distill_cmd.cc
 int RunEvalTranslator(const Args& args);  // tools/eval_translator_cmd.cc
 int RunEvalSwitch(const Args& args);      // tools/eval_switch_cmd.cc
+int RunEvalConversation(const Args& args);  // tools/eval_conversation_cmd.cc
+int RunStampTranslator(const Args& args);   // tools/stamp_translator_cmd.cc
 int RunAblateTranslator(const Args& args);  // tools/ablate_translator_cmd.cc
 int RunChat(const Args& args);       // tools/chat_cmd.cc
 

@@ -40,7 +40,7 @@ int RunEvalTranslator(const Args& args) {
   TranslatorEvalOptions o;
   std::string translators, suites, multi_turn, json_path;
   std::string translate_dtype = DTypeName(o.translate_dtype);
-  bool quiet = false;
+  bool quiet = false, stamp = false;
   FlagSet flags(
       "kvl eval-translator",
       "Translators go from --source to --target (closed-form and distilled side by\n"
@@ -82,6 +82,9 @@ int RunEvalTranslator(const Args& args) {
             "last prefix tokens the target prefills itself, 0: none");
   flags.Add("json", &json_path, "FILE", "also write the JSON report here");
   flags.Add("threads", &o.n_threads, "N", "intra-op threads, 0: all cores");
+  flags.Switch("stamp", &stamp,
+               "write each translator's recovered share and gap (all positions) into its "
+               "file, for kvl-server's load-time quality gate");
   flags.Switch("quiet", &quiet, "no progress bar on stderr");
   if (std::optional<int> exit = flags.ParseOrExit(args)) return *exit;
   o.translators = List(translators);
@@ -107,6 +110,26 @@ int RunEvalTranslator(const Args& args) {
     std::ofstream out(json_path, std::ios::trunc);
     out << TranslatorEvalJson(o, *r).dump(2) << "\n";
     if (!out) return Fail("cannot write " + json_path);
+  }
+  if (stamp) {
+    for (const training::TranslatedPpl& t : r->translated) {
+      TranslatorEvaluation e;
+      e.recovered = t.recovered;
+      e.recovered_se = t.recovered_se;
+      e.gap_nats = t.gap;
+      e.gap_se = t.gap_se;
+      e.data = o.data_path;
+      e.windows = r->n_windows;
+      e.prefix = r->prefix;
+      e.continuation = r->continuation;
+      e.native_tail = r->native_tail;
+      e.translate_dtype = DTypeName(r->translate_dtype);
+      e.measured_by = "kvl eval-translator";
+      if (absl::Status s = StampTranslatorEvaluation(t.file, e); !s.ok()) {
+        return Fail(std::string(s.message()));
+      }
+      std::fprintf(stderr, "stamped %s\n", t.file.c_str());
+    }
   }
   return 0;
 }

@@ -29,7 +29,9 @@ constexpr Command kCommands[] = {
     {"fit", "closed-form fit of a KV-cache translator between two models", kvl::tools::RunFit},
     {"distill", "self-distil a KV-cache translator (stage 2) from a closed-form one", kvl::tools::RunDistill},
     {"eval-translator", "log-perplexity, accuracy and multi-turn runs through translators", kvl::tools::RunEvalTranslator},
+    {"stamp-translator", "write an eval-translator report's figures into a translator file", kvl::tools::RunStampTranslator},
     {"eval-switch", "recall after a switch: generated conversations through the router", kvl::tools::RunEvalSwitch},
+    {"eval-conversation", "lookups over conversations alternating two models, per turn", kvl::tools::RunEvalConversation},
     {"ablate-translator", "which target layers' translated keys/values cost the most", kvl::tools::RunAblateTranslator},
     {"chat", "talk to a running kvl-server, one turn per line, showing switches and TTFT", kvl::tools::RunChat},
 };

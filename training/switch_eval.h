@@ -100,4 +100,72 @@ absl::StatusOr<SwitchEvalReport> RunSwitchEval(const SwitchEvalOptions& options)
 std::string SwitchEvalTable(const SwitchEvalReport& report);
 nlohmann::json SwitchEvalJson(const SwitchEvalOptions& options, const SwitchEvalReport& report);
 
+// The multi-turn evaluation (`kvl eval-conversation`, the paper's appendix
+// Q on the house models): conversations about one key-value document (a
+// datagen kv item's records) whose turns alternate between two models. Turn 1
+// gives the document and the first lookup on the starting model; each later
+// turn asks for another key's value on the other model, so every turn from
+// the second on is a switch. The history is the reference's throughout (each
+// turn's reply is given, as QuAC's gold history): per turn, the answering
+// model's NLL of the reference value and its stop token, and whether greedy
+// decoding would have written exactly that (every one of those tokens the
+// model's first choice), under three strategies on routers of their own:
+//   reprefill         each switch prefills the target's unseen spans natively
+//   translate         each switch translates them (native tail W)
+//   translate +repair the same, with background repair (after-turn) finishing
+//                     between turns, as while the user types
+// and a fourth run for live fidelity: translate +repair with the models'
+// own greedy answers, whose repairs score each switch turn's reply
+// (TurnObserver::OnSwitchFidelity: the server's
+// kvlingo_switch_divergence_nats), set against the offline gap of the same
+// switch (+repair's reference NLL minus reprefill's). Half the conversations
+// start on each model.
+struct ConversationEvalOptions {
+  std::string first_dir, second_dir;
+  std::string forward_translator, reverse_translator;  // first -> second, second -> first
+  int64_t conversations = 20;  // per starting model
+  int turns = 8;
+  uint64_t seed = 33;
+  datagen::DataOptions data = HouseCorpusKnobs();
+  int64_t native_tail = 32;        // the server's default
+  bool live = true;                // the fourth run
+  int64_t max_new_tokens = 24;     // of the live run's answers
+  int n_threads = 0;
+  std::optional<DType> translate_dtype;  // unset: FastestTranslateDtype()
+  bool progress = true;
+};
+
+// One turn of the conversations that start on one model, one strategy.
+struct ConversationTurnCell {
+  std::vector<double> correct;     // per conversation, 0 or 1
+  std::vector<double> answer_nll;  // per conversation, nats/token
+  std::vector<double> read_ms;     // the turn read up to its reply's stop token
+};
+
+struct ConversationEvalReport {
+  std::vector<std::string> strategies;  // reprefill, translate, translate +repair
+  std::string model_names[2];
+  // [start model][strategy][turn - 1]
+  std::map<int, std::map<std::string, std::vector<ConversationTurnCell>>> cells;
+  // The live run, [start model][turn - 1]: its answers' accuracy, and per
+  // switch the divergence its repair measured (NaN when none was reported)
+  // and whether the first token differed.
+  std::map<int, std::vector<std::vector<double>>> live_correct, live_divergence, live_first_differs;
+  int64_t n_documents_redrawn = 0;  // kv items with fewer records than turns
+  double wall_s = 0;
+};
+
+// Errors: the loaders' (FailedPrecondition for a translator built for other
+// models), InvalidArgument for bad options.
+absl::StatusOr<ConversationEvalReport> RunConversationEval(const ConversationEvalOptions& options);
+// Markdown: per starting model a table of the turns, the strategies side by
+// side; then per translator pair the live divergence against the offline gap
+// over every switch.
+std::string ConversationEvalTable(const ConversationEvalReport& report);
+nlohmann::json ConversationEvalJson(const ConversationEvalOptions& options,
+                                    const ConversationEvalReport& report);
+// Two PNG plots through gnuplot: <prefix>-accuracy.png and <prefix>-nll.png,
+// a line per strategy and starting model against the turn.
+absl::Status PlotConversationEval(const ConversationEvalReport& report, const std::string& prefix);
+
 }  // namespace kvl::training

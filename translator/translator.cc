@@ -144,6 +144,31 @@ TranslatorTraining TrainingFromJson(const nlohmann::json& j) {
   return t;
 }
 
+nlohmann::json EvaluationToJson(const TranslatorEvaluation& e) {
+  return {{"recovered", e.recovered},       {"recovered_se", e.recovered_se},
+          {"gap_nats", e.gap_nats},         {"gap_se", e.gap_se},
+          {"data", e.data},                 {"windows", e.windows},
+          {"prefix", e.prefix},             {"continuation", e.continuation},
+          {"native_tail", e.native_tail},   {"translate_dtype", e.translate_dtype},
+          {"measured_by", e.measured_by}};
+}
+
+TranslatorEvaluation EvaluationFromJson(const nlohmann::json& j) {
+  TranslatorEvaluation e;
+  e.recovered = j.at("recovered").get<double>();
+  e.recovered_se = j.value("recovered_se", 0.0);
+  e.gap_nats = j.at("gap_nats").get<double>();
+  e.gap_se = j.value("gap_se", 0.0);
+  e.data = j.value("data", std::string());
+  e.windows = j.value("windows", int64_t{0});
+  e.prefix = j.value("prefix", int64_t{0});
+  e.continuation = j.value("continuation", int64_t{0});
+  e.native_tail = j.value("native_tail", int64_t{0});
+  e.translate_dtype = j.value("translate_dtype", std::string());
+  e.measured_by = j.value("measured_by", std::string());
+  return e;
+}
+
 TranslatorEndpoint EndpointFromJson(const nlohmann::json& j) {
   TranslatorEndpoint e;
   e.identity = j.at("identity").get<std::string>();
@@ -599,6 +624,7 @@ absl::Status Translator::Save(const std::string& path) const {
     for (const TranslatorTraining& stage : spec_.history) history.push_back(TrainingToJson(stage));
     meta["training_history"] = std::move(history);
   }
+  if (spec_.evaluation) meta["evaluation"] = EvaluationToJson(*spec_.evaluation);
   std::map<std::string, at::Tensor> tensors;
   for (const auto& [maps, side] : {std::pair{&keys_, "keys"}, {&values_, "values"}}) {
     for (size_t il = 0; il < maps->weight.size(); ++il) {
@@ -661,6 +687,7 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Load(const std::string& 
         spec.history.push_back(TrainingFromJson(stage));
       }
     }
+    if (meta.contains("evaluation")) spec.evaluation = EvaluationFromJson(meta.at("evaluation"));
   } catch (const nlohmann::json::exception& e) {
     return bad(absl::StrCat("malformed metadata: ", e.what()));
   }
@@ -702,6 +729,35 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Load(const std::string& 
       Create(std::move(spec), std::move(keys), std::move(values), compute, anchor_table);
   if (!t.ok()) return bad(std::string(t.status().message()));
   return t;
+}
+
+absl::Status StampTranslatorEvaluation(const std::string& path,
+                                       const TranslatorEvaluation& evaluation) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    return absl::NotFoundError(absl::StrCat("translator file not found: ", path));
+  }
+  absl::StatusOr<SafetensorsFile> file = ReadSafetensors(path);
+  if (!file.ok()) return absl::InvalidArgumentError(file.status().message());
+  auto it = file->metadata.find(kMetadataKey);
+  if (it == file->metadata.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": no kvlingo_translator metadata"));
+  }
+  nlohmann::json meta = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+  if (!meta.is_object() || meta.value("format", std::string()) != kFormatName) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a kvlingo translator"));
+  }
+  meta["evaluation"] = EvaluationToJson(evaluation);
+  file->metadata[kMetadataKey] = meta.dump();
+  // Written next to the file and renamed over it: a crash leaves the old file.
+  const std::string tmp = path + ".stamp.tmp";
+  if (absl::Status s = WriteSafetensors(tmp, file->tensors, file->metadata); !s.ok()) return s;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    return absl::InternalError(absl::StrCat("cannot replace ", path, ": ", ec.message()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kvl

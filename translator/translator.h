@@ -39,6 +39,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -107,6 +108,20 @@ struct TranslatorTraining {
   int64_t n_sequences = 0, n_tokens = 0, steps = 0;
 };
 
+// How well the maps did on held-out data (`kvl eval-translator --stamp`,
+// `kvl stamp-translator`); recorded in the file for the router's load-time
+// quality gate (routing.gate.min_recovered / max_gap_nats).
+struct TranslatorEvaluation {
+  // Share of the prefix's benefit the translated cache recovers:
+  // (no_prefix - translated) / (no_prefix - native) continuation NLL.
+  double recovered = 0, recovered_se = 0;
+  double gap_nats = 0, gap_se = 0;  // translated - native continuation NLL, nats/token
+  std::string data;                 // the held-out data it was measured on
+  int64_t windows = 0, prefix = 0, continuation = 0, native_tail = 0;
+  std::string translate_dtype;      // the arithmetic it was measured in
+  std::string measured_by;          // e.g. "kvl eval-translator"
+};
+
 struct TranslatorSpec {
   TranslatorEndpoint source, target;
   std::string assignment_kind;  // same_index | relative_depth | top_r2 | greedy | custom
@@ -117,6 +132,7 @@ struct TranslatorSpec {
   int64_t anchor_window = 0;  // W: tokens t..t-W+1 anchor each map; 0: no anchors
   TranslatorTraining training;       // the stage that produced these maps
   std::vector<TranslatorTraining> history;  // the stages before it, oldest first
+  std::optional<TranslatorEvaluation> evaluation;  // unset: never measured
 };
 
 // The weights of one side (keys or values), per target layer.
@@ -141,6 +157,12 @@ struct TranslatorExpectation {
 // bfloat16 GEMM uses), float32 elsewhere (bfloat16 products without them are
 // emulated, no faster than float32 or much slower).
 DType FastestTranslateDtype();
+
+// Writes `evaluation` into a translator file's metadata, replacing any
+// earlier one; the maps are copied unchanged. NotFound for a missing file,
+// InvalidArgument for one that is not a translator file.
+absl::Status StampTranslatorEvaluation(const std::string& path,
+                                       const TranslatorEvaluation& evaluation);
 
 class Translator {
  public:

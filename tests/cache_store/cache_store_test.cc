@@ -152,6 +152,80 @@ TEST_F(CacheStoreTest, BudgetEvictsLeastRecentlyUsedIdleLinesAndRefusesWhatCanno
   EXPECT_TRUE(store.View("a")->lines[0].evicted);
 }
 
+TEST(LineProvenanceTest, TranslatedRunsAreSplitByTheirWriterAndLikeRunsMerge) {
+  const std::vector<LedgerSpan> ledger = {{0, 10, 0}, {10, 20, 1}, {20, 30, 2}, {30, 40, 0}};
+  // A line of model 2: native head, then a translation of what 1 and 0
+  // wrote... around 2's own turn, then repaired and native tokens.
+  const std::vector<KvSpan> spans = {{0, 4, true, false},   {4, 15, false, false},
+                                     {15, 20, false, false}, {20, 30, true, false},
+                                     {30, 35, true, true},   {35, 38, true, true},
+                                     {38, 40, true, false}};
+  EXPECT_THAT(LineProvenance(spans, ledger),
+              ::testing::ElementsAre(LineSpanInfo{0, 4, SpanProvenance::kNative, -1},
+                                     LineSpanInfo{4, 10, SpanProvenance::kTranslated, 0},
+                                     LineSpanInfo{10, 20, SpanProvenance::kTranslated, 1},
+                                     LineSpanInfo{20, 30, SpanProvenance::kNative, -1},
+                                     LineSpanInfo{30, 38, SpanProvenance::kRepaired, -1},
+                                     LineSpanInfo{38, 40, SpanProvenance::kNative, -1}));
+  EXPECT_TRUE(LineProvenance({}, ledger).empty());
+}
+
+// Background repair's copy is held against the budget: it evicts idle lines
+// as a turn would, stays reserved after its lease, and is refused when
+// nothing can make room.
+TEST_F(CacheStoreTest, ADetachedReservationHoldsBytesPastItsLease) {
+  const int64_t line_bytes = LineBytes();
+  CacheStore store({1, 2 * line_bytes, nullptr});
+  for (const char* id : {"a", "b"}) {
+    ASSERT_TRUE(store.Create(id, "", {}).ok());
+    auto lease = store.Begin(id);
+    ASSERT_TRUE(lease.ok());
+    ASSERT_TRUE((*lease)->Reserve(line_bytes).ok());
+    (*lease)->ReplaceLine(0, Line(8));
+    (*lease)->Commit((*lease)->state());
+  }
+  std::unique_ptr<ByteReservation> held;
+  {
+    auto lease = store.Begin("b", LeaseUse::kBackground);
+    ASSERT_TRUE(lease.ok());
+    auto r = (*lease)->ReserveDetached(line_bytes);  // evicts a, the idle one
+    ASSERT_TRUE(r.ok()) << r.status();
+    held = *std::move(r);
+    EXPECT_EQ(held->bytes(), line_bytes);
+    EXPECT_EQ((*lease)->ReserveDetached(line_bytes).status().code(),
+              absl::StatusCode::kResourceExhausted);
+  }
+  EXPECT_TRUE(store.View("a")->lines[0].evicted);
+  // Past the lease the bytes are still held: a's line comes back only by
+  // evicting b's (b's line and the reservation fill the budget).
+  {
+    auto lease = store.Begin("a");
+    ASSERT_TRUE(lease.ok());
+    EXPECT_TRUE((*lease)->Reserve(line_bytes).ok());
+    EXPECT_TRUE(store.View("b")->lines[0].evicted);
+    // And with a in use and b gone, nothing is left to evict.
+    EXPECT_EQ((*lease)->Reserve(line_bytes).code(), absl::StatusCode::kResourceExhausted);
+  }
+  held.reset();
+  auto lease = store.Begin("a");
+  ASSERT_TRUE(lease.ok());
+  EXPECT_TRUE((*lease)->Reserve(2 * line_bytes).ok());
+}
+
+TEST_F(CacheStoreTest, ABackgroundLeaseDoesNotMarkTheSessionActive) {
+  int64_t now = 100;
+  CacheStore store({1, int64_t{1} << 30, [&now] { return now; }});
+  ASSERT_TRUE(store.Create("s", "", {}).ok());
+  now = 200;
+  {
+    auto lease = store.Begin("s", LeaseUse::kBackground);
+    ASSERT_TRUE(lease.ok());
+    (*lease)->Commit((*lease)->state());
+  }
+  EXPECT_EQ(store.View("s")->last_active_unix_seconds, 100);
+  EXPECT_EQ(store.RemoveIdle(100), std::vector<std::string>{"s"});
+}
+
 TEST_F(CacheStoreTest, RemoveFreesTheSessionEvenDuringATurn) {
   CacheStore store({1, int64_t{1} << 30, nullptr});
   ASSERT_TRUE(store.Create("s", "", {}).ok());

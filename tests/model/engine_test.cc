@@ -78,6 +78,32 @@ TEST(Engine, ScoreContinuationMatchesTheReferenceAndKeepsAllButTheLastToken) {
   // float32 decoder against a float32 reference, in nats.
   EXPECT_NEAR(score->mean_logprob, mean, 1e-4);
   EXPECT_NEAR(score->next_entropy, entropy, 1e-4);
+  // Greedy flags against the reference's argmax (a random tiny model: the
+  // given tokens are mostly not its choice).
+  ASSERT_EQ(score->greedy.size(), 4u);
+  for (size_t i = 1; i < turn.size(); ++i) {
+    const int64_t best = lp[history.size() + i - 1].argmax().item<int64_t>();
+    EXPECT_EQ(score->greedy[i - 1], best == turn[i]) << i;
+  }
+  // A continuation made of the model's own choices is greedy throughout.
+  std::vector<int64_t> own = {turn[0]};
+  {
+    auto probe = engine->NewCache();
+    std::vector<int64_t> ids = history;
+    ids.push_back(turn[0]);
+    for (int i = 0; i < 3; ++i) {
+      auto logits = engine->Prefill(*probe, ids, true);
+      ASSERT_TRUE(logits.ok());
+      own.push_back(logits->select(0, logits->size(0) - 1).argmax().item<int64_t>());
+      ids.push_back(own.back());
+      probe = engine->NewCache();
+    }
+  }
+  auto own_cache = engine->NewCache();
+  ASSERT_TRUE(engine->Prefill(*own_cache, history).ok());
+  auto own_score = engine->ScoreContinuation(*own_cache, own);
+  ASSERT_TRUE(own_score.ok());
+  EXPECT_EQ(own_score->greedy, std::vector<bool>(3, true));
   EXPECT_EQ(engine->ScoreContinuation(*cache, {3}).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(cache->Length(), 8);

@@ -110,6 +110,42 @@ TEST(KvCache, RollbackTruncatesSpans) {
   EXPECT_EQ(cache->Spans()[0].t1, 11);
 }
 
+// The repair's copy: a native head cloned, the rest recomputed natively and
+// marked repaired; later tokens start a native span of their own.
+TEST(KvCache, MarkRepairedSplitsAtItsStartAndCloneKeepsTheMark) {
+  const ModelConfig config = TinyConfig({"qwen3", true, false, false, 4, 2});
+  auto decoder = MakeDecoder(config, KeyTapMode::kInvert);
+  auto cache = decoder->NewCache();
+  RunTokens(*decoder, *cache, 10);  // [0, 10) native
+  auto copy = *cache->ClonePrefix(6, 0);
+  RunTokens(*decoder, *copy, 6);  // [6, 12): merges into [0, 12) native
+  ASSERT_EQ(copy->Spans().size(), 1u);
+  copy->MarkRepaired(6);
+  ASSERT_EQ(copy->Spans().size(), 2u);
+  EXPECT_EQ(copy->Spans()[0].t1, 6);
+  EXPECT_FALSE(copy->Spans()[0].repaired);
+  EXPECT_EQ(copy->Spans()[1].t0, 6);
+  EXPECT_EQ(copy->Spans()[1].t1, 12);
+  EXPECT_TRUE(copy->Spans()[1].native);
+  EXPECT_TRUE(copy->Spans()[1].repaired);
+  RunTokens(*decoder, *copy, 2);  // new tokens: native, not repaired
+  ASSERT_EQ(copy->Spans().size(), 3u);
+  EXPECT_EQ(copy->Spans()[2].t0, 12);
+  EXPECT_FALSE(copy->Spans()[2].repaired);
+  auto clone = *copy->ClonePrefix(9, 0);
+  ASSERT_EQ(clone->Spans().size(), 2u);
+  EXPECT_TRUE(clone->Spans()[1].repaired);
+  EXPECT_EQ(clone->Spans()[1].t1, 9);
+  // A foreign span is left foreign.
+  KvTaps taps = *cache->Taps(0, 3);
+  ASSERT_TRUE(cache->Accept(taps.keys, taps.values).ok());  // [10, 13) foreign
+  cache->MarkRepaired(0);
+  ASSERT_EQ(cache->Spans().size(), 2u);
+  EXPECT_TRUE(cache->Spans()[0].repaired);
+  EXPECT_FALSE(cache->Spans()[1].native);
+  EXPECT_FALSE(cache->Spans()[1].repaired);
+}
+
 TEST(KvCache, TapAndAcceptErrors) {
   const ModelConfig config = TinyConfig({"qwen3", true, false, false, 4, 2});
   auto decoder = MakeDecoder(config, KeyTapMode::kInvert);

@@ -7,18 +7,25 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "model/chat_template.h"
+#include "router/loader.h"
 #include "router/planner.h"
+#include "spdlog/sinks/ringbuffer_sink.h"
+#include "spdlog/spdlog.h"
 #include "tests/model/test_models.h"
 #include "tests/router/model_fixture.h"
 #include "tests/testing/temp_dir.h"
@@ -27,6 +34,7 @@ namespace kvl::router {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // ---- planner ---------------------------------------------------------------
 
@@ -184,10 +192,11 @@ class RouterTest : public ::testing::Test {
         if (s == t || !std::filesystem::exists(path)) continue;
         auto tr = Translator::Load(path, {identity[s], identity[t], hash, hash}, translate_dtype);
         ASSERT_TRUE(tr.ok()) << tr.status();
-        translators.push_back({models[s].name + "->" + models[t].name, path, s, t, *std::move(tr)});
+        translators.push_back(
+            {models[s].name + "->" + models[t].name, path, s, t, *std::move(tr), ""});
       }
     }
-    store_ = std::make_unique<CacheStore>(CacheStoreOptions{3, budget, nullptr});
+    store_ = std::make_unique<CacheStore>(CacheStoreOptions{3, budget, clock_});
     auto r = Router::Create(std::move(models), std::move(translators), *std::move(tokenizer),
                             std::move(routing), store_.get(), observer);
     ASSERT_TRUE(r.ok()) << r.status();
@@ -315,6 +324,7 @@ class RouterTest : public ::testing::Test {
 
   static testing::TempDir* dir_;
   std::unique_ptr<CacheStore> store_;
+  std::function<int64_t()> clock_;  // the store's clock; null: the system clock
   std::unique_ptr<Router> router_;
   std::vector<Engine*> engines_;  // independent copies for the hand-driven oracles
 };
@@ -492,6 +502,13 @@ TEST_F(RouterTest, AGivenReplyLeavesTheSessionAsGeneratingItWould) {
 
   EXPECT_EQ(given->reply_logprobs.size(), given->tokens.size() + 1);
   for (double x : given->reply_logprobs) EXPECT_LE(x, 0.0);
+  // The reply is what greedy decoding wrote on the same line: every token was
+  // the model's first choice (the stop token only when it stopped there).
+  ASSERT_EQ(given->reply_greedy.size(), given->reply_logprobs.size());
+  for (size_t i = 0; i < given->tokens.size(); ++i) EXPECT_TRUE(given->reply_greedy[i]) << i;
+  if (generated->finish_reason == FinishReason::kStopToken) {
+    EXPECT_TRUE(given->reply_greedy.back());
+  }
 }
 
 TEST_F(RouterTest, AGivenReplyOnTheSameModelScoresAsAFreshPrefill) {
@@ -832,6 +849,63 @@ TEST_F(RepairTest, ARepairedLineEqualsANativePrefillAndTheNextTurnTheReprefilled
   EXPECT_EQ(router_->RepairBacklog(), 0);
 }
 
+// The session view says where each run of a line came from: translated from
+// the model that wrote it, native, or recomputed by repair.
+TEST_F(RepairTest, TheViewNamesEachSpansProvenance) {
+  MakeRouter(Explicit());
+  RunConversation("plain", Strategy::kTranslate);
+  const SessionView plain = *store_->View("plain");
+  const CacheLineInfo large = LineOf("plain", 2);
+  ASSERT_EQ(large.spans.size(), 2u);
+  // small wrote everything before the switch turn (the ledger's first span),
+  // and large's line holds it translated from small.
+  // (Up to small's unrun tail, the closing template, which large prefilled.)
+  EXPECT_EQ(large.spans[0].begin, 0);
+  EXPECT_EQ(large.spans[0].provenance, SpanProvenance::kTranslated);
+  EXPECT_EQ(large.spans[0].source, 0);
+  EXPECT_LE(large.spans[0].end, plain.state.ledger[0].end);
+  EXPECT_GT(large.spans[0].end, plain.state.ledger[0].end - 4);
+  EXPECT_EQ(large.spans[1].provenance, SpanProvenance::kNative);
+  EXPECT_EQ(large.spans[1].begin, large.spans[0].end);
+  EXPECT_EQ(large.spans[1].end, large.tokens);
+  EXPECT_EQ(large.translated_tokens, large.spans[0].end);
+  const CacheLineInfo small = LineOf("plain", 0);
+  ASSERT_EQ(small.spans.size(), 1u);
+  EXPECT_EQ(small.spans[0], (LineSpanInfo{0, small.tokens, SpanProvenance::kNative, -1}));
+
+  RoutingConfig routing = Explicit();
+  routing.repair = RepairMode::kAfterTurn;
+  MakeRouter(routing);
+  RunConversation("s", Strategy::kTranslate,
+                  [&] { ASSERT_TRUE(router_->WaitForRepairs(absl::Seconds(60))); });
+  ASSERT_TRUE(router_->WaitForRepairs(absl::Seconds(60)));
+  const CacheLineInfo repaired = LineOf("s", 2);
+  // Repaired from the first translated token (0) to the line's end at the
+  // repair; the last turn's tokens native after it.
+  ASSERT_EQ(repaired.spans.size(), 2u);
+  EXPECT_EQ(repaired.spans[0].provenance, SpanProvenance::kRepaired);
+  EXPECT_EQ(repaired.spans[0].begin, 0);
+  EXPECT_EQ(repaired.spans[0].end - repaired.spans[0].begin, repaired.repaired_tokens);
+  EXPECT_EQ(repaired.spans[1].provenance, SpanProvenance::kNative);
+  EXPECT_EQ(repaired.spans[1].end, repaired.tokens);
+}
+
+TEST_F(RepairTest, ARepairDoesNotRestartTheSessionsIdleTimer) {
+  // The turns run on this thread, the repair on the router's: a clock that
+  // tells them apart shows which of them last marked the session active.
+  const std::thread::id turns = std::this_thread::get_id();
+  clock_ = [turns] { return std::this_thread::get_id() == turns ? 1000 : 2000; };
+  RoutingConfig routing = Explicit();
+  routing.repair = RepairMode::kAfterTurn;
+  MakeRouter(routing);
+  ASSERT_TRUE(store_->Create("s", "", {}).ok());
+  ASSERT_TRUE(Given("s", repair_test::kLongTurn, 0, "Noted.", Strategy::kTranslate).ok());
+  ASSERT_TRUE(Given("s", "Where does my sister live?", 2, "In Lisbon.", Strategy::kTranslate).ok());
+  ASSERT_TRUE(router_->WaitForRepairs(absl::Seconds(60)));
+  EXPECT_GT(LineOf("s", 2).repaired_tokens, 0);
+  EXPECT_EQ(store_->View("s")->last_active_unix_seconds, 1000);
+}
+
 // Blocks the repair thread after its first chunk until released.
 struct ChunkGate : TurnObserver {
   absl::Mutex mu;
@@ -1043,6 +1117,115 @@ TEST_F(RepairTest, TheLiveGateClosesAPairAboveItsBoundAndReopensItAfterTheCoolDo
   EXPECT_NE(std::find(log.events.begin(), log.events.end(),
                       std::pair<std::pair<int, int>, bool>{{0, 2}, true}),
             log.events.end());
+}
+
+TEST(LoadGateRefusal, SaysWhyATranslatorFallsShortOfTheConfiguredMinimum) {
+  TranslatorEvaluation e;
+  e.recovered = 0.8;
+  e.gap_nats = 0.03;
+  e.data = "test.jsonl";
+  e.windows = 64;
+  // No minimum: every translator is used, measured or not.
+  EXPECT_EQ(LoadGateRefusal(std::nullopt, std::nullopt, std::nullopt), "");
+  EXPECT_EQ(LoadGateRefusal(e, std::nullopt, std::nullopt), "");
+  // A minimum and no evaluation: refused, saying how to stamp one.
+  EXPECT_THAT(LoadGateRefusal(std::nullopt, 0.5, std::nullopt), HasSubstr("no evaluation"));
+  EXPECT_THAT(LoadGateRefusal(std::nullopt, std::nullopt, 0.1), HasSubstr("kvl stamp-translator"));
+  // At or past the bound passes; short of it is refused with both numbers and the data.
+  EXPECT_EQ(LoadGateRefusal(e, 0.8, 0.03), "");
+  const std::string low = LoadGateRefusal(e, 0.9, std::nullopt);
+  EXPECT_THAT(low, HasSubstr("recovers 0.8 "));
+  EXPECT_THAT(low, HasSubstr("below the minimum 0.9"));
+  EXPECT_THAT(low, HasSubstr("test.jsonl, 64 windows"));
+  EXPECT_THAT(LoadGateRefusal(e, 0.5, 0.02), HasSubstr("gap is 0.03 nats/token"));
+  EXPECT_THAT(LoadGateRefusal(e, 0.5, 0.02), HasSubstr("above the maximum 0.02"));
+}
+
+// spdlog's lines, kept while it lives.
+class LogCapture {
+ public:
+  LogCapture() : sink_(std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(256)) {
+    spdlog::default_logger()->sinks().push_back(sink_);
+  }
+  ~LogCapture() {
+    auto& sinks = spdlog::default_logger()->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+  }
+  std::string Text() const { return absl::StrJoin(sink_->last_formatted(), ""); }
+
+ private:
+  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink_;
+};
+
+TEST_F(RouterTest, ATranslatorStampedBelowTheMinimumIsRefusedAtLoadAndItsSwitchesRePrefill) {
+  // Copies of the fixture's small <-> large translators: small -> large
+  // stamped below the minimum, large -> small above it.
+  const std::string gate_dir = dir_->path() + "/gate";
+  std::filesystem::create_directories(gate_dir);
+  const std::string weak = gate_dir + "/small__large.safetensors";
+  const std::string good = gate_dir + "/large__small.safetensors";
+  std::filesystem::copy_file(testing::TranslatorPath(dir_->path(), "small", "large"), weak,
+                             std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy_file(testing::TranslatorPath(dir_->path(), "large", "small"), good,
+                             std::filesystem::copy_options::overwrite_existing);
+  TranslatorEvaluation low;
+  low.recovered = 0.42;
+  low.gap_nats = 0.3;
+  low.data = "held-out.jsonl";
+  low.windows = 16;
+  TranslatorEvaluation high = low;
+  high.recovered = 0.97;
+  high.gap_nats = 0.01;
+  ASSERT_TRUE(StampTranslatorEvaluation(weak, low).ok());
+  ASSERT_TRUE(StampTranslatorEvaluation(good, high).ok());
+
+  std::vector<ModelSource> models;
+  for (const auto& m : testing::FixtureModels()) {
+    models.push_back({m.name, dir_->path() + "/" + m.name, DType::kFloat32});
+  }
+  RoutingConfig routing = Explicit();
+  routing.gate_min_recovered = 0.9;
+  GateLog log;
+  store_ = std::make_unique<CacheStore>(CacheStoreOptions{3, int64_t{1} << 30, nullptr});
+  LogCapture capture;
+  auto loaded = LoadRouter(
+      models,
+      {{"small->large", 0, 2, weak, DType::kFloat32, {}, {}},
+       {"large->small", 2, 0, good, DType::kFloat32, {}, {}}},
+      routing, 2, store_.get(), &log);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  router_ = *std::move(loaded);
+  absl::Cleanup done = [&] { router_.reset(); };  // the router calls `log`
+
+  // At load: a warning naming the translator, its figure and the minimum, and
+  // the pair reported closed.
+  const std::string logged = capture.Text();
+  EXPECT_THAT(logged, HasSubstr("translator small->large (small -> large) refused by the "
+                                "quality gate: its evaluation recovers 0.42 of the prefix "
+                                "benefit (measured on held-out.jsonl, 16 windows), below the "
+                                "minimum 0.9"));
+  EXPECT_THAT(logged, Not(HasSubstr("large->small (large -> small) refused")));
+  EXPECT_FALSE(router_->translators()[0].refused.empty());
+  EXPECT_TRUE(router_->translators()[1].refused.empty());
+  {
+    absl::MutexLock lock(&log.mu);
+    EXPECT_EQ(log.events, (std::vector<std::pair<std::pair<int, int>, bool>>{{{0, 2}, false}}));
+  }
+
+  // small -> large re-prefills, and the routing decision says why; large ->
+  // small translates.
+  ASSERT_TRUE(store_->Create("s", "", {}).ok());
+  ASSERT_TRUE(Turn("s", "Hello there, how are you?", 0).ok());
+  auto to_large = Turn("s", "Tell me about caches.", 2);
+  ASSERT_TRUE(to_large.ok()) << to_large.status();
+  EXPECT_TRUE(to_large->routing.switched);
+  EXPECT_EQ(to_large->routing.tokens_translated, 0);
+  EXPECT_GT(to_large->routing.tokens_reprefilled, 0);
+  EXPECT_THAT(to_large->routing.reason,
+              HasSubstr("translator small->large refused at load by the quality gate"));
+  auto to_small = Turn("s", "And back to small.", 0);
+  ASSERT_TRUE(to_small.ok()) << to_small.status();
+  EXPECT_GT(to_small->routing.tokens_translated, 0);
 }
 
 }  // namespace

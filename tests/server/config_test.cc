@@ -45,6 +45,8 @@ TEST(ConfigTest, EmptyObjectGivesDocumentedDefaults) {
   EXPECT_EQ(c->routing.native_tail_tokens, 32);
   EXPECT_EQ(c->routing.repair, router::RepairMode::kAfterTurn);
   EXPECT_EQ(c->routing.gate_max_divergence, std::numeric_limits<double>::infinity());
+  EXPECT_FALSE(c->routing.gate_min_recovered.has_value());  // no load-time minimum
+  EXPECT_FALSE(c->routing.gate_max_gap_nats.has_value());
   EXPECT_EQ(c->routing.cascade_max_entropy, 3.0);
   EXPECT_EQ(c->routing.cascade_min_mean_logprob, -std::numeric_limits<double>::infinity());
   EXPECT_EQ(c->sessions.idle_timeout_seconds, 3600);
@@ -65,14 +67,14 @@ TEST(ConfigTest, FullConfigWithCommentsAndRelativePaths) {
     "models": [{"name": "small", "path": "models/small"},
                {"name": "large", "path": "models/large", "dtype": "float32"}],
     "translators": [{"source": "small", "target": "large", "path": "translators/s2l.kvlt",
-                     "compute_dtype": "bfloat16"}],
+                     "compute_dtype": "bfloat16", "min_recovered": 0.95}],
     "routing": {"policy": "rules", "default_model": "small", "strategy": "reprefill-missing",
                 "models": ["small", "large"],
                 "rules": [{"model": "large", "contains": ["prove", "derive"], "min_bytes": 10}],
                 "cascade_max_entropy": 2.5, "cascade_min_mean_logprob": -0.5,
                 "native_tail_tokens": 16, "repair": "idle-only",
                 "gate": {"max_divergence_nats": 0.05, "window": 10, "min_samples": 3,
-                         "cooldown_seconds": 30}},
+                         "cooldown_seconds": 30, "min_recovered": 0.9, "max_gap_nats": 0.02}},
     "sessions": {"idle_timeout_seconds": 0, "memory_budget_bytes": 1048576}
   })";
   absl::StatusOr<ServerConfig> c = ParseConfig(text, dir.path());
@@ -108,6 +110,10 @@ TEST(ConfigTest, FullConfigWithCommentsAndRelativePaths) {
   EXPECT_EQ(c->routing.gate_window, 10);
   EXPECT_EQ(c->routing.gate_min_samples, 3);
   EXPECT_EQ(c->routing.gate_cooldown_seconds, 30.0);
+  EXPECT_EQ(c->routing.gate_min_recovered, 0.9);
+  EXPECT_EQ(c->routing.gate_max_gap_nats, 0.02);
+  EXPECT_EQ(c->translators[0].min_recovered, 0.95);
+  EXPECT_FALSE(c->translators[0].max_gap_nats.has_value());
   EXPECT_EQ(c->sessions.idle_timeout_seconds, 0);
   EXPECT_EQ(c->sessions.memory_budget_bytes, 1048576);
 }
@@ -240,6 +246,18 @@ TEST(ConfigTest, CrossReferencesAreChecked) {
       HasSubstr("config: routing.gate.min_samples: 3 exceeds window 2"));
   EXPECT_THAT(parse(R"(, "routing": {"default_model": "a", "gate": {"bound": 1}})").message(),
               HasSubstr("routing.gate"));
+  // The load-time gate needs no repair; its bounds are checked.
+  EXPECT_THAT(
+      parse(R"(, "routing": {"default_model": "a", "gate": {"min_recovered": 1.5}})").message(),
+      HasSubstr("config: routing.gate.min_recovered: expected a number in [0, 1], got 1.5"));
+  EXPECT_THAT(
+      parse(R"(, "routing": {"default_model": "a", "gate": {"max_gap_nats": -0.1}})").message(),
+      HasSubstr("config: routing.gate.max_gap_nats"));
+  EXPECT_THAT(
+      parse(
+          R"(, "routing": {"default_model": "a"}, "translators": [{"source": "a", "target": "b", "path": "t.kvlt", "min_recovered": "high"}])")
+          .message(),
+      HasSubstr("config: translators[0].min_recovered: expected a number"));
   EXPECT_THAT(
       parse(
           R"(, "routing": {"default_model": "a"}, "translators": [{"source": "a", "target": "b", "path": "t.kvlt"}, {"name": "x", "source": "a", "target": "b", "path": "t.kvlt"}])")

@@ -43,7 +43,9 @@ def main():
     def session_state(sid):
         s = get(session_pb2.GetSessionRequest(session_id=sid), timeout=10)
         return {"turns": s.turns, "history_tokens": s.history_tokens, "last_model": s.last_model,
-                "lines": [[l.model, l.tokens, l.bytes, l.evicted] for l in s.cache_lines]}
+                "lines": [[l.model, l.tokens, l.bytes, l.evicted] for l in s.cache_lines],
+                "spans": {l.model: [[sp.begin, sp.end, session_pb2.SpanProvenance.Name(sp.provenance),
+                                     sp.source_model] for sp in l.spans] for l in s.cache_lines}}
 
     def chat(sid, text, policy="", model="", strategy=0, max_tokens=6, timeout=60, **sampling):
         req = S.ChatRequest(session_id=sid, user_message=text if isinstance(text, bytes) else text.encode(),

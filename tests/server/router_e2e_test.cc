@@ -93,7 +93,12 @@ class RouterE2eTest : public ::testing::Test {
           {"cascade_min_mean_logprob", -5.0},
           // The clients' turns are a few words: a tail shorter than a turn,
           // so that switches translate (the default, 32, would re-read them).
-          {"native_tail_tokens", 4}}},
+          {"native_tail_tokens", 4},
+          // Greedy outputs are compared with an in-process router's: with
+          // background repair a later switch's translation would read a
+          // line repaired or not depending on timing (repair has its own
+          // tests, router_test.cc RepairTest, and the demo).
+          {"repair", "off"}}},
         {"sessions", {{"memory_budget_bytes", budget}}}};
     return config.dump(2);
   }
@@ -219,6 +224,37 @@ TEST_F(RouterE2eTest, EveryPolicyAndStrategyAcrossThreeModelsThenMetrics) {
     const Json& state = runs[std::string("explicit-") + s + ":state"];
     EXPECT_EQ(state["turns"], 4);
     EXPECT_EQ(state["lines"].size(), 3u) << s;
+    // Each line's spans cover it in order; a re-prefilled line is all native,
+    // a translated one holds translated spans naming their writer (or, once
+    // background repair has run, repaired ones).
+    for (const Json& line : state["lines"]) {
+      const Json& spans = state["spans"][line[0].get<std::string>()];
+      int64_t end = 0;
+      bool foreign = false;
+      for (const Json& sp : spans) {
+        EXPECT_EQ(sp[0].get<int64_t>(), end) << s;
+        end = sp[1].get<int64_t>();
+        const std::string provenance = sp[2].get<std::string>();
+        if (provenance == "SPAN_PROVENANCE_TRANSLATED") {
+          EXPECT_THAT(sp[3].get<std::string>(), ::testing::AnyOf("small", "small-b", "large"));
+          EXPECT_NE(sp[3].get<std::string>(), line[0].get<std::string>());
+        } else {
+          EXPECT_EQ(sp[3].get<std::string>(), "") << s;
+        }
+        foreign = foreign || provenance != "SPAN_PROVENANCE_NATIVE";
+      }
+      EXPECT_EQ(end, line[1].get<int64_t>()) << s;
+      if (std::string(s) != "translate") {
+        EXPECT_FALSE(foreign) << s << " " << line[0];
+      }
+    }
+    if (std::string(s) == "translate") {
+      bool any_foreign = false;
+      for (const auto& [model, spans] : state["spans"].items()) {
+        for (const Json& sp : spans) any_foreign = any_foreign || sp[2] != "SPAN_PROVENANCE_NATIVE";
+      }
+      EXPECT_TRUE(any_foreign);
+    }
   }
   // Translate keeps A's first line and adds only the missing spans; reprefill
   // re-reads everything.

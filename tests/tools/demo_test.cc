@@ -82,6 +82,10 @@ TEST(DemoTest, CascadeEscalatesMidConversationByTranslation) {
       std::regex(R"(kvlingo_switch_divergence_nats_count\{source="kvl-small",target="kvl-large"\} [1-9])")))
       << run->out;
   EXPECT_NE(run->out.find("kvlingo_repair_backlog_lines 0"), std::string::npos) << run->out;
+  // GetSession's provenance: kvl-large's line starts with what repair
+  // recomputed natively in place of the translation from kvl-small.
+  EXPECT_TRUE(std::regex_search(run->out, std::regex(R"(  kvl-large: \d+ tokens: \[0, \d+\) repaired)")))
+      << run->out;
 }
 
 }  // namespace

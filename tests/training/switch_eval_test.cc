@@ -20,7 +20,9 @@ class SwitchEvalTest : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new kvl::testing::TempDir("switch_eval");
     ASSERT_TRUE(kvl::testing::WriteFixtureModels(dir_->path()).ok());
-    ASSERT_TRUE(kvl::testing::WriteFixtureTranslators(dir_->path(), {{"small", "large"}}).ok());
+    ASSERT_TRUE(kvl::testing::WriteFixtureTranslators(dir_->path(),
+                                                      {{"small", "large"}, {"large", "small"}})
+                    .ok());
   }
   static void TearDownTestSuite() { delete dir_; }
 
@@ -136,6 +138,85 @@ TEST_F(SwitchEvalTest, BadOptionsAreInvalidArgument) {
   o = Options();
   o.repair = true;  // without the hand-over turn there is no turn for it to help
   EXPECT_EQ(RunSwitchEval(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+ConversationEvalOptions ConversationOptions(const std::string& dir) {
+  ConversationEvalOptions o;
+  o.first_dir = dir + "/small";
+  o.second_dir = dir + "/large";
+  o.forward_translator = kvl::testing::TranslatorPath(dir, "small", "large");
+  o.reverse_translator = kvl::testing::TranslatorPath(dir, "large", "small");
+  o.conversations = 2;
+  o.turns = 4;
+  // Longer than any later turn's new tokens (its question, the reply before
+  // it, the template), shorter than the document.
+  o.native_tail = 40;
+  o.max_new_tokens = 4;
+  o.n_threads = 2;
+  o.translate_dtype = DType::kFloat32;
+  o.progress = false;
+  return o;
+}
+
+// The multi-turn evaluation: turn 1 is native under every strategy; the
+// first switch reads the translated document with or without repair; after
+// it, the repaired line is what re-prefill computes (to float32 rounding:
+// different prefill chunks) while translation alone keeps its error. The
+// live run reports a divergence for each first switch, which translates.
+TEST_F(SwitchEvalTest, InAConversationRepairMakesEveryTurnAfterTheFirstSwitchScoreAsRePrefill) {
+  const ConversationEvalOptions o = ConversationOptions(dir_->path());
+  absl::StatusOr<ConversationEvalReport> r = RunConversationEval(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->strategies,
+            (std::vector<std::string>{"reprefill", "translate", "translate +repair"}));
+  EXPECT_EQ(r->model_names[0], "small");
+  EXPECT_EQ(r->model_names[1], "large");
+  double max_translated_difference = 0;
+  for (int start = 0; start < 2; ++start) {
+    const auto& cells = r->cells.at(start);
+    const auto& base = cells.at("reprefill");
+    const auto& translated = cells.at("translate");
+    const auto& repaired = cells.at("translate +repair");
+    ASSERT_EQ(base.size(), 4u);
+    for (size_t t = 0; t < 4; ++t) {
+      ASSERT_EQ(base[t].answer_nll.size(), 2u);
+      for (size_t c = 0; c < 2; ++c) {
+        const double nll = base[t].answer_nll[c];
+        EXPECT_TRUE(std::isfinite(nll) && nll > 0) << nll;
+        if (t == 0) {
+          EXPECT_NEAR(translated[t].answer_nll[c], nll, 1e-6) << start << " " << c;
+        } else if (t == 1) {
+          EXPECT_NEAR(repaired[t].answer_nll[c], translated[t].answer_nll[c], 1e-6);
+        } else {
+          EXPECT_NEAR(repaired[t].answer_nll[c], nll, 1e-4) << start << " " << t << " " << c;
+          max_translated_difference =
+              std::max(max_translated_difference, std::abs(translated[t].answer_nll[c] - nll));
+        }
+      }
+      if (t >= 2) {
+        EXPECT_EQ(repaired[t].correct, base[t].correct);
+      }
+    }
+    // Every first switch translated the document: its repair measured it.
+    for (double d : r->live_divergence.at(start)[1]) EXPECT_TRUE(std::isfinite(d));
+    EXPECT_EQ(r->live_correct.at(start)[0].size(), 2u);
+  }
+  EXPECT_GT(max_translated_difference, 1e-3);
+  const std::string table = ConversationEvalTable(*r);
+  EXPECT_THAT(table, ::testing::HasSubstr("### Starting on small (2 conversations)"));
+  EXPECT_THAT(table, ::testing::HasSubstr("| 3–4 | both |"));
+  EXPECT_THAT(table, ::testing::HasSubstr("| small -> large | 2 |"));
+  const nlohmann::json j = ConversationEvalJson(o, *r);
+  EXPECT_EQ(j["starting_on"]["large"]["translate +repair"].size(), 4u);
+}
+
+TEST_F(SwitchEvalTest, AConversationNeedsBothTranslatorsAndTwoTurns) {
+  ConversationEvalOptions o = ConversationOptions(dir_->path());
+  o.reverse_translator.clear();
+  EXPECT_EQ(RunConversationEval(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = ConversationOptions(dir_->path());
+  o.turns = 1;
+  EXPECT_EQ(RunConversationEval(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

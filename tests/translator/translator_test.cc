@@ -662,6 +662,68 @@ TEST_F(TranslatorFileTest, RoundTripsMapsAndSpec) {
   EXPECT_TRUE((*back)->key_maps().weight[0].equal(jt->key_maps().weight[0]));
 }
 
+TEST_F(TranslatorFileTest, AStampedEvaluationRoundTripsAndLeavesTheMapsAsTheyWere) {
+  // Never measured: no evaluation, and none written.
+  auto before = Translator::Load(path_, expect_);
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_FALSE((*before)->spec().evaluation.has_value());
+  EXPECT_EQ(ReadSafetensors(path_)->metadata["kvlingo_translator"].find("evaluation"),
+            std::string::npos);
+
+  TranslatorEvaluation e;
+  e.recovered = 0.9636;
+  e.recovered_se = 0.0097;
+  e.gap_nats = 0.0084;
+  e.gap_se = 0.0026;
+  e.data = "build/house/data/test.jsonl";
+  e.windows = 64;
+  e.prefix = 255;
+  e.continuation = 128;
+  e.native_tail = 32;
+  e.translate_dtype = "float32";
+  e.measured_by = "kvl eval-translator";
+  ASSERT_TRUE(StampTranslatorEvaluation(path_, e).ok());
+  // A second stamp replaces the first.
+  e.recovered = 0.97;
+  ASSERT_TRUE(StampTranslatorEvaluation(path_, e).ok());
+  auto t = Translator::Load(path_, expect_);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE((*t)->spec().evaluation.has_value());
+  const TranslatorEvaluation& back = *(*t)->spec().evaluation;
+  EXPECT_DOUBLE_EQ(back.recovered, 0.97);
+  EXPECT_DOUBLE_EQ(back.recovered_se, 0.0097);
+  EXPECT_DOUBLE_EQ(back.gap_nats, 0.0084);
+  EXPECT_DOUBLE_EQ(back.gap_se, 0.0026);
+  EXPECT_EQ(back.data, "build/house/data/test.jsonl");
+  EXPECT_EQ(back.windows, 64);
+  EXPECT_EQ(back.prefix, 255);
+  EXPECT_EQ(back.continuation, 128);
+  EXPECT_EQ(back.native_tail, 32);
+  EXPECT_EQ(back.translate_dtype, "float32");
+  EXPECT_EQ(back.measured_by, "kvl eval-translator");
+  // The maps and the rest of the spec are untouched.
+  EXPECT_EQ((*t)->spec().training.steps, 70);
+  ASSERT_EQ((*t)->spec().history.size(), 2u);
+  for (size_t il = 0; il < 2; ++il) {
+    EXPECT_TRUE((*t)->key_maps().weight[il].equal(translator_->key_maps().weight[il]));
+    EXPECT_TRUE((*t)->value_maps().weight[il].equal(translator_->value_maps().weight[il]));
+    EXPECT_TRUE((*t)->key_maps().bias[il].equal(translator_->key_maps().bias[il]));
+  }
+  // Save writes a loaded translator's evaluation back out.
+  const std::string copy = dir_.Path("copy.safetensors");
+  ASSERT_TRUE((*t)->Save(copy).ok());
+  auto again = Translator::Load(copy, expect_);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_TRUE((*again)->spec().evaluation.has_value());
+  EXPECT_DOUBLE_EQ((*again)->spec().evaluation->gap_nats, 0.0084);
+
+  EXPECT_EQ(StampTranslatorEvaluation(dir_.Path("missing.safetensors"), e).code(),
+            absl::StatusCode::kNotFound);
+  const std::string other = dir_.Path("other.safetensors");
+  ASSERT_TRUE(WriteSafetensors(other, {{"x", at::zeros({2})}}, {{"format", "pt"}}).ok());
+  EXPECT_EQ(StampTranslatorEvaluation(other, e).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(TranslatorFileTest, TokenAnchorsRoundTripAsFormatVersion2AndPlainFilesStayVersion1) {
   auto meta = ReadSafetensors(path_);
   ASSERT_TRUE(meta.ok());
