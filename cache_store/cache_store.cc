@@ -234,6 +234,11 @@ absl::StatusOr<SessionView> CacheStore::Create(std::string_view session_id,
   } else if (sessions_.count(id) != 0) {
     return absl::AlreadyExistsError(absl::StrCat("session '", id, "' already exists"));
   }
+  if (options_.max_sessions > 0 && static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the server holds ", sessions_.size(), " sessions (limits.max_sessions = ",
+        options_.max_sessions, "); delete sessions or wait for idle ones to expire"));
+  }
   entry->seq = next_seq_++;
   by_seq_.emplace(entry->seq, id);
   SessionView view = ViewOf(id, *entry);

@@ -136,6 +136,8 @@ struct CacheStoreOptions {
   // Seconds since the Unix epoch, for the sessions' timestamps and expiry;
   // null: the system clock (tests inject their own).
   std::function<int64_t()> clock;
+  // Create refuses a session past this many (ResourceExhausted); 0: no limit.
+  int64_t max_sessions = 0;
 };
 
 class CacheStore;

@@ -92,6 +92,12 @@ struct RoutingConfig {
   // evaluation while either is set, is refused: its switches re-prefill.
   // TranslatorSource's own minimum overrides these. Unset: no minimum.
   std::optional<double> gate_min_recovered, gate_max_gap_nats;
+  // Admission limits (the server's `limits` section); 0: none. A turn that
+  // would wait behind this many turns
+  // for its model, or whose prompt would bring the session's history past
+  // max_history_tokens, fails with ResourceExhausted and changes nothing.
+  int64_t max_waiting_turns_per_model = 0;
+  int64_t max_history_tokens = 0;
 };
 
 struct RouteChoice {

@@ -63,25 +63,70 @@ struct Router::Work {
 
 // Holds one model's engine for a stage of a turn; the first lock of a turn
 // ends its queue time.
+// Refused (ok() false, nothing held) when routing.max_waiting_turns_per_model
+// turns already wait for the model. Turns are served in arrival order.
 class Router::ModelLock {
  public:
-  ModelLock(Router& router, Work& work, int model) : slot_(*router.models_[model]) {
+  ModelLock(Router& router, Work& work, int model)
+      : router_(router), slot_(*router.models_[model]), model_(model) {
     // Counted while waiting, so that a background repair gives way between
-    // its chunks (repair.cc).
-    slot_.turns_waiting.fetch_add(1);
+    // its chunks (repair.cc), and against the admission limit.
+    const int waiting = slot_.turns_waiting.fetch_add(1);
+    const int64_t limit = router.routing_.max_waiting_turns_per_model;
+    if (limit > 0 && waiting >= limit) {
+      slot_.turns_waiting.fetch_sub(1);
+      status_ = absl::ResourceExhaustedError(absl::StrCat(
+          "model ", router.names_[model], " already has ", waiting,
+          " turns waiting (limits.max_waiting_turns_per_model = ", limit,
+          "); retry later or on another replica"));
+      router.observer_->OnRejected("max_waiting_turns_per_model");
+      return;
+    }
+    Report();
+    int64_t ticket = 0;
+    {
+      absl::MutexLock lock(&slot_.queue_mu);
+      ticket = slot_.next_ticket++;
+      auto mine = [this, ticket]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot_.queue_mu) {
+        return slot_.serving == ticket;
+      };
+      slot_.queue_mu.Await(absl::Condition(&mine));
+    }
     slot_.mu.Lock();
+    {
+      absl::MutexLock lock(&slot_.queue_mu);
+      ++slot_.serving;  // the next ticket may contend for mu now
+    }
     slot_.turns_waiting.fetch_sub(1);
+    slot_.turns_running.fetch_add(1);
+    locked_ = true;
+    Report();
     if (!work.started) {
       work.started = true;
       work.result.queue_seconds = Seconds(work.options->received, Clock::now());
     }
   }
-  ~ModelLock() { slot_.mu.Unlock(); }
+  ~ModelLock() {
+    if (!locked_) return;
+    slot_.turns_running.fetch_sub(1);
+    slot_.mu.Unlock();
+    Report();
+  }
   ModelLock(const ModelLock&) = delete;
   ModelLock& operator=(const ModelLock&) = delete;
+  bool ok() const { return status_.ok(); }
+  const absl::Status& status() const { return status_; }
 
  private:
+  void Report() {
+    router_.observer_->OnModelQueue(model_, slot_.turns_running.load(),
+                                    slot_.turns_waiting.load());
+  }
+  Router& router_;
   Slot& slot_;
+  int model_;
+  bool locked_ = false;
+  absl::Status status_;
 };
 
 absl::StatusOr<std::unique_ptr<Router>> Router::Create(std::vector<LoadedModel> models,
@@ -340,6 +385,16 @@ absl::StatusOr<TurnResult> Router::RunTurn(const std::string& session_id,
   work.fresh = work.history.empty() ? committed.preamble : std::vector<int64_t>{};
   const std::vector<int64_t> turn = Encode(*tokenizer_, RenderUserTurn(options.user_message));
   work.fresh.insert(work.fresh.end(), turn.begin(), turn.end());
+  if (const int64_t limit = routing_.max_history_tokens; limit > 0) {
+    const int64_t after = static_cast<int64_t>(work.history.size() + work.fresh.size());
+    if (after > limit) {
+      observer_->OnRejected("max_history_tokens");
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the session holds ", work.history.size(), " history tokens and this turn adds ",
+          work.fresh.size(), ": ", after, " is past limits.max_history_tokens = ", limit,
+          "; start a new session"));
+    }
+  }
 
   // 1. Route.
   RoutingEvent& ev = work.result.routing;
@@ -384,6 +439,7 @@ absl::StatusOr<int> Router::Escalate(Work& work) {
   while (work.cascade_level < last_level && work.fresh.size() >= 2) {
     const int m = routing_.order[work.cascade_level];
     ModelLock lock(*this, work, m);
+    if (!lock.ok()) return lock.status();
     // Every level scores the turn natively, so it takes over the history
     // before the turn only; the turn's tokens stay attributed to the first
     // model that ran them. The line gets room for the turn and, should this
@@ -456,6 +512,7 @@ absl::StatusOr<GenerateResult> Router::HandOverAndGenerate(Work& work, int model
       options.reply ? static_cast<int64_t>(reply.size()) + 1 : std::min(options.max_tokens, room);
 
   ModelLock lock(*this, work, model);
+  if (!lock.ok()) return lock.status();
   int64_t run_from = upto;
   if (absl::Status s = Handover(work, model, upto, n_prompt + max_tokens,
                                 upto + n_prompt + std::min(max_tokens, kDecodeRoom), &run_from);

@@ -83,6 +83,11 @@ class TurnObserver {
   virtual void OnRepair(int model, int64_t tokens, double seconds) {}
   // Lines queued for repair or being repaired, after each change.
   virtual void OnRepairBacklog(int64_t lines) {}
+  // Turns running on (0 or 1) and waiting for a model changed.
+  virtual void OnModelQueue(int model, int running, int waiting) {}
+  // A turn was refused by an admission limit (RoutingConfig::max_waiting_turns_per_model,
+  // max_history_tokens): `limit` names it ("max_waiting_turns_per_model", ...).
+  virtual void OnRejected(const std::string& limit) {}
   // The quality gate closed (open = false) or reopened a translator pair: the
   // live gate, or at load for a translator it refused (Router::Create).
   virtual void OnGate(int source, int target, bool open, const std::string& reason) {}
@@ -230,6 +235,12 @@ class Router {
     int64_t bytes_per_token = 0;
     absl::Mutex mu;  // one thread drives the engine at a time
     std::atomic<int> turns_waiting{0};  // turns blocked on (or about to take) mu
+    std::atomic<int> turns_running{0};  // 0 or 1: a turn holds mu
+    // Turns take mu in arrival order: each draws a ticket and waits for it
+    // to be served before it contends for mu (with the repair thread only).
+    absl::Mutex queue_mu;
+    int64_t next_ticket ABSL_GUARDED_BY(queue_mu) = 0;
+    int64_t serving ABSL_GUARDED_BY(queue_mu) = 0;
   };
   struct RepairJob {
     std::string session_id;

@@ -592,7 +592,8 @@ absl::StatusOr<ServerConfig> ParseConfig(absl::string_view text, const std::stri
         absl::StrCat("config: expected a JSON object at the top level, got ", Shown(root)));
   }
   if (absl::Status s = CheckKeys(
-          root, "", {"server", "log", "runtime", "models", "translators", "routing", "sessions"});
+          root, "",
+          {"server", "limits", "log", "runtime", "models", "translators", "routing", "sessions"});
       !s.ok()) {
     return s;
   }
@@ -637,6 +638,27 @@ absl::StatusOr<ServerConfig> ParseConfig(absl::string_view text, const std::stri
     if (s.ok()) {
       s = ReadInt(*j, "memory_budget_bytes", "sessions", 1, std::numeric_limits<int64_t>::max(),
                   &c.sessions.memory_budget_bytes);
+    }
+    if (!s.ok()) return s;
+  }
+  if (const Json* j = Find(root, "limits")) {
+    if (absl::Status s = ExpectObject(*j, "limits"); !s.ok()) return s;
+    if (absl::Status s = CheckKeys(*j, "limits",
+                                   {"max_concurrent_streams", "max_waiting_turns_per_model",
+                                    "max_sessions", "max_history_tokens"});
+        !s.ok()) {
+      return s;
+    }
+    const int64_t most = int64_t{1} << 40;
+    absl::Status s = ReadInt(*j, "max_concurrent_streams", "limits", 0, most,
+                             &c.limits.max_concurrent_streams);
+    if (s.ok()) {
+      s = ReadInt(*j, "max_waiting_turns_per_model", "limits", 0, most,
+                  &c.limits.max_waiting_turns_per_model);
+    }
+    if (s.ok()) s = ReadInt(*j, "max_sessions", "limits", 0, most, &c.limits.max_sessions);
+    if (s.ok()) {
+      s = ReadInt(*j, "max_history_tokens", "limits", 0, most, &c.limits.max_history_tokens);
     }
     if (!s.ok()) return s;
   }

@@ -51,6 +51,15 @@ struct ServerSection {
   int64_t max_new_tokens_limit = 4096;
 };
 
+// Admission limits ("limits"): past one, a request fails at once with
+// RESOURCE_EXHAUSTED naming it, and nothing changes. 0: no limit.
+struct LimitsSection {
+  int64_t max_concurrent_streams = 256;      // Chat streams in flight
+  int64_t max_waiting_turns_per_model = 64;  // turns waiting for one model
+  int64_t max_sessions = 100000;             // sessions held
+  int64_t max_history_tokens = 0;            // a session's history (0: the models' context)
+};
+
 struct LogSection {
   LogLevel level = LogLevel::kInfo;
 };
@@ -83,6 +92,7 @@ struct SessionsSection {
 
 struct ServerConfig {
   ServerSection server;
+  LimitsSection limits;
   LogSection log;
   RuntimeSection runtime;
   std::vector<ModelEntry> models;

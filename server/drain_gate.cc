@@ -2,11 +2,12 @@
 
 namespace kvl::server {
 
-bool DrainGate::TryEnter() {
+DrainGate::Admission DrainGate::TryEnter(int64_t max_in_flight) {
   absl::MutexLock lock(&mu_);
-  if (draining_) return false;
+  if (draining_) return Admission::kDraining;
+  if (max_in_flight > 0 && in_flight_ >= max_in_flight) return Admission::kFull;
   ++in_flight_;
-  return true;
+  return Admission::kAdmitted;
 }
 
 void DrainGate::Exit() {

@@ -12,9 +12,13 @@ namespace kvl::server {
 
 class DrainGate {
  public:
-  // False once draining has begun: the caller must refuse the call
-  // (UNAVAILABLE). On true the caller owns one slot and must Exit() exactly once.
-  bool TryEnter();
+  enum class Admission {
+    kAdmitted,  // the caller owns one slot and must Exit() exactly once
+    kDraining,  // draining has begun: refuse the call (UNAVAILABLE)
+    kFull,      // max_in_flight calls are in flight: refuse it (RESOURCE_EXHAUSTED)
+  };
+  // max_in_flight 0: no limit.
+  Admission TryEnter(int64_t max_in_flight = 0);
   void Exit();
   void BeginDrain();
   bool draining() const;

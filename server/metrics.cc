@@ -167,6 +167,29 @@ ServerMetrics::ServerMetrics(const std::string& version, std::vector<std::string
     repair_seconds_.push_back(&repair_seconds.Add({{"model", models[m]}}));
     repairs_.push_back(&repairs.Add({{"model", models[m]}}));
   }
+  auto& running = prometheus::BuildGauge()
+                     .Name("kvlingo_requests_running")
+                     .Help("Chat turns running on a model now (0 or 1: one turn drives a "
+                           "model's engine at a time), by model.")
+                     .Register(*registry_);
+  auto& waiting = prometheus::BuildGauge()
+                      .Name("kvlingo_requests_waiting")
+                      .Help("Chat turns waiting for a model's engine, by model "
+                            "(limits.max_waiting_turns_per_model bounds it).")
+                      .Register(*registry_);
+  for (int m = 0; m < n; ++m) {
+    requests_running_.push_back(&running.Add({{"model", models[m]}}));
+    requests_waiting_.push_back(&waiting.Add({{"model", models[m]}}));
+  }
+  rejected_ = &prometheus::BuildCounter()
+                   .Name("kvlingo_requests_rejected_total")
+                   .Help("Requests refused with RESOURCE_EXHAUSTED by an admission limit, "
+                         "by the limit (the key under \"limits\" in the configuration).")
+                   .Register(*registry_);
+  for (const char* limit : {"max_concurrent_streams", "max_waiting_turns_per_model",
+                            "max_sessions", "max_history_tokens"}) {
+    rejected_->Add({{"limit", limit}});
+  }
   repair_backlog_ = &prometheus::BuildGauge()
                          .Name("kvlingo_repair_backlog_lines")
                          .Help("Cache lines with translated spans queued for background repair "
@@ -299,6 +322,16 @@ void ServerMetrics::OnGate(int source, int target, bool open, const std::string&
   if (source < 0 || target < 0 || source == target) return;
   gate_open_[source * n_models_ + target]->Set(open ? 1 : 0);
   if (!open) gate_closures_[source * n_models_ + target]->Increment();
+}
+
+void ServerMetrics::OnModelQueue(int model, int running, int waiting) {
+  if (model < 0 || model >= n_models_) return;
+  requests_running_[model]->Set(running);
+  requests_waiting_[model]->Set(waiting);
+}
+
+void ServerMetrics::OnRejected(const std::string& limit) {
+  rejected_->Add({{"limit", limit}}).Increment();
 }
 
 void ServerMetrics::OnRepairBacklog(int64_t lines) {

@@ -78,6 +78,9 @@ class ServerMetrics final : public router::TurnObserver {
   void OnGate(int source, int target, bool open, const std::string& reason) override;
   void OnSwitchFidelity(int source, int target, double nats_per_token, int64_t tokens,
                         bool first_token_differs) override;
+  void OnModelQueue(int model, int running, int waiting) override;
+  // Also counts the server's own refusals (max_concurrent_streams, max_sessions).
+  void OnRejected(const std::string& limit) override;
 
   // The registry in the Prometheus text exposition format (version 0.0.4).
   std::string RenderText() const;
@@ -108,6 +111,8 @@ class ServerMetrics final : public router::TurnObserver {
   std::vector<prometheus::Counter*> first_token_differs_;   // [source * n + target]
   std::vector<prometheus::Gauge*> gate_open_;                // [source * n + target]
   std::vector<prometheus::Counter*> gate_closures_;          // [source * n + target]
+  std::vector<prometheus::Gauge*> requests_running_, requests_waiting_;  // per model
+  prometheus::Family<prometheus::Counter>* rejected_ = nullptr;          // by limit
 };
 
 }  // namespace kvl::server

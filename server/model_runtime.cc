@@ -6,16 +6,29 @@
 
 namespace kvl::server {
 
+namespace {
+
+// The router's share of the admission limits.
+router::RoutingConfig RoutingWithLimits(const ServerConfig& config) {
+  router::RoutingConfig routing = config.routing;
+  routing.max_waiting_turns_per_model = config.limits.max_waiting_turns_per_model;
+  routing.max_history_tokens = config.limits.max_history_tokens;
+  return routing;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<ModelRuntime>> LoadModelRuntime(const ServerConfig& config,
                                                                router::TurnObserver* observer) {
   auto runtime = std::make_unique<ModelRuntime>();
   CacheStoreOptions store_options;
   store_options.n_models = static_cast<int>(config.models.size());
   store_options.memory_budget_bytes = config.sessions.memory_budget_bytes;
+  store_options.max_sessions = config.limits.max_sessions;
   runtime->store = std::make_unique<CacheStore>(store_options);
   if (config.models.empty()) return runtime;
   absl::StatusOr<std::unique_ptr<router::Router>> router =
-      router::LoadRouter(config.models, config.translators, config.routing,
+      router::LoadRouter(config.models, config.translators, RoutingWithLimits(config),
                          config.runtime.threads, runtime->store.get(), observer);
   if (!router.ok()) return router.status();
   runtime->router = *std::move(router);

@@ -217,6 +217,8 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(
     ToProto(deps_, *created, response);
     deps_.metrics->SetCacheStats(deps_.store->Stats());
     SPDLOG_DEBUG("session {} created", created->session_id);
+  } else if (absl::IsResourceExhausted(created.status())) {
+    deps_.metrics->OnRejected("max_sessions");
   }
   return FinishUnary(context, deps_.metrics, RpcMethod::kCreateSession, created.status());
 }
@@ -255,11 +257,19 @@ grpc::ServerUnaryReactor* SessionServiceImpl::DeleteSession(
 grpc::ServerWriteReactor<ChatResponse>* ChatServiceImpl::Chat(
     grpc::CallbackServerContext* context, const kvlingo::v1::ChatRequest* request) {
   const auto received = std::chrono::steady_clock::now();
-  const bool admitted = deps_.chat_gate->TryEnter();
-  auto* reactor = new ChatReactor(deps_, admitted);
-  if (!admitted) {
+  const DrainGate::Admission admission = deps_.chat_gate->TryEnter(deps_.max_concurrent_streams);
+  auto* reactor = new ChatReactor(deps_, admission == DrainGate::Admission::kAdmitted);
+  if (admission == DrainGate::Admission::kDraining) {
     reactor->FinishWith(
         absl::UnavailableError("the server is shutting down; retry on another replica"));
+    return reactor;
+  }
+  if (admission == DrainGate::Admission::kFull) {
+    deps_.metrics->OnRejected("max_concurrent_streams");
+    reactor->FinishWith(absl::ResourceExhaustedError(absl::StrCat(
+        deps_.max_concurrent_streams,
+        " chat streams are in progress (limits.max_concurrent_streams); retry later or on "
+        "another replica")));
     return reactor;
   }
   static const std::vector<std::string> kNoModels;

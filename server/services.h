@@ -23,6 +23,7 @@ struct ServiceDeps {
   ServerMetrics* metrics = nullptr;
   DrainGate* chat_gate = nullptr;
   TurnLimits limits;
+  int64_t max_concurrent_streams = 0;  // limits.max_concurrent_streams; 0: none
   // Null when the server was started without models: Chat then answers
   // UNIMPLEMENTED and sessions hold no history.
   router::Router* router = nullptr;

@@ -226,6 +226,22 @@ TEST_F(CacheStoreTest, ABackgroundLeaseDoesNotMarkTheSessionActive) {
   EXPECT_EQ(store.RemoveIdle(100), std::vector<std::string>{"s"});
 }
 
+TEST_F(CacheStoreTest, CreateRefusesASessionPastTheLimitUntilOneIsDeleted) {
+  CacheStoreOptions o{1, int64_t{1} << 30, nullptr};
+  o.max_sessions = 2;
+  CacheStore store(o);
+  ASSERT_TRUE(store.Create("a", "", {}).ok());
+  ASSERT_TRUE(store.Create("", "", {}).ok());
+  const absl::Status refused = store.Create("c", "", {}).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(refused.message()),
+              ::testing::HasSubstr("holds 2 sessions (limits.max_sessions = 2)"));
+  EXPECT_EQ(store.View("c").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.Stats().sessions, 2);
+  ASSERT_TRUE(store.Remove("a").ok());
+  EXPECT_TRUE(store.Create("c", "", {}).ok());
+}
+
 TEST_F(CacheStoreTest, RemoveFreesTheSessionEvenDuringATurn) {
   CacheStore store({1, int64_t{1} << 30, nullptr});
   ASSERT_TRUE(store.Create("s", "", {}).ok());

@@ -1119,6 +1119,120 @@ TEST_F(RepairTest, TheLiveGateClosesAPairAboveItsBoundAndReopensItAfterTheCoolDo
             log.events.end());
 }
 
+// ---- admission ---------------------------------------------------------------
+
+// Counts turns waiting for each model, as the router reports them.
+struct QueueLog : TurnObserver {
+  absl::Mutex mu;
+  std::vector<int> waiting ABSL_GUARDED_BY(mu) = std::vector<int>(3, 0);
+  std::vector<std::string> rejected ABSL_GUARDED_BY(mu);
+  void OnModelQueue(int model, int running, int w) override {
+    absl::MutexLock lock(&mu);
+    waiting[model] = w;
+  }
+  void OnRejected(const std::string& limit) override {
+    absl::MutexLock lock(&mu);
+    rejected.push_back(limit);
+  }
+  void AwaitWaiting(int model, int n) {
+    absl::MutexLock lock(&mu);
+    auto reached = [this, model, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return waiting[model] >= n;
+    };
+    mu.Await(absl::Condition(&reached));
+  }
+};
+
+// A turn holds large (its first token's callback blocks until released);
+// turns behind it wait in arrival order, and past the limit one is refused at
+// once with nothing changed.
+TEST_F(RouterTest, TurnsWaitForAModelInArrivalOrderAndPastTheLimitAreRefused) {
+  QueueLog log;
+  RoutingConfig routing = Explicit();
+  routing.max_waiting_turns_per_model = 3;
+  MakeRouter(routing, int64_t{1} << 30, DType::kFloat32, &log);
+  absl::Mutex mu;
+  bool released = false;
+  std::vector<std::string> served;  // sessions in the order they took large
+  auto run = [&](const std::string& session, bool hold) {
+    TurnOptions o;
+    o.user_message = "Hello from " + session;
+    o.policy = Policy::kExplicit;
+    o.explicit_model = 2;
+    o.max_tokens = 2;
+    TurnCallbacks callbacks;
+    bool first = true;
+    callbacks.on_routing = [&, session](const RoutingEvent&) {
+      absl::MutexLock lock(&mu);
+      served.push_back(session);
+    };
+    callbacks.on_token = [&, hold](int64_t, std::string_view) {
+      if (!hold || !first) return;
+      first = false;
+      absl::MutexLock lock(&mu);
+      mu.Await(absl::Condition(&released));
+    };
+    return router_->RunTurn(session, o, callbacks);
+  };
+  for (const char* id : {"holder", "w1", "w2", "w3", "late"}) {
+    ASSERT_TRUE(store_->Create(id, "", {}).ok());
+  }
+  std::vector<std::thread> threads;
+  std::vector<absl::StatusOr<TurnResult>> results(4, absl::UnknownError("not run"));
+  threads.emplace_back([&] { results[0] = run("holder", true); });
+  {
+    absl::MutexLock lock(&mu);
+    auto holding = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return served.size() == 1; };
+    mu.Await(absl::Condition(&holding));
+  }
+  // Each waiter queues before the next starts: their arrival order is known.
+  for (int i = 1; i <= 3; ++i) {
+    threads.emplace_back([&, i] { results[i] = run("w" + std::to_string(i), false); });
+    log.AwaitWaiting(2, i);
+  }
+  const SessionView before = *store_->View("late");
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<TurnResult> late = run("late", false);
+  const auto refused_after = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(late.status().message(),
+              HasSubstr("model large already has 3 turns waiting "
+                        "(limits.max_waiting_turns_per_model = 3)"));
+  const SessionView after = *store_->View("late");
+  EXPECT_EQ(after.state.history, before.state.history);
+  EXPECT_EQ(after.state.turns, 0);
+  {
+    absl::MutexLock lock(&mu);
+    released = true;
+  }
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < results.size(); ++i) EXPECT_TRUE(results[i].ok()) << i;
+  // Refused while the holder still held large: without waiting for it.
+  EXPECT_LT(refused_after, std::chrono::seconds(30));
+  EXPECT_EQ(served, (std::vector<std::string>{"holder", "w1", "w2", "w3"}));
+  absl::MutexLock lock(&log.mu);
+  EXPECT_EQ(log.rejected, std::vector<std::string>{"max_waiting_turns_per_model"});
+  EXPECT_EQ(log.waiting[2], 0);
+}
+
+TEST_F(RouterTest, ATurnPastTheHistoryLimitIsRefusedAndChangesNothing) {
+  RoutingConfig routing = Explicit();
+  routing.max_history_tokens = 40;
+  MakeRouter(routing);
+  ASSERT_TRUE(store_->Create("s", "", {}).ok());
+  ASSERT_TRUE(Turn("s", "Hi.", 0).ok());
+  const SessionView before = *store_->View("s");
+  ASSERT_LT(before.state.history.size(), 40u);
+  auto t = Turn("s", "A much longer message that takes the history well past its limit of forty "
+                     "tokens, which this turn would cross on its own.", 0);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(t.status().message(), HasSubstr("past limits.max_history_tokens = 40"));
+  const SessionView after = *store_->View("s");
+  EXPECT_EQ(after.state.history, before.state.history);
+  EXPECT_EQ(after.state.turns, before.state.turns);
+  EXPECT_TRUE(Turn("s", "Ok.", 0).ok());  // a short one still fits
+}
+
 TEST(LoadGateRefusal, SaysWhyATranslatorFallsShortOfTheConfiguredMinimum) {
   TranslatorEvaluation e;
   e.recovered = 0.8;

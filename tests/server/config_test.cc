@@ -45,6 +45,10 @@ TEST(ConfigTest, EmptyObjectGivesDocumentedDefaults) {
   EXPECT_EQ(c->routing.native_tail_tokens, 32);
   EXPECT_EQ(c->routing.repair, router::RepairMode::kAfterTurn);
   EXPECT_EQ(c->routing.gate_max_divergence, std::numeric_limits<double>::infinity());
+  EXPECT_EQ(c->limits.max_concurrent_streams, 256);
+  EXPECT_EQ(c->limits.max_waiting_turns_per_model, 64);
+  EXPECT_EQ(c->limits.max_sessions, 100000);
+  EXPECT_EQ(c->limits.max_history_tokens, 0);
   EXPECT_FALSE(c->routing.gate_min_recovered.has_value());  // no load-time minimum
   EXPECT_FALSE(c->routing.gate_max_gap_nats.has_value());
   EXPECT_EQ(c->routing.cascade_max_entropy, 3.0);
@@ -75,7 +79,9 @@ TEST(ConfigTest, FullConfigWithCommentsAndRelativePaths) {
                 "native_tail_tokens": 16, "repair": "idle-only",
                 "gate": {"max_divergence_nats": 0.05, "window": 10, "min_samples": 3,
                          "cooldown_seconds": 30, "min_recovered": 0.9, "max_gap_nats": 0.02}},
-    "sessions": {"idle_timeout_seconds": 0, "memory_budget_bytes": 1048576}
+    "sessions": {"idle_timeout_seconds": 0, "memory_budget_bytes": 1048576},
+    "limits": {"max_concurrent_streams": 8, "max_waiting_turns_per_model": 2,
+               "max_sessions": 50, "max_history_tokens": 3000}
   })";
   absl::StatusOr<ServerConfig> c = ParseConfig(text, dir.path());
   ASSERT_TRUE(c.ok()) << c.status();
@@ -116,6 +122,10 @@ TEST(ConfigTest, FullConfigWithCommentsAndRelativePaths) {
   EXPECT_FALSE(c->translators[0].max_gap_nats.has_value());
   EXPECT_EQ(c->sessions.idle_timeout_seconds, 0);
   EXPECT_EQ(c->sessions.memory_budget_bytes, 1048576);
+  EXPECT_EQ(c->limits.max_concurrent_streams, 8);
+  EXPECT_EQ(c->limits.max_waiting_turns_per_model, 2);
+  EXPECT_EQ(c->limits.max_sessions, 50);
+  EXPECT_EQ(c->limits.max_history_tokens, 3000);
 }
 
 TEST(ConfigTest, UnknownKeysAreRejectedAtEveryLevelWithTheirPath) {
@@ -246,6 +256,10 @@ TEST(ConfigTest, CrossReferencesAreChecked) {
       HasSubstr("config: routing.gate.min_samples: 3 exceeds window 2"));
   EXPECT_THAT(parse(R"(, "routing": {"default_model": "a", "gate": {"bound": 1}})").message(),
               HasSubstr("routing.gate"));
+  EXPECT_THAT(parse(R"(, "limits": {"max_sessions": -1})").message(),
+              HasSubstr("config: limits.max_sessions"));
+  EXPECT_THAT(parse(R"(, "limits": {"max_streams": 4})").message(),
+              HasSubstr("limits"));
   // The load-time gate needs no repair; its bounds are checked.
   EXPECT_THAT(
       parse(R"(, "routing": {"default_model": "a", "gate": {"min_recovered": 1.5}})").message(),

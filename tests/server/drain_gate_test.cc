@@ -11,12 +11,12 @@ namespace {
 
 TEST(DrainGateTest, RefusesNewCallsOnceDrainingAndWaitsForRunningOnes) {
   DrainGate gate;
-  ASSERT_TRUE(gate.TryEnter());
-  ASSERT_TRUE(gate.TryEnter());
+  ASSERT_EQ(gate.TryEnter(), DrainGate::Admission::kAdmitted);
+  ASSERT_EQ(gate.TryEnter(), DrainGate::Admission::kAdmitted);
   EXPECT_EQ(gate.in_flight(), 2);
   gate.BeginDrain();
   EXPECT_TRUE(gate.draining());
-  EXPECT_FALSE(gate.TryEnter());
+  EXPECT_EQ(gate.TryEnter(), DrainGate::Admission::kDraining);
   EXPECT_EQ(gate.in_flight(), 2);
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -31,6 +31,19 @@ TEST(DrainGateTest, RefusesNewCallsOnceDrainingAndWaitsForRunningOnes) {
   EXPECT_TRUE(gate.WaitIdle(absl::Seconds(10)));
   EXPECT_EQ(gate.in_flight(), 0);
   finisher.join();
+}
+
+TEST(DrainGateTest, AdmitsUpToTheLimitAndAgainOnceACallEnds) {
+  DrainGate gate;
+  ASSERT_EQ(gate.TryEnter(2), DrainGate::Admission::kAdmitted);
+  ASSERT_EQ(gate.TryEnter(2), DrainGate::Admission::kAdmitted);
+  EXPECT_EQ(gate.TryEnter(2), DrainGate::Admission::kFull);
+  EXPECT_EQ(gate.in_flight(), 2);  // a refused call holds no slot
+  gate.Exit();
+  EXPECT_EQ(gate.TryEnter(2), DrainGate::Admission::kAdmitted);
+  EXPECT_EQ(gate.TryEnter(0), DrainGate::Admission::kAdmitted);  // 0: no limit
+  gate.BeginDrain();
+  EXPECT_EQ(gate.TryEnter(100), DrainGate::Admission::kDraining);
 }
 
 TEST(DrainGateTest, IdleGateDrainsAtOnce) {

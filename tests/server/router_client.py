@@ -3,7 +3,7 @@ Debian's grpcio and protoc-generated message classes only (no grpc_tools).
 Prints one JSON object with what it saw; the calling gtest checks it.
 
 usage: router_client.py TARGET STUBS_DIR SCENARIO [SERVER_PID]
-  SCENARIO: policies | bad_inputs | concurrent | eviction | drain (needs SERVER_PID)
+  SCENARIO: policies | bad_inputs | concurrent | burst | eviction | drain (needs SERVER_PID)
 """
 import json
 import os
@@ -164,6 +164,43 @@ def main():
         for t in threads:
             t.join()
         result["outcomes"] = outcomes
+    elif scenario == "burst":
+        # The server's limits: 4 streams, 1 turn waiting per model, 13
+        # sessions, 300 history tokens. 12 sessions fire one turn each at
+        # once on large; the 14th session is refused.
+        sids = [create(session_pb2.CreateSessionRequest(session_id=f"b-{i}"), timeout=10).session_id
+                for i in range(12)]
+        create(session_pb2.CreateSessionRequest(session_id="h"), timeout=10)
+        try:
+            create(session_pb2.CreateSessionRequest(session_id="one-too-many"), timeout=10)
+            result["session_limit"] = {"code": "OK"}
+        except grpc.RpcError as e:
+            result["session_limit"] = {"code": e.code().name, "details": e.details()}
+        start, outcomes = threading.Barrier(len(sids)), {}
+
+        def fire(sid):
+            start.wait()
+            t0 = time.monotonic()
+            r = chat(sid, "Tell me a long story.", policy="explicit", model="large",
+                     max_tokens=96, timeout=120)
+            outcomes[sid] = {"code": r["code"], "details": r.get("details", ""),
+                             "seconds": time.monotonic() - t0}
+
+        threads = [threading.Thread(target=fire, args=(sid,)) for sid in sids]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for sid in sids:
+            outcomes[sid]["state"] = session_state(sid)
+        result["burst"] = outcomes
+        # Past the history limit: refused, the session unchanged.
+        first = chat("h", "Hi.", policy="explicit", model="small", max_tokens=4)
+        before = session_state("h")
+        r = chat("h", "word " * 400, policy="explicit", model="small", max_tokens=4)
+        result["history_limit"] = {"first": first["code"], "code": r["code"],
+                                   "details": r.get("details", ""),
+                                   "unchanged": session_state("h") == before}
     elif scenario == "eviction":
         # Two sessions alternate on one model under a budget that holds about
         # one line: each turn evicts the other session's line.

@@ -342,6 +342,59 @@ TEST_F(RouterE2eTest, SixteenConcurrentSessionsWithSwitches) {
   Stop(server);
 }
 
+// A burst above the admission limits: the excess is refused with
+// RESOURCE_EXHAUSTED naming the limit, without waiting for the running
+// turns; every admitted turn completes; no refused session changes.
+TEST_F(RouterE2eTest, ABurstAboveTheLimitsIsRefusedAtOnceAndChangesNothing) {
+  Json config = Json::parse(Config(int64_t{1} << 30));
+  config["limits"] = {{"max_concurrent_streams", 4},
+                      {"max_waiting_turns_per_model", 1},
+                      {"max_sessions", 13},
+                      {"max_history_tokens", 300}};
+  Running server = Start(config.dump());
+  const Json seen = Client(server, "burst");
+  auto scraped = testing::HttpGet("127.0.0.1", server.metrics_port, "/metrics");
+  ASSERT_TRUE(scraped.ok()) << scraped.status();
+  const std::string metrics = scraped->body;
+  Stop(server);
+  EXPECT_EQ(seen["session_limit"]["code"], "RESOURCE_EXHAUSTED") << seen.dump();
+  EXPECT_THAT(seen["session_limit"]["details"].get<std::string>(),
+              HasSubstr("limits.max_sessions = 13"));
+  int admitted = 0, refused = 0;
+  double slowest_admitted = 0, slowest_refusal = 0;
+  for (const auto& [sid, o] : seen["burst"].items()) {
+    const std::string code = o["code"];
+    if (code == "OK") {
+      ++admitted;
+      slowest_admitted = std::max(slowest_admitted, o["seconds"].get<double>());
+      EXPECT_EQ(o["state"]["turns"], 1) << sid;
+    } else {
+      ASSERT_EQ(code, "RESOURCE_EXHAUSTED") << sid << " " << o.dump();
+      ++refused;
+      slowest_refusal = std::max(slowest_refusal, o["seconds"].get<double>());
+      EXPECT_THAT(o["details"].get<std::string>(),
+                  ::testing::AnyOf(HasSubstr("limits.max_concurrent_streams"),
+                                   HasSubstr("limits.max_waiting_turns_per_model")));
+      EXPECT_EQ(o["state"]["turns"], 0) << sid;
+      EXPECT_EQ(o["state"]["history_tokens"], 0) << sid;
+    }
+  }
+  EXPECT_GE(admitted, 1);
+  EXPECT_GE(refused, 12 - 4);  // at most 4 streams at once
+  // Refusals do not wait for the turns that run.
+  EXPECT_LT(slowest_refusal, slowest_admitted) << seen.dump();
+  EXPECT_EQ(seen["history_limit"]["first"], "OK");
+  EXPECT_EQ(seen["history_limit"]["code"], "RESOURCE_EXHAUSTED");
+  EXPECT_THAT(seen["history_limit"]["details"].get<std::string>(),
+              HasSubstr("limits.max_history_tokens = 300"));
+  EXPECT_TRUE(seen["history_limit"]["unchanged"].get<bool>());
+  EXPECT_THAT(metrics, ::testing::ContainsRegex(
+                           R"(kvlingo_requests_rejected_total\{limit="max_concurrent_streams"\} [1-9])"));
+  EXPECT_THAT(metrics, ::testing::ContainsRegex(
+                           R"(kvlingo_requests_rejected_total\{limit="max_sessions"\} 1)"));
+  EXPECT_THAT(metrics, HasSubstr("kvlingo_requests_waiting{model=\"large\"} 0"));
+}
+
 TEST_F(RouterE2eTest, EvictionUnderATinyBudgetRebuildsSessionsCorrectly) {
   // small: 2080 bytes per token, lines of at least 64 tokens.
   Running tiny = Start(Config(100 * 2080));
