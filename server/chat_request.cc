@@ -23,6 +23,23 @@ absl::Status CheckUtf8(absl::string_view field, absl::string_view text) {
 
 }  // namespace
 
+absl::Status ValidateSystemPrompt(absl::string_view prompt, const TurnLimits& limits,
+                                  int64_t preamble_tokens, int64_t context_tokens) {
+  if (static_cast<int64_t>(prompt.size()) > limits.max_system_prompt_bytes) {
+    return Bad("system_prompt",
+               absl::StrCat(prompt.size(), " bytes is over the server's limit of ",
+                            limits.max_system_prompt_bytes, " (server.max_system_prompt_bytes)"));
+  }
+  if (absl::Status s = CheckUtf8("system_prompt", prompt); !s.ok()) return s;
+  if (context_tokens > 0 && preamble_tokens >= context_tokens) {
+    return Bad("system_prompt",
+               absl::StrCat("renders to ", preamble_tokens,
+                            " tokens, which leaves no room for a turn in the smallest model "
+                            "context (", context_tokens, " tokens)"));
+  }
+  return absl::OkStatus();
+}
+
 bool IsValidUtf8(absl::string_view text, size_t* bad_offset) {
   const auto* s = reinterpret_cast<const unsigned char*>(text.data());
   const size_t n = text.size();

@@ -26,6 +26,7 @@ struct TurnRequest {
 struct TurnLimits {
   int64_t max_turn_bytes = 65536;
   int64_t max_new_tokens_limit = 4096;
+  int64_t max_system_prompt_bytes = 65536;
 };
 
 inline constexpr size_t kMaxStopStrings = 16;
@@ -39,6 +40,13 @@ bool IsValidUtf8(absl::string_view text, size_t* bad_offset = nullptr);
 // of `model_names` (the loaded models, in the router's order; none loaded:
 // routing.model is not resolved). Whether the
 // session exists, and whether the turn fits the policy, the router checks.
+// InvalidArgument naming system_prompt when it is over
+// limits.max_system_prompt_bytes or not valid UTF-8; when it renders to
+// `preamble_tokens` that leave no room in `context_tokens` (the smallest
+// context of the loaded models; 0: not checked).
+absl::Status ValidateSystemPrompt(absl::string_view prompt, const TurnLimits& limits,
+                                  int64_t preamble_tokens, int64_t context_tokens);
+
 absl::StatusOr<TurnRequest> ParseChatRequest(const kvlingo::v1::ChatRequest& request,
                                              const TurnLimits& limits,
                                              const std::vector<std::string>& model_names);

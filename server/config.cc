@@ -201,7 +201,8 @@ absl::Status ParseServer(const Json& j, const std::string& path, ServerSection* 
   if (absl::Status s = ExpectObject(j, path); !s.ok()) return s;
   if (absl::Status s = CheckKeys(j, path,
                                  {"listen_address", "metrics_address", "drain_timeout_seconds",
-                                  "max_turn_bytes", "max_new_tokens_limit"});
+                                  "max_turn_bytes", "max_new_tokens_limit",
+                                  "max_system_prompt_bytes"});
       !s.ok()) {
     return s;
   }
@@ -213,6 +214,10 @@ absl::Status ParseServer(const Json& j, const std::string& path, ServerSection* 
   // one request from taking an unreasonable share of memory.
   if (s.ok()) s = ReadInt(j, "max_turn_bytes", path, 1, int64_t{64} << 20, &out->max_turn_bytes);
   if (s.ok()) s = ReadInt(j, "max_new_tokens_limit", path, 1, 1 << 20, &out->max_new_tokens_limit);
+  if (s.ok()) {
+    s = ReadInt(j, "max_system_prompt_bytes", path, 1, int64_t{64} << 20,
+                &out->max_system_prompt_bytes);
+  }
   return s;
 }
 

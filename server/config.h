@@ -49,6 +49,8 @@ struct ServerSection {
   int64_t max_turn_bytes = 65536;
   // Upper bound on SamplingParams.max_tokens; also the default when it is 0.
   int64_t max_new_tokens_limit = 4096;
+  // Upper bound on CreateSessionRequest.system_prompt, in UTF-8 bytes.
+  int64_t max_system_prompt_bytes = 65536;
 };
 
 // Admission limits ("limits"): past one, a request fails at once with

@@ -55,6 +55,14 @@ namespace {
 const std::vector<double> kInterTokenBuckets = {0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1,
                                                 0.15,  0.2,   0.3,  0.4,   0.5,  0.75,  1.0,
                                                 2.5,   5.0,   7.5,  10.0,  20.0, 40.0,  80.0};
+// vLLM's request latency buckets (e2e, queue time), seconds.
+const std::vector<double> kRequestLatencyBuckets = {0.3,  0.5,  0.8,  1.0,   1.5,   2.0,   2.5,
+                                                    5.0,  10.0, 15.0, 20.0,  30.0,  40.0,  50.0,
+                                                    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+// vLLM's time-per-output-token buckets, with two finer ones for small models.
+const std::vector<double> kTimePerOutputTokenBuckets = {
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,  0.4,
+    0.5,   0.75,  1.0,  2.5,   5.0,  7.5,   10.0, 20.0, 40.0, 80.0};
 const std::vector<double> kTranslationBuckets = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
                                                  0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
                                                  1,      2.5,     5,      10};
@@ -180,6 +188,39 @@ ServerMetrics::ServerMetrics(const std::string& version, std::vector<std::string
   for (int m = 0; m < n; ++m) {
     requests_running_.push_back(&running.Add({{"model", models[m]}}));
     requests_waiting_.push_back(&waiting.Add({{"model", models[m]}}));
+  }
+  auto& e2e = prometheus::BuildHistogram()
+                  .Name("kvlingo_e2e_request_latency_seconds")
+                  .Help("Receipt of a Chat request to its TurnSummary, completed turns, by the "
+                        "model that answered (vLLM's buckets).")
+                  .Register(*registry_);
+  auto& queue = prometheus::BuildHistogram()
+                    .Name("kvlingo_request_queue_time_seconds")
+                    .Help("Receipt of a Chat request to its turn first driving a model's "
+                          "engine, completed turns, by model.")
+                    .Register(*registry_);
+  auto& tpot = prometheus::BuildHistogram()
+                   .Name("kvlingo_time_per_output_token_seconds")
+                   .Help("A completed turn's decode time per generated token after the "
+                         "first (turns of two or more tokens), by model.")
+                   .Register(*registry_);
+  auto& success = prometheus::BuildCounter()
+                      .Name("kvlingo_request_success_total")
+                      .Help("Completed Chat turns by model and finish reason (stop_token, "
+                            "stop_string, length).")
+                      .Register(*registry_);
+  for (int m = 0; m < n; ++m) {
+    e2e_latency_.push_back(&e2e.Add({{"model", models[m]}}, kRequestLatencyBuckets));
+    queue_time_.push_back(&queue.Add({{"model", models[m]}}, kRequestLatencyBuckets));
+    time_per_output_token_.push_back(
+        &tpot.Add({{"model", models[m]}}, kTimePerOutputTokenBuckets));
+    std::array<prometheus::Counter*, 4> by_reason{};
+    for (FinishReason reason :
+         {FinishReason::kStopToken, FinishReason::kStopString, FinishReason::kLength}) {
+      by_reason[static_cast<int>(reason)] = &success.Add(
+          {{"model", models[m]}, {"finished_reason", FinishReasonName(reason)}});
+    }
+    request_success_.push_back(by_reason);
   }
   rejected_ = &prometheus::BuildCounter()
                    .Name("kvlingo_requests_rejected_total")
@@ -328,6 +369,20 @@ void ServerMetrics::OnModelQueue(int model, int running, int waiting) {
   if (model < 0 || model >= n_models_) return;
   requests_running_[model]->Set(running);
   requests_waiting_[model]->Set(waiting);
+}
+
+void ServerMetrics::OnTurnDone(const router::TurnResult& r) {
+  const int m = r.routing.model;
+  if (m < 0 || m >= n_models_) return;
+  e2e_latency_[m]->Observe(r.total_seconds);
+  queue_time_[m]->Observe(r.queue_seconds);
+  if (r.generated_tokens >= 2) {
+    time_per_output_token_[m]->Observe(r.decode_seconds /
+                                       static_cast<double>(r.generated_tokens - 1));
+  }
+  if (prometheus::Counter* c = request_success_[m][static_cast<int>(r.finish_reason)]) {
+    c->Increment();
+  }
 }
 
 void ServerMetrics::OnRejected(const std::string& limit) {

@@ -79,6 +79,9 @@ class ServerMetrics final : public router::TurnObserver {
   void OnSwitchFidelity(int source, int target, double nats_per_token, int64_t tokens,
                         bool first_token_differs) override;
   void OnModelQueue(int model, int running, int waiting) override;
+  // A Chat turn that completed (its TurnSummary was sent): end-to-end
+  // latency, queue time, time per output token and its finish reason.
+  void OnTurnDone(const router::TurnResult& result);
   // Also counts the server's own refusals (max_concurrent_streams, max_sessions).
   void OnRejected(const std::string& limit) override;
 
@@ -112,6 +115,9 @@ class ServerMetrics final : public router::TurnObserver {
   std::vector<prometheus::Gauge*> gate_open_;                // [source * n + target]
   std::vector<prometheus::Counter*> gate_closures_;          // [source * n + target]
   std::vector<prometheus::Gauge*> requests_running_, requests_waiting_;  // per model
+  std::vector<prometheus::Histogram*> e2e_latency_, queue_time_, time_per_output_token_;
+  // [model][FinishReason]
+  std::vector<std::array<prometheus::Counter*, 4>> request_success_;
   prometheus::Family<prometheus::Counter>* rejected_ = nullptr;          // by limit
 };
 

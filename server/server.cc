@@ -76,6 +76,7 @@ absl::Status Server::Serve() {
   deps.chat_gate = &self->chat_gate_;
   deps.max_concurrent_streams = config.limits.max_concurrent_streams;
   deps.limits.max_turn_bytes = config.server.max_turn_bytes;
+  deps.limits.max_system_prompt_bytes = config.server.max_system_prompt_bytes;
   deps.limits.max_new_tokens_limit = config.server.max_new_tokens_limit;
   deps.router = runtime_->router.get();
   deps.pool = turn_pool_.get();

@@ -210,9 +210,21 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(
     grpc::CallbackServerContext* context, const kvlingo::v1::CreateSessionRequest* request,
     kvlingo::v1::Session* response) {
   std::vector<int64_t> preamble;
-  if (deps_.router != nullptr) preamble = deps_.router->RenderPreamble(request->system_prompt());
+  int64_t context_tokens = 0;  // the smallest loaded model's context
+  if (deps_.router != nullptr) {
+    preamble = deps_.router->RenderPreamble(request->system_prompt());
+    for (int m = 0; m < deps_.router->n_models(); ++m) {
+      const int64_t c = deps_.router->model(m).engine->config().max_position_embeddings;
+      context_tokens = context_tokens == 0 ? c : std::min(context_tokens, c);
+    }
+  }
+  const absl::Status valid = ValidateSystemPrompt(
+      request->system_prompt(), deps_.limits, static_cast<int64_t>(preamble.size()),
+      context_tokens);
   absl::StatusOr<SessionView> created =
-      deps_.store->Create(request->session_id(), request->system_prompt(), std::move(preamble));
+      valid.ok() ? deps_.store->Create(request->session_id(), request->system_prompt(),
+                                       std::move(preamble))
+                 : absl::StatusOr<SessionView>(valid);
   if (created.ok()) {
     ToProto(deps_, *created, response);
     deps_.metrics->SetCacheStats(deps_.store->Stats());
@@ -347,6 +359,7 @@ grpc::ServerWriteReactor<ChatResponse>* ChatServiceImpl::Chat(
       reactor->Complete(result.status());
       return;
     }
+    deps.metrics->OnTurnDone(*result);
     ChatResponse r;
     kvlingo::v1::TurnSummary* s = r.mutable_summary();
     s->set_finish_reason(ToProto(result->finish_reason));

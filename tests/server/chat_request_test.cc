@@ -70,6 +70,28 @@ TEST(ChatRequestTest, OverridesAreCarriedOver) {
   EXPECT_EQ(t->options.strategy, router::Strategy::kReprefillMissing);
 }
 
+TEST(ChatRequestTest, ASystemPromptIsBoundedInBytesUtf8AndTokens) {
+  TurnLimits limits;
+  limits.max_system_prompt_bytes = 10;
+  EXPECT_TRUE(ValidateSystemPrompt("", limits, 0, 4096).ok());
+  EXPECT_TRUE(ValidateSystemPrompt("Be brief.", limits, 6, 4096).ok());
+  const absl::Status long_prompt = ValidateSystemPrompt("Be very brief.", limits, 8, 4096);
+  EXPECT_EQ(long_prompt.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(long_prompt.message(),
+              HasSubstr("system_prompt: 14 bytes is over the server's limit of 10 "
+                        "(server.max_system_prompt_bytes)"));
+  const absl::Status bad_utf8 = ValidateSystemPrompt("ab\xff", limits, 3, 4096);
+  EXPECT_EQ(bad_utf8.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad_utf8.message(), HasSubstr("system_prompt: not valid UTF-8"));
+  // A preamble that fills the context leaves no room for a turn.
+  limits.max_system_prompt_bytes = 1 << 20;
+  const absl::Status no_room = ValidateSystemPrompt("x", limits, 4096, 4096);
+  EXPECT_EQ(no_room.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(no_room.message(), HasSubstr("renders to 4096 tokens"));
+  EXPECT_TRUE(ValidateSystemPrompt("x", limits, 4095, 4096).ok());
+  EXPECT_TRUE(ValidateSystemPrompt("x", limits, 1 << 20, 0).ok());  // no models: not checked
+}
+
 TEST(ChatRequestTest, EachBadFieldIsNamed) {
   kvlingo::v1::ChatRequest r = Valid();
   r.clear_session_id();

@@ -49,6 +49,43 @@ TEST(MetricsTest, RpcCountsLandInTheirMethodAndCodeSeries) {
   EXPECT_THAT(metrics.RenderText(), HasSubstr("kvlingo_up 0\n"));
 }
 
+TEST(MetricsTest, ACompletedTurnLandsInTheRequestHistogramsAndItsFinishReason) {
+  ServerMetrics metrics("1.2.3", {"small", "large"});
+  router::TurnResult r;
+  r.routing.model = 1;
+  r.total_seconds = 0.9;
+  r.queue_seconds = 0.4;
+  r.generated_tokens = 5;
+  r.decode_seconds = 0.2;  // 0.05 s per token after the first
+  r.finish_reason = FinishReason::kLength;
+  metrics.OnTurnDone(r);
+  r.generated_tokens = 1;  // no time per output token
+  r.finish_reason = FinishReason::kStopToken;
+  metrics.OnTurnDone(r);
+  metrics.OnModelQueue(1, 1, 3);
+  metrics.OnRejected("max_sessions");
+  const std::string text = metrics.RenderText();
+  EXPECT_THAT(text, HasSubstr(R"(kvlingo_e2e_request_latency_seconds_count{model="large"} 2)"));
+  EXPECT_THAT(text,
+              HasSubstr(R"(kvlingo_e2e_request_latency_seconds_bucket{model="large",le="0.8"} 0)"));
+  EXPECT_THAT(text,
+              HasSubstr(R"(kvlingo_e2e_request_latency_seconds_bucket{model="large",le="1"} 2)"));
+  EXPECT_THAT(text,
+              HasSubstr(R"(kvlingo_request_queue_time_seconds_bucket{model="large",le="0.5"} 2)"));
+  EXPECT_THAT(text, HasSubstr(R"(kvlingo_time_per_output_token_seconds_count{model="large"} 1)"));
+  EXPECT_THAT(text, HasSubstr(R"(kvlingo_time_per_output_token_seconds_sum{model="large"} 0.05)"));
+  EXPECT_THAT(text, HasSubstr(
+                        R"(kvlingo_request_success_total{finished_reason="length",model="large"} 1)"));
+  EXPECT_THAT(text, HasSubstr(
+                        R"(kvlingo_request_success_total{finished_reason="stop_token",model="large"} 1)"));
+  EXPECT_THAT(text, HasSubstr(
+                        R"(kvlingo_request_success_total{finished_reason="stop_token",model="small"} 0)"));
+  EXPECT_THAT(text, HasSubstr(R"(kvlingo_requests_running{model="large"} 1)"));
+  EXPECT_THAT(text, HasSubstr(R"(kvlingo_requests_waiting{model="large"} 3)"));
+  EXPECT_THAT(text, HasSubstr(R"(kvlingo_requests_rejected_total{limit="max_sessions"} 1)"));
+  EXPECT_THAT(text, HasSubstr(R"(kvlingo_requests_rejected_total{limit="max_concurrent_streams"} 0)"));
+}
+
 TEST(MetricsTest, CodeNamesFollowGrpc) {
   EXPECT_EQ(GrpcCodeName(0), "OK");
   EXPECT_EQ(GrpcCodeName(3), "INVALID_ARGUMENT");
@@ -59,8 +96,11 @@ TEST(MetricsTest, CodeNamesFollowGrpc) {
 
 TEST(MetricsTest, ExpositionPassesPromtool) {
   if (std::string(KVL_PROMTOOL).empty()) GTEST_FAIL() << "promtool not found at configure time (scripts/setup.sh installs it)";
-  ServerMetrics metrics("0.0.0-test");
+  ServerMetrics metrics("0.0.0-test", {"small", "large"});
   metrics.CountRpc(RpcMethod::kCreateSession, 0);
+  router::TurnResult r;
+  r.generated_tokens = 3;
+  metrics.OnTurnDone(r);
   testing::TempDir dir("metrics");
   const std::string file = dir.WriteFile("metrics.txt", metrics.RenderText());
   absl::StatusOr<testing::RunResult> run =

@@ -145,6 +145,18 @@ def main():
                 break
             time.sleep(0.1)
         seen["after"] = {"code": r["code"], "turns": session_state(sid)["turns"]}
+        # A system prompt over server.max_system_prompt_bytes: no session.
+        try:
+            create(session_pb2.CreateSessionRequest(session_id="long-prompt",
+                                                    system_prompt="y" * 3000), timeout=10)
+            seen["long_system_prompt"] = {"code": "OK"}
+        except grpc.RpcError as e:
+            seen["long_system_prompt"] = {"code": e.code().name, "details": e.details()}
+        try:
+            get(session_pb2.GetSessionRequest(session_id="long-prompt"), timeout=10)
+            seen["long_system_prompt"]["created"] = True
+        except grpc.RpcError as e:
+            seen["long_system_prompt"]["created"] = e.code().name != "NOT_FOUND"
         result = seen
     elif scenario == "concurrent":
         outcomes = {}

@@ -78,6 +78,7 @@ class RouterE2eTest : public ::testing::Test {
     translators[0]["compute_dtype"] = "float32";  // the others: "auto"
     Json config = {
         {"server", {{"max_turn_bytes", 2000}, {"max_new_tokens_limit", 2000},
+                    {"max_system_prompt_bytes", 2000},
                     {"drain_timeout_seconds", 5}}},
         {"runtime", {{"threads", 1}}},
         {"models", models},
@@ -274,6 +275,11 @@ TEST_F(RouterE2eTest, EveryPolicyAndStrategyAcrossThreeModelsThenMetrics) {
 
   auto metrics = testing::HttpGet("127.0.0.1", server.metrics_port, "/metrics");
   ASSERT_TRUE(metrics.ok());
+  EXPECT_TRUE(std::regex_search(
+      metrics->body,
+      std::regex(R"(kvlingo_request_success_total\{finished_reason="[a-z_]+",model="large"\} [1-9])")));
+  EXPECT_TRUE(std::regex_search(
+      metrics->body, std::regex(R"(kvlingo_e2e_request_latency_seconds_count\{model="small"\} [1-9])")));
   for (const char* path : {"native", "translated", "reprefill"}) {
     const std::regex count(std::string(R"(kvlingo_time_to_first_token_seconds_count\{model="[^"]+",path=")") +
                            path + R"("\} [1-9])");
@@ -326,6 +332,10 @@ TEST_F(RouterE2eTest, BadInputsGetTheirCodeAndChangeNothing) {
   EXPECT_TRUE(seen["deadline"]["unchanged"].get<bool>());
   EXPECT_EQ(seen["after"]["code"], "OK");
   EXPECT_EQ(seen["after"]["turns"], 2);
+  EXPECT_EQ(seen["long_system_prompt"]["code"], "INVALID_ARGUMENT") << seen.dump();
+  EXPECT_THAT(seen["long_system_prompt"]["details"].get<std::string>(),
+              HasSubstr("system_prompt: 3000 bytes is over the server's limit of 2000"));
+  EXPECT_FALSE(seen["long_system_prompt"]["created"].get<bool>());
   Stop(server);
 }
 
