@@ -100,97 +100,168 @@ std::unique_ptr<KvCache> Decoder::NewCache() const {
 }
 
 at::Tensor Decoder::Forward(KvCache& cache, const at::Tensor& ids, bool all_logits) {
+  return ForwardBatch({Row{&cache, ids, all_logits}}).front();
+}
+
+namespace {
+
+// Causal mask of a query block against its own tokens' keys, rows ordered
+// (token, group): row i*G+g may see key column c iff c <= i. Earlier keys are
+// all visible. Shorter blocks use its top-left corner.
+at::Tensor DiagonalMask(int64_t block, int64_t n_group, const at::TensorOptions& options) {
+  const at::Tensor pos = at::arange(block, options.dtype(at::kLong));
+  const at::Tensor hidden = pos.unsqueeze(0) > pos.unsqueeze(1);  // [block, block]
+  return at::zeros({block, block}, options)
+      .masked_fill_(hidden, -std::numeric_limits<double>::infinity())
+      .unsqueeze(1)
+      .expand({block, n_group, block})
+      .reshape({block * n_group, block});
+}
+
+}  // namespace
+
+std::vector<at::Tensor> Decoder::ForwardBatch(const std::vector<Row>& rows) {
   c10::InferenceMode inference;
-  TORCH_CHECK(ids.dim() == 1 && ids.numel() > 0, "Forward: ids must be a non-empty [T]");
-  const int64_t n = ids.numel(), p0 = cache.Length(), n_ctx = p0 + n;
+  TORCH_CHECK(!rows.empty(), "ForwardBatch: no rows");
+  const size_t n_rows = rows.size();
+  const bool single = n_rows == 1;
   const int64_t n_head = config_.n_head, n_head_kv = config_.n_head_kv, d = config_.head_dim;
   const int64_t n_group = n_head / n_head_kv, q_dim = n_head * d, kv_dim = n_head_kv * d;
   const int64_t ffn = config_.intermediate_size;
   const double eps = config_.rms_norm_eps;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   const bool bf16_softmax = dtype_ != at::kFloat;
-  cache.EnsureCapacity(n_ctx);
-
-  // Query blocks bound the scores buffer [H, block * G, keys].
   const int64_t score_elem = static_cast<int64_t>(c10::elementSize(dtype_));
-  const int64_t block =
-      std::clamp<int64_t>(max_scores_bytes_ / (n_head * n_ctx * score_elem), 1, n);
-  // Causal mask of a block against its own tokens' keys, rows ordered (token,
-  // group): row i*G+g may see key column c iff c <= i. Earlier keys are all
-  // visible. Shorter (last) blocks use its top-left corner.
-  at::Tensor diag_mask;
-  if (block > 1) {
-    const at::Tensor pos = at::arange(block, options_.dtype(at::kLong));
-    const at::Tensor hidden = pos.unsqueeze(0) > pos.unsqueeze(1);  // [block, block]
-    diag_mask = at::zeros({block, block}, options_)
-                    .masked_fill_(hidden, -std::numeric_limits<double>::infinity())
-                    .unsqueeze(1)
-                    .expand({block, n_group, block})
-                    .reshape({block * n_group, block});
+
+  // Row r's tokens are [off[r], off[r] + n[r]) of the batch, at positions
+  // [p0[r], p0[r] + n[r]) of its line.
+  std::vector<int64_t> n(n_rows), p0(n_rows), off(n_rows + 1, 0), block(n_rows);
+  for (size_t r = 0; r < n_rows; ++r) {
+    const Row& row = rows[r];
+    TORCH_CHECK(row.cache != nullptr, "ForwardBatch: row ", r, " has no cache line");
+    TORCH_CHECK(row.ids.dim() == 1 && row.ids.numel() > 0, "Forward: ids must be a non-empty [T]");
+    for (size_t q = 0; q < r; ++q) {
+      TORCH_CHECK(rows[q].cache != row.cache, "ForwardBatch: rows ", q, " and ", r,
+                  " share a cache line");
+    }
+    n[r] = row.ids.numel();
+    p0[r] = row.cache->Length();
+    off[r + 1] = off[r] + n[r];
+    // Query blocks bound the scores buffer [H, block * G, keys].
+    block[r] = std::clamp<int64_t>(max_scores_bytes_ / (n_head * (p0[r] + n[r]) * score_elem), 1,
+                                   n[r]);
+  }
+  for (size_t r = 0; r < n_rows; ++r) rows[r].cache->EnsureCapacity(p0[r] + n[r]);
+  const int64_t total = off[n_rows];
+
+  at::Tensor ids_all, rope_positions;
+  ops::RopeTable rope;
+  if (single) {
+    ids_all = rows[0].ids;
+    rope = key_transform_->Rope(p0[0], n[0]);
+  } else {
+    std::vector<at::Tensor> ids, positions;
+    for (size_t r = 0; r < n_rows; ++r) {
+      ids.push_back(rows[r].ids.to(at::kLong));
+      positions.push_back(at::arange(p0[r], p0[r] + n[r], at::kLong));
+    }
+    ids_all = at::cat(ids);
+    rope = key_transform_->RopeAt(at::cat(positions));
+  }
+  std::vector<at::Tensor> diag_masks(n_rows);
+  for (size_t r = 0; r < n_rows; ++r) {
+    if (block[r] > 1) diag_masks[r] = DiagonalMask(block[r], n_group, options_);
   }
 
-  const at::Tensor ids_dev = ids.to(options_.device(), at::kLong);
+  const at::Tensor ids_dev = ids_all.to(options_.device(), at::kLong);
   at::Tensor x = at::embedding(embed_tokens_, ids_dev);  // [T, E]
-  const ops::RopeTable rope = key_transform_->Rope(p0, n);
   // Queries in the layout the grouped attention matmul reads: [H, T, G, D].
-  at::Tensor q_buf = at::empty({n_head_kv, n, n_group, d}, options_);
+  at::Tensor q_buf = at::empty({n_head_kv, total, n_group, d}, options_);
   const at::Tensor q_dst = q_buf.permute({1, 0, 2, 3});  // [T, H, G, D] view
-  at::Tensor attn_buf = at::empty({n_head_kv, n, n_group, d}, options_);
+  at::Tensor attn_buf = at::empty({n_head_kv, total, n_group, d}, options_);
+  // Several rows: the layer's attention keys (and 1/rms) for every row, then
+  // copied into each line. One row writes into its line directly.
+  const KvCache& first = *rows[0].cache;
+  const at::Tensor k_batch = single ? at::Tensor() : at::empty({total, n_head_kv, d}, options_);
+  const at::Tensor inv_rms_batch =
+      single || !first.keep_inv_rms_
+          ? at::Tensor()
+          : at::empty({total, n_head_kv}, options_.dtype(at::kFloat));
 
   for (size_t il = 0; il < layers_.size(); ++il) {
     const Layer& w = layers_[il];
     const at::Tensor h = ops::RmsNorm(x, w.input_layernorm, eps);
     const at::Tensor qkv = w.qkv_bias.defined() ? at::addmm(w.qkv_bias, h, w.qkv.t())
                                                 : at::mm(h, w.qkv.t());  // [T, (Hq + 2H) * D]
-    at::Tensor q = qkv.narrow(1, 0, q_dim).view({n, n_head, d});
-    const at::Tensor k = qkv.narrow(1, q_dim, kv_dim).view({n, n_head_kv, d});
-    const at::Tensor v = qkv.narrow(1, q_dim + kv_dim, kv_dim).view({n, n_head_kv, d});
+    at::Tensor q = qkv.narrow(1, 0, q_dim).view({total, n_head, d});
+    const at::Tensor k = qkv.narrow(1, q_dim, kv_dim).view({total, n_head_kv, d});
+    const at::Tensor v = qkv.narrow(1, q_dim + kv_dim, kv_dim).view({total, n_head_kv, d});
 
     if (w.q_norm.defined()) q = ops::RmsNorm(q, w.q_norm, eps);
-    ops::ApplyRope(q.view({n, n_head_kv, n_group, d}), rope, q_dst);
+    ops::ApplyRope(q.view({total, n_head_kv, n_group, d}), rope, q_dst);
 
-    const at::Tensor k_dst = cache.keys_[il].narrow(1, p0, n).transpose(0, 1);  // [T, H, D]
-    const at::Tensor inv_rms_dst =
-        cache.keep_inv_rms_ ? cache.inv_rms_[il].narrow(1, p0, n).t() : at::Tensor();
-    key_transform_->Apply(static_cast<int64_t>(il), k, rope, k_dst, inv_rms_dst);
-    if (cache.tap_mode_ == KeyTapMode::kStorePreNorm) {
-      cache.keys_prenorm_[il].narrow(1, p0, n).copy_(k.transpose(0, 1));
+    if (single) {
+      KvCache& cache = *rows[0].cache;
+      const at::Tensor k_dst = cache.keys_[il].narrow(1, p0[0], n[0]).transpose(0, 1);  // [T, H, D]
+      const at::Tensor inv_rms_dst =
+          cache.keep_inv_rms_ ? cache.inv_rms_[il].narrow(1, p0[0], n[0]).t() : at::Tensor();
+      key_transform_->Apply(static_cast<int64_t>(il), k, rope, k_dst, inv_rms_dst);
+    } else {
+      key_transform_->Apply(static_cast<int64_t>(il), k, rope, k_batch, inv_rms_batch);
     }
-    cache.values_[il].narrow(1, p0, n).copy_(v.transpose(0, 1));
+    for (size_t r = 0; r < n_rows; ++r) {
+      KvCache& cache = *rows[r].cache;
+      const int64_t t0 = p0[r], nr = n[r];
+      if (!single) {
+        cache.keys_[il].narrow(1, t0, nr).transpose(0, 1).copy_(k_batch.narrow(0, off[r], nr));
+        if (cache.keep_inv_rms_) {
+          cache.inv_rms_[il].narrow(1, t0, nr).t().copy_(inv_rms_batch.narrow(0, off[r], nr));
+        }
+      }
+      if (cache.tap_mode_ == KeyTapMode::kStorePreNorm) {
+        cache.keys_prenorm_[il].narrow(1, t0, nr).copy_(k.narrow(0, off[r], nr).transpose(0, 1));
+      }
+      cache.values_[il].narrow(1, t0, nr).copy_(v.narrow(0, off[r], nr).transpose(0, 1));
 
-    const at::Tensor keys = cache.keys_[il];      // [H, capacity, D]
-    const at::Tensor values = cache.values_[il];  // [H, capacity, D]
-    for (int64_t i0 = 0; i0 < n; i0 += block) {
-      const int64_t nb = std::min(block, n - i0), n_keys = p0 + i0 + nb;
-      const at::Tensor qb = q_buf.narrow(1, i0, nb).view({n_head_kv, nb * n_group, d});
-      // Per kv head: each head's cached keys/values are a contiguous [T, D]
-      // block; at::bmm over the strided [H, T, D] views of the line falls back
-      // to a path far slower than one GEMM per head (docs/model-runtime.md).
-      at::Tensor scores = at::empty({n_head_kv, nb * n_group, n_keys}, options_);
-      // HF order, q k^T then * scale, as the GEMM's alpha: the product is
-      // rounded once and then scaled, as a separate multiply would, without
-      // another pass over the scores (beta 0: dst's contents are ignored).
-      for (int64_t h = 0; h < n_head_kv; ++h) {
-        at::Tensor dst = scores[h];
-        at::addmm_out(dst, dst, qb[h], keys[h].narrow(0, 0, n_keys).t(), /*beta=*/0,
-                      /*alpha=*/scale);
-      }
-      if (nb > 1)
-        scores.narrow(2, p0 + i0, nb).add_(diag_mask.narrow(0, 0, nb * n_group).narrow(1, 0, nb));
-      const at::Tensor probs =
-          bf16_softmax ? at::softmax(scores, -1, at::kFloat).to(dtype_) : at::softmax(scores, -1);
-      at::Tensor out = at::empty({n_head_kv, nb * n_group, d}, options_);
-      for (int64_t h = 0; h < n_head_kv; ++h) {
-        at::Tensor dst = out[h];
-        at::mm_out(dst, probs[h], values[h].narrow(0, 0, n_keys));
-      }
-      if (nb == n) {
-        attn_buf = out.view({n_head_kv, n, n_group, d});
-      } else {
-        attn_buf.narrow(1, i0, nb).copy_(out.view({n_head_kv, nb, n_group, d}));
+      const at::Tensor keys = cache.keys_[il];      // [H, capacity, D]
+      const at::Tensor values = cache.values_[il];  // [H, capacity, D]
+      for (int64_t i0 = 0; i0 < nr; i0 += block[r]) {
+        const int64_t nb = std::min(block[r], nr - i0), n_keys = t0 + i0 + nb;
+        const at::Tensor qb =
+            q_buf.narrow(1, off[r] + i0, nb).view({n_head_kv, nb * n_group, d});
+        // Per kv head: each head's cached keys/values are a contiguous [T, D]
+        // block; at::bmm over the strided [H, T, D] views of the line falls
+        // back to a path far slower than one GEMM per head
+        // (docs/model-runtime.md).
+        at::Tensor scores = at::empty({n_head_kv, nb * n_group, n_keys}, options_);
+        // HF order, q k^T then * scale, as the GEMM's alpha: the product is
+        // rounded once and then scaled, as a separate multiply would, without
+        // another pass over the scores (beta 0: dst's contents are ignored).
+        for (int64_t hk = 0; hk < n_head_kv; ++hk) {
+          at::Tensor dst = scores[hk];
+          at::addmm_out(dst, dst, qb[hk], keys[hk].narrow(0, 0, n_keys).t(), /*beta=*/0,
+                        /*alpha=*/scale);
+        }
+        if (nb > 1) {
+          scores.narrow(2, t0 + i0, nb)
+              .add_(diag_masks[r].narrow(0, 0, nb * n_group).narrow(1, 0, nb));
+        }
+        const at::Tensor probs = bf16_softmax ? at::softmax(scores, -1, at::kFloat).to(dtype_)
+                                              : at::softmax(scores, -1);
+        at::Tensor out = at::empty({n_head_kv, nb * n_group, d}, options_);
+        for (int64_t hk = 0; hk < n_head_kv; ++hk) {
+          at::Tensor dst = out[hk];
+          at::mm_out(dst, probs[hk], values[hk].narrow(0, 0, n_keys));
+        }
+        if (single && nb == nr) {
+          attn_buf = out.view({n_head_kv, nr, n_group, d});
+        } else {
+          attn_buf.narrow(1, off[r] + i0, nb).copy_(out.view({n_head_kv, nb, n_group, d}));
+        }
       }
     }
-    const at::Tensor attn = attn_buf.permute({1, 0, 2, 3}).reshape({n, q_dim});  // [T, Hq * D]
+    const at::Tensor attn =
+        attn_buf.permute({1, 0, 2, 3}).reshape({total, q_dim});  // [T, Hq * D]
     if (w.o_bias.defined()) {
       x.add_(at::addmm(w.o_bias, attn, w.o_proj.t()));
     } else {
@@ -203,14 +274,36 @@ at::Tensor Decoder::Forward(KvCache& cache, const at::Tensor& ids, bool all_logi
     act.mul_(gate_up.narrow(1, ffn, ffn));
     x.add_(at::mm(act, w.down_proj.t()));
   }
-  cache.Commit(n, /*native=*/true);
+  for (size_t r = 0; r < n_rows; ++r) rows[r].cache->Commit(n[r], /*native=*/true);
 
-  const at::Tensor last = all_logits ? x : x.narrow(0, n - 1, 1);
-  const at::Tensor h = ops::RmsNorm(last, norm_, eps);
+  // The hidden states the rows want logits for: all of a row's, or its last.
+  std::vector<int64_t> keep(n_rows);
+  at::Tensor wanted;
+  if (single) {
+    keep[0] = rows[0].all_logits ? n[0] : 1;
+    wanted = rows[0].all_logits ? x : x.narrow(0, n[0] - 1, 1);
+  } else {
+    std::vector<int64_t> index;
+    for (size_t r = 0; r < n_rows; ++r) {
+      keep[r] = rows[r].all_logits ? n[r] : 1;
+      for (int64_t i = off[r + 1] - keep[r]; i < off[r + 1]; ++i) index.push_back(i);
+    }
+    wanted = x.index_select(
+        0, at::tensor(index, at::TensorOptions().dtype(at::kLong)).to(options_.device()));
+  }
+  const at::Tensor h = ops::RmsNorm(wanted, norm_, eps);
   // One row: matrix-vector beats a 1-row GEMM here (docs/model-runtime.md).
   at::Tensor logits =
       h.size(0) == 1 ? at::mv(lm_head_, h[0]).unsqueeze(0) : at::mm(h, lm_head_.t());
-  return logits.scalar_type() == at::kFloat ? logits : logits.to(at::kFloat);
+  if (logits.scalar_type() != at::kFloat) logits = logits.to(at::kFloat);
+  if (single) return {logits};
+  std::vector<at::Tensor> out;
+  int64_t at_row = 0;
+  for (size_t r = 0; r < n_rows; ++r) {
+    out.push_back(logits.narrow(0, at_row, keep[r]));
+    at_row += keep[r];
+  }
+  return out;
 }
 
 }  // namespace kvl

@@ -5,10 +5,10 @@
 //
 // Legend: T=tokens, V=vocab_size, E=hidden_size.
 //
-// Thread-safety: the weights are immutable after Create, but Forward uses
-// per-decoder scratch state; call it from one thread at a time (whoever drives
-// the model's Engine, model/engine.h). Cache lines it creates belong to the
-// caller.
+// Thread-safety: the weights are immutable after Create and Forward keeps no
+// state between calls, so threads may run Forward at once on distinct cache
+// lines (each line is used by one thread at a time). Cache lines it creates
+// belong to the caller.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -59,6 +59,21 @@ class Decoder {
   // float32 logits [T, V], or [1, V] for the last token when !all_logits.
   // Must run under c10::InferenceMode. Throws c10::Error on bad input.
   at::Tensor Forward(KvCache& cache, const at::Tensor& ids, bool all_logits);
+
+  // Several lines in one forward (continuous batching, model/scheduler.h):
+  // each row's ids run against its own line, as Forward would run them, with
+  // the projections, the MLP and the LM head over all rows' tokens at once
+  // (one GEMM each) and attention per row (ragged lengths, no padding).
+  // Returns each row's logits as Forward does. Per row the result equals
+  // Forward's up to the summation order a larger GEMM may choose (tests bound
+  // the difference). The lines must be distinct. Throws c10::Error on bad
+  // input; the lines are then left as they were.
+  struct Row {
+    KvCache* cache = nullptr;
+    at::Tensor ids;  // [T] int64, T >= 1
+    bool all_logits = false;
+  };
+  std::vector<at::Tensor> ForwardBatch(const std::vector<Row>& rows);
 
  private:
   struct Layer;

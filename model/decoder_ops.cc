@@ -25,8 +25,14 @@ at::Tensor RopeInvFreq(int64_t head_dim, double theta) {
 
 RopeTable MakeRopeTable(const at::Tensor& inv_freq, int64_t pos0, int64_t n_tokens,
                         at::ScalarType dtype) {
-  const at::Tensor pos =
-      at::arange(pos0, pos0 + n_tokens, inv_freq.options().dtype(at::kLong)).to(at::kFloat);
+  return MakeRopeTableAt(inv_freq,
+                         at::arange(pos0, pos0 + n_tokens, inv_freq.options().dtype(at::kLong)),
+                         dtype);
+}
+
+RopeTable MakeRopeTableAt(const at::Tensor& inv_freq, const at::Tensor& positions,
+                          at::ScalarType dtype) {
+  const at::Tensor pos = positions.to(inv_freq.device(), at::kLong).to(at::kFloat);
   const at::Tensor freqs = at::outer(pos, inv_freq);  // [T, D/2], one fp32 product each
   RopeTable t{freqs.cos(), freqs.sin()};
   if (dtype != at::kFloat) {

@@ -29,6 +29,10 @@ struct RopeTable {
 };
 RopeTable MakeRopeTable(const at::Tensor& inv_freq, int64_t pos0, int64_t n_tokens,
                         at::ScalarType dtype);
+// The same for any positions [T] (int64): row i is position positions[i],
+// equal to MakeRopeTable's row for that position.
+RopeTable MakeRopeTableAt(const at::Tensor& inv_freq, const at::Tensor& positions,
+                          at::ScalarType dtype);
 
 // out = x * cos + rotate_half(x) * sin for x: [T, .., D] (any strides); out may
 // be a strided view (e.g. into a cache line), must not overlap x.

@@ -199,9 +199,21 @@ absl::StatusOr<Engine::ContinuationScore> Engine::ScoreContinuation(
   return score;
 }
 
-absl::StatusOr<GenerateResult> Engine::Generate(KvCache& cache,
-                                                const std::vector<int64_t>& prompt_ids,
-                                                const GenerateOptions& options) {
+absl::StatusOr<std::vector<at::Tensor>> Engine::ForwardBatch(const std::vector<BatchRow>& rows) {
+  return Guarded("batched forward", [&]() -> absl::StatusOr<std::vector<at::Tensor>> {
+    c10::InferenceMode inference;
+    std::vector<Decoder::Row> batch;
+    batch.reserve(rows.size());
+    for (const BatchRow& row : rows) {
+      batch.push_back(Decoder::Row{
+          row.cache, at::from_blob(const_cast<int64_t*>(row.ids), {row.n_ids}, at::kLong),
+          row.all_logits});
+    }
+    return decoder_->ForwardBatch(batch);
+  });
+}
+
+absl::Status ValidateGenerateOptions(const GenerateOptions& options) {
   if (absl::Status s = ValidateSamplingParams(options.sampling); !s.ok()) return s;
   if (options.max_tokens < 0) {
     return absl::InvalidArgumentError(
@@ -213,90 +225,109 @@ absl::StatusOr<GenerateResult> Engine::Generate(KvCache& cache,
   for (const std::string& s : options.stop_strings) {
     if (s.empty()) return absl::InvalidArgumentError("empty stop string");
   }
+  return absl::OkStatus();
+}
+
+GenerationState::GenerationState(const GenerateOptions& options)
+    : options_(options), sampler_(options.sampling, options.seed) {
+  result_.finish_reason = FinishReason::kLength;
+  done_ = options.max_tokens == 0;
+}
+
+absl::StatusOr<bool> GenerationState::Step(const at::Tensor& logits) {
+  absl::StatusOr<int64_t> sampled =
+      Guarded("sampling", [&]() -> absl::StatusOr<int64_t> { return sampler_.Sample(logits); });
+  if (!sampled.ok()) return sampled.status();
+  const int64_t id = *sampled;
+  if (options_.record_logprobs) {
+    absl::Status recorded = Guarded("logprobs", [&]() -> absl::Status {
+      c10::InferenceMode guard;
+      const at::Tensor lp = at::log_softmax(logits.to(at::kFloat).reshape({-1}), -1);
+      result_.logprobs.push_back(lp[id].item<double>());
+      if (steps_ == 0) result_.first_greedy = lp.argmax().item<int64_t>();
+      return absl::OkStatus();
+    });
+    if (!recorded.ok()) return recorded;
+  }
+  ++steps_;
+  if (std::find(options_.stop_token_ids.begin(), options_.stop_token_ids.end(), id) !=
+      options_.stop_token_ids.end()) {
+    result_.finish_reason = FinishReason::kStopToken;
+    result_.stop_token_id = id;
+    return done_ = true, false;
+  }
+  result_.tokens.push_back(id);
+  const size_t old_size = result_.text.size();
+  if (options_.token_text) result_.text += options_.token_text(id);
+
+  // A new stop-string match must end inside the new text.
+  size_t match = std::string::npos;
+  for (const std::string& s : options_.stop_strings) {
+    const size_t from = old_size >= s.size() ? old_size - s.size() + 1 : 0;
+    match = std::min(match, result_.text.find(s, from));
+  }
+  if (match != std::string::npos) {
+    result_.text.resize(match);
+    if (options_.on_token && match > emitted_) {
+      (void)options_.on_token(id, std::string_view(result_.text).substr(emitted_));
+    }
+    emitted_ = result_.text.size();
+    result_.finish_reason = FinishReason::kStopString;
+    return done_ = true, false;
+  }
+  // Hold back the longest tail that could still grow into a stop string.
+  size_t held = 0;
+  for (const std::string& s : options_.stop_strings) {
+    for (size_t len = std::min(s.size() - 1, result_.text.size()); len > held; --len) {
+      if (result_.text.compare(result_.text.size() - len, len, s, 0, len) == 0) {
+        held = len;
+        break;
+      }
+    }
+  }
+  const size_t final_end = std::max(emitted_, result_.text.size() - held);
+  const std::string_view piece =
+      std::string_view(result_.text).substr(emitted_, final_end - emitted_);
+  emitted_ = final_end;
+  if (options_.on_token && !options_.on_token(id, piece)) {
+    result_.finish_reason = FinishReason::kCancelled;
+    return done_ = true, false;
+  }
+  if (steps_ >= options_.max_tokens) return done_ = true, false;
+  return true;
+}
+
+GenerateResult GenerationState::Finish() {
+  if (options_.on_token && emitted_ < result_.text.size()) {
+    (void)options_.on_token(-1, std::string_view(result_.text).substr(emitted_));
+    emitted_ = result_.text.size();
+  }
+  return std::move(result_);
+}
+
+absl::StatusOr<GenerateResult> Engine::Generate(KvCache& cache,
+                                                const std::vector<int64_t>& prompt_ids,
+                                                const GenerateOptions& options) {
+  if (absl::Status s = ValidateGenerateOptions(options); !s.ok()) return s;
   const int64_t n_start = cache.Length();
   absl::StatusOr<at::Tensor> logits = Prefill(cache, prompt_ids);
   if (!logits.ok()) return logits.status();
 
-  GenerateResult result;
-  result.finish_reason = FinishReason::kLength;
-  Sampler sampler(options.sampling, options.seed);
-  size_t emitted = 0;  // bytes of result.text already given to on_token
-  for (int64_t i = 0; i < options.max_tokens; ++i) {
-    if (i > 0) {
-      logits = Decode(cache, result.tokens.back());
-      if (!logits.ok()) {
-        (void)cache.Rollback(n_start);
-        return logits.status();
-      }
-    }
-    absl::StatusOr<int64_t> sampled =
-        Guarded("sampling", [&]() -> absl::StatusOr<int64_t> { return sampler.Sample(*logits); });
-    if (!sampled.ok()) {
+  GenerationState state(options);
+  while (!state.done()) {
+    absl::StatusOr<bool> more = state.Step(*logits);
+    if (!more.ok()) {
       (void)cache.Rollback(n_start);
-      return sampled.status();
+      return more.status();
     }
-    const int64_t id = *sampled;
-    if (options.record_logprobs) {
-      absl::Status recorded = Guarded("logprobs", [&]() -> absl::Status {
-        c10::InferenceMode guard;
-        const at::Tensor lp = at::log_softmax(logits->to(at::kFloat), -1);
-        result.logprobs.push_back(lp[id].item<double>());
-        if (i == 0) result.first_greedy = lp.argmax().item<int64_t>();
-        return absl::OkStatus();
-      });
-      if (!recorded.ok()) {
-        (void)cache.Rollback(n_start);
-        return recorded;
-      }
-    }
-    if (std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), id) !=
-        options.stop_token_ids.end()) {
-      result.finish_reason = FinishReason::kStopToken;
-      result.stop_token_id = id;
-      break;
-    }
-    result.tokens.push_back(id);
-    const size_t old_size = result.text.size();
-    if (options.token_text) result.text += options.token_text(id);
-
-    // A new stop-string match must end inside the new text.
-    size_t match = std::string::npos;
-    for (const std::string& s : options.stop_strings) {
-      const size_t from = old_size >= s.size() ? old_size - s.size() + 1 : 0;
-      match = std::min(match, result.text.find(s, from));
-    }
-    if (match != std::string::npos) {
-      result.text.resize(match);
-      if (options.on_token && match > emitted) {
-        (void)options.on_token(id, std::string_view(result.text).substr(emitted));
-      }
-      emitted = result.text.size();
-      result.finish_reason = FinishReason::kStopString;
-      break;
-    }
-    // Hold back the longest tail that could still grow into a stop string.
-    size_t held = 0;
-    for (const std::string& s : options.stop_strings) {
-      for (size_t len = std::min(s.size() - 1, result.text.size()); len > held; --len) {
-        if (result.text.compare(result.text.size() - len, len, s, 0, len) == 0) {
-          held = len;
-          break;
-        }
-      }
-    }
-    const size_t final_end = std::max(emitted, result.text.size() - held);
-    const std::string_view piece =
-        std::string_view(result.text).substr(emitted, final_end - emitted);
-    emitted = final_end;
-    if (options.on_token && !options.on_token(id, piece)) {
-      result.finish_reason = FinishReason::kCancelled;
-      break;
+    if (!*more) break;
+    logits = Decode(cache, state.last_token());
+    if (!logits.ok()) {
+      (void)cache.Rollback(n_start);
+      return logits.status();
     }
   }
-  if (options.on_token && emitted < result.text.size()) {
-    (void)options.on_token(-1, std::string_view(result.text).substr(emitted));
-  }
-  return result;
+  return state.Finish();
 }
 
 }  // namespace kvl

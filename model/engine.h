@@ -94,6 +94,12 @@ struct GenerateOptions {
   std::function<bool(int64_t id, std::string_view text)> on_token;
   // Fill GenerateResult::logprobs and first_greedy (a log-softmax per step).
   bool record_logprobs = false;
+  // Batched generation only (model/scheduler.h): called on the scheduler's
+  // thread when the request's first tokens run (its wait in the queue ends),
+  // and polled before each of its steps: true stops it as the client
+  // cancelling would (FinishReason::kCancelled).
+  std::function<void()> on_admitted;
+  std::function<bool()> cancelled;
 };
 
 struct GenerateResult {
@@ -111,6 +117,38 @@ struct GenerateResult {
   std::vector<double> logprobs;
   int64_t first_greedy = -1;
 };
+
+// One sequence's generation after its prompt: samples each step's token from
+// the logits, applies the stop tokens, stop strings and max_tokens, streams
+// text through on_token. Engine::Generate drives one; the batch scheduler
+// drives one per request. Options must have been validated
+// (ValidateGenerateOptions); they must outlive the state.
+class GenerationState {
+ public:
+  explicit GenerationState(const GenerateOptions& options);
+  // Takes the next token from logits ([V] or [1, V], float32). Returns true
+  // when generation goes on: last_token() must then run through the model
+  // and its logits come to the next Step. False when it has finished (then
+  // call Finish). InternalError when sampling fails.
+  absl::StatusOr<bool> Step(const at::Tensor& logits);
+  int64_t last_token() const { return result_.tokens.back(); }
+  // True before any Step when max_tokens is 0.
+  bool done() const { return done_; }
+  // Flushes held-back text through on_token; the result.
+  GenerateResult Finish();
+
+ private:
+  const GenerateOptions& options_;
+  Sampler sampler_;
+  GenerateResult result_;
+  int64_t steps_ = 0;
+  size_t emitted_ = 0;  // bytes of result_.text already given to on_token
+  bool done_ = false;
+};
+
+// InvalidArgument for options Generate refuses (bad sampling parameters,
+// negative max_tokens, stop strings without token_text, an empty stop string).
+absl::Status ValidateGenerateOptions(const GenerateOptions& options);
 
 class Engine {
  public:
@@ -160,9 +198,26 @@ class Engine {
   absl::StatusOr<ContinuationScore> ScoreContinuation(KvCache& cache,
                                                      const std::vector<int64_t>& ids);
 
+  // One forward over several lines at once (Decoder::ForwardBatch), for the
+  // batch scheduler (model/scheduler.h): rows[i].ids run against
+  // *rows[i].cache; returns each row's float32 logits, [1, V] or [T, V] with
+  // all_logits. The ids must have passed CheckIds and each chunk must fit
+  // options().prefill_chunk. InternalError / ResourceExhausted when LibTorch
+  // fails; the lines are then as they were.
+  struct BatchRow {
+    KvCache* cache = nullptr;
+    const int64_t* ids = nullptr;
+    int64_t n_ids = 0;
+    bool all_logits = false;
+  };
+  absl::StatusOr<std::vector<at::Tensor>> ForwardBatch(const std::vector<BatchRow>& rows);
+
+  // InvalidArgument for empty ids or ids outside the vocabulary, OutOfRange
+  // when cache plus ids would pass max_position_embeddings.
+  absl::Status CheckIds(const KvCache& cache, const std::vector<int64_t>& ids) const;
+
  private:
   Engine() = default;
-  absl::Status CheckIds(const KvCache& cache, const std::vector<int64_t>& ids) const;
 
   ModelConfig config_;
   GenerationDefaults generation_;

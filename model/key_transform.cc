@@ -52,6 +52,10 @@ ops::RopeTable KeyTransform::Rope(int64_t pos0, int64_t n_tokens) const {
   return ops::MakeRopeTable(inv_freq_, pos0, n_tokens, dtype_);
 }
 
+ops::RopeTable KeyTransform::RopeAt(const at::Tensor& positions) const {
+  return ops::MakeRopeTableAt(inv_freq_, positions, dtype_);
+}
+
 void KeyTransform::Apply(int64_t il, const at::Tensor& k, const ops::RopeTable& rope,
                          const at::Tensor& out, const at::Tensor& inv_rms_out) const {
   if (k.scalar_type() != out.scalar_type() &&

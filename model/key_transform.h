@@ -27,6 +27,8 @@ class KeyTransform {
 
   // cos/sin for positions [pos0, pos0 + n_tokens) in the cache dtype.
   ops::RopeTable Rope(int64_t pos0, int64_t n_tokens) const;
+  // cos/sin for any positions [T] (int64), row by row as Rope's.
+  ops::RopeTable RopeAt(const at::Tensor& positions) const;
 
   // k: [T, H, D] before k-norm/RoPE, in out's dtype (any other is converted
   // first; bfloat16 into a float32 out is widened exactly, head vector by head

@@ -98,6 +98,12 @@ struct RoutingConfig {
   // max_history_tokens, fails with ResourceExhausted and changes nothing.
   int64_t max_waiting_turns_per_model = 0;
   int64_t max_history_tokens = 0;
+  // Continuous batching (the server's `batching` section, model/scheduler.h):
+  // each model's turns generate in one engine loop, their decode steps
+  // batched; off: one turn drives a model at a time, under its mutex.
+  bool batching = false;
+  int64_t batch_max_step_tokens = 256;
+  int64_t batch_max_running = 64;
 };
 
 struct RouteChoice {

@@ -309,7 +309,20 @@ absl::Status Router::RepairLine(const RepairJob& job) {
         return p.begin - 1 < done + n && p.begin - 1 + static_cast<int64_t>(p.tokens.size()) > done;
       });
       const Clock::time_point t0 = Clock::now();
-      {
+      if (slot.scheduler != nullptr) {
+        // Batched: a background request, run only in steps where no turn
+        // waits or prefills on the model.
+        BatchScheduler::Hooks hooks;
+        hooks.cancelled = [this] {
+          absl::MutexLock lock(&repair_mu_);
+          return repair_stop_;
+        };
+        absl::StatusOr<at::Tensor> logits =
+            slot.scheduler->Prefill(*copy, ids, scoring, Priority::kBackground, hooks);
+        if (absl::IsCancelled(logits.status())) return absl::OkStatus();
+        if (!logits.ok()) return logits.status();
+        if (scoring) ScoreProbes(*logits, done, history, &probes);
+      } else {
         absl::MutexLock lock(&slot.mu);
         absl::StatusOr<at::Tensor> logits = engine.Prefill(*copy, ids, scoring);
         if (!logits.ok()) return logits.status();

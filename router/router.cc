@@ -7,6 +7,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "model/chat_template.h"
 
@@ -59,6 +60,12 @@ struct Router::Work {
   std::optional<FidelityProbe> probe;
 
   bool Cancelled() const { return options->cancelled && options->cancelled(); }
+  // The turn's first engine work starts: its queue time ends.
+  void MarkStarted() {
+    if (started) return;
+    started = true;
+    result.queue_seconds = Seconds(options->received, Clock::now());
+  }
 };
 
 // Holds one model's engine for a stage of a turn; the first lock of a turn
@@ -101,10 +108,7 @@ class Router::ModelLock {
     slot_.turns_running.fetch_add(1);
     locked_ = true;
     Report();
-    if (!work.started) {
-      work.started = true;
-      work.result.queue_seconds = Seconds(work.options->received, Clock::now());
-    }
+    work.MarkStarted();
   }
   ~ModelLock() {
     if (!locked_) return;
@@ -118,10 +122,7 @@ class Router::ModelLock {
   const absl::Status& status() const { return status_; }
 
  private:
-  void Report() {
-    router_.observer_->OnModelQueue(model_, slot_.turns_running.load(),
-                                    slot_.turns_waiting.load());
-  }
+  void Report() { router_.ReportQueue(model_); }
   Router& router_;
   Slot& slot_;
   int model_;
@@ -203,8 +204,45 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(std::vector<LoadedModel> 
                            absl::StrCat("refused at load by the quality gate: ", t.refused));
     }
   }
+  if (r->routing_.batching) {
+    SchedulerOptions so;
+    so.max_step_tokens = r->routing_.batch_max_step_tokens;
+    so.max_running = r->routing_.batch_max_running;
+    so.max_waiting = r->routing_.max_waiting_turns_per_model;
+    so.background_step_tokens = std::min<int64_t>(so.max_step_tokens, 64);
+    for (int m = 0; m < n; ++m) {
+      Router* router = r.get();
+      BatchScheduler::Callbacks callbacks;
+      callbacks.on_step = [router, m](const StepStats& s) {
+        router->observer_->OnBatchStep(m, s.rows, s.decode_rows, s.tokens, s.seconds);
+      };
+      callbacks.on_queue = [router, m](int, int) { router->ReportQueue(m); };
+      r->models_[m]->scheduler =
+          std::make_unique<BatchScheduler>(*r->models_[m]->loaded.engine, so, callbacks);
+    }
+  }
   if (r->routing_.repair != RepairMode::kOff) r->StartRepairThread();
   return r;
+}
+
+void Router::ReportQueue(int model) {
+  const Slot& slot = *models_[model];
+  int running = slot.turns_running.load(), waiting = slot.turns_waiting.load();
+  if (slot.scheduler != nullptr) {
+    running += slot.scheduler->running();
+    waiting += slot.scheduler->waiting();
+  }
+  observer_->OnModelQueue(model, running, waiting);
+}
+
+absl::Status Router::RunPrefill(Work& work, int model, KvCache& line,
+                                const std::vector<int64_t>& ids) {
+  BatchScheduler* scheduler = models_[model]->scheduler.get();
+  if (scheduler == nullptr) return models_[model]->loaded.engine->Prefill(line, ids).status();
+  BatchScheduler::Hooks hooks;
+  hooks.on_admitted = [&work] { work.MarkStarted(); };
+  hooks.cancelled = [&work] { return work.Cancelled(); };
+  return scheduler->Prefill(line, ids, /*all_logits=*/false, Priority::kInteractive, hooks).status();
 }
 
 Router::~Router() { StopRepairThread(); }
@@ -321,8 +359,7 @@ absl::Status Router::Handover(Work& work, int model, int64_t upto, int64_t extra
     }
     const std::vector<int64_t> ids(work.history.begin() + step.begin,
                                    work.history.begin() + step.end);
-    absl::StatusOr<at::Tensor> logits = engine.Prefill(*line, ids);
-    if (!logits.ok()) return logits.status();
+    if (absl::Status s = RunPrefill(work, model, *line, ids); !s.ok()) return s;
     observer_->OnPrefillTokens(model, step.end - step.begin);
     work.result.prefill_tokens += step.end - step.begin;
     (step.kind == PlanStep::kNativePrefill ? work.result.prefill_seconds
@@ -511,8 +548,21 @@ absl::StatusOr<GenerateResult> Router::HandOverAndGenerate(Work& work, int model
   const int64_t max_tokens =
       options.reply ? static_cast<int64_t>(reply.size()) + 1 : std::min(options.max_tokens, room);
 
-  ModelLock lock(*this, work, model);
-  if (!lock.ok()) return lock.status();
+  // Batched turns queue in the model's engine loop instead of on its lock
+  // (a given reply is read beside the loop, under the lock).
+  BatchScheduler* scheduler = models_[model]->scheduler.get();
+  std::optional<ModelLock> lock;
+  if (scheduler == nullptr || options.reply) {
+    lock.emplace(*this, work, model);
+    if (!lock->ok()) return lock->status();
+  } else if (const int64_t limit = routing_.max_waiting_turns_per_model;
+             limit > 0 && scheduler->waiting() >= limit) {
+    observer_->OnRejected("max_waiting_turns_per_model");
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "model ", names_[model], " already has ", scheduler->waiting(),
+        " turns waiting (limits.max_waiting_turns_per_model = ", limit,
+        "); retry later or on another replica"));
+  }
   int64_t run_from = upto;
   if (absl::Status s = Handover(work, model, upto, n_prompt + max_tokens,
                                 upto + n_prompt + std::min(max_tokens, kDecodeRoom), &run_from);
@@ -568,8 +618,21 @@ absl::StatusOr<GenerateResult> Router::HandOverAndGenerate(Work& work, int model
     if (callbacks.on_token) callbacks.on_token(id, text);
     return !work.Cancelled();
   };
-  absl::StatusOr<GenerateResult> gen = engine.Generate(*work.lease->line(model), to_run, g);
-  if (!gen.ok()) return gen.status();
+  g.on_admitted = [&work] { work.MarkStarted(); };
+  g.cancelled = [&work] { return work.Cancelled(); };
+  absl::StatusOr<GenerateResult> gen =
+      scheduler != nullptr ? scheduler->Generate(*work.lease->line(model), to_run, g)
+                           : engine.Generate(*work.lease->line(model), to_run, g);
+  if (!gen.ok()) {
+    if (absl::IsResourceExhausted(gen.status()) && scheduler != nullptr &&
+        absl::StrContains(gen.status().message(), "requests already wait")) {
+      observer_->OnRejected("max_waiting_turns_per_model");
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "model ", names_[model], ": ", gen.status().message(),
+          " (limits.max_waiting_turns_per_model); retry later or on another replica"));
+    }
+    return gen.status();
+  }
   const Clock::time_point t_end = Clock::now();
   if (gen->finish_reason == FinishReason::kCancelled || work.Cancelled()) {
     return absl::CancelledError("the client cancelled the turn");

@@ -26,11 +26,16 @@
 //
 // Threads: Router is thread-safe. RunTurn blocks its calling thread for the
 // whole turn (the server runs turns on its TurnPool, never in a gRPC
-// reaction). Each model's engine is driven by one turn at a time: a per-model
-// mutex (ModelLock) is held for each stage that runs that model, and at most
-// one is held at once, so turns cannot deadlock. Turns on different models run
-// in parallel; turns on the same model queue on its mutex, one after another
-// (no batching yet).
+// reaction). With routing.batching each model has a BatchScheduler
+// (model/scheduler.h): a turn's hand-over prefills, its prompt and its decoding
+// run as requests in that model's engine loop, batched with every other turn
+// on the model, and on_token is called on the loop's thread; translation runs
+// on the turn's thread. The cascade's scoring and a given reply's reading still
+// take the model's mutex (ModelLock) and run on the turn's thread, beside the
+// loop. Without batching each model's engine is driven by one turn at a time:
+// the ModelLock is held for each stage that runs that model, and at most one
+// is held at once, so turns cannot deadlock; turns on the same model queue on
+// it, one after another.
 //
 // Background repair (routing.repair, router/repair.cc): after a turn that
 // leaves a line with translated spans, one repair thread recomputes that
@@ -61,6 +66,7 @@
 #include "absl/time/time.h"
 #include "cache_store/cache_store.h"
 #include "model/engine.h"
+#include "model/scheduler.h"
 #include "model/tokenizer.h"
 #include "router/planner.h"
 #include "router/policy.h"
@@ -83,8 +89,13 @@ class TurnObserver {
   virtual void OnRepair(int model, int64_t tokens, double seconds) {}
   // Lines queued for repair or being repaired, after each change.
   virtual void OnRepairBacklog(int64_t lines) {}
-  // Turns running on (0 or 1) and waiting for a model changed.
+  // Turns running on and waiting for a model changed (without batching at
+  // most one runs).
   virtual void OnModelQueue(int model, int running, int waiting) {}
+  // A batched engine step ran `rows` requests (`decode_rows` of them decoding
+  // one token each), `tokens` tokens in all, in `seconds`.
+  virtual void OnBatchStep(int model, int64_t rows, int64_t decode_rows, int64_t tokens,
+                           double seconds) {}
   // A turn was refused by an admission limit (RoutingConfig::max_waiting_turns_per_model,
   // max_history_tokens): `limit` names it ("max_waiting_turns_per_model", ...).
   virtual void OnRejected(const std::string& limit) {}
@@ -241,6 +252,8 @@ class Router {
     absl::Mutex queue_mu;
     int64_t next_ticket ABSL_GUARDED_BY(queue_mu) = 0;
     int64_t serving ABSL_GUARDED_BY(queue_mu) = 0;
+    // routing.batching: the model's engine loop (destroyed before the engine).
+    std::unique_ptr<BatchScheduler> scheduler;
   };
   struct RepairJob {
     std::string session_id;
@@ -275,6 +288,11 @@ class Router {
                                                 std::vector<int64_t> reply);
   // Stage 5.
   void Commit(Work& work, int model, GenerateResult generated);
+  // Runs ids into the line: in the model's engine loop with batching, else
+  // directly (the caller holds the model's lock).
+  absl::Status RunPrefill(Work& work, int model, KvCache& line, const std::vector<int64_t>& ids);
+  // OnModelQueue with the model's ModelLock and scheduler counts.
+  void ReportQueue(int model);
   // Brings `model`'s line to hold work.history[0, upto) per work.strategy and
   // leaves the plan in work.plan; accumulates counts and timings into work.
   // Caller holds the model's lock.

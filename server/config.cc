@@ -598,7 +598,8 @@ absl::StatusOr<ServerConfig> ParseConfig(absl::string_view text, const std::stri
   }
   if (absl::Status s = CheckKeys(
           root, "",
-          {"server", "limits", "log", "runtime", "models", "translators", "routing", "sessions"});
+          {"server", "limits", "batching", "log", "runtime", "models", "translators", "routing",
+           "sessions"});
       !s.ok()) {
     return s;
   }
@@ -665,6 +666,22 @@ absl::StatusOr<ServerConfig> ParseConfig(absl::string_view text, const std::stri
     if (s.ok()) {
       s = ReadInt(*j, "max_history_tokens", "limits", 0, most, &c.limits.max_history_tokens);
     }
+    if (!s.ok()) return s;
+  }
+  if (const Json* j = Find(root, "batching")) {
+    if (absl::Status s = ExpectObject(*j, "batching"); !s.ok()) return s;
+    if (absl::Status s =
+            CheckKeys(*j, "batching", {"enabled", "max_step_tokens", "max_running"});
+        !s.ok()) {
+      return s;
+    }
+    if (const Json* e = Find(*j, "enabled")) {
+      if (!e->is_boolean()) return absl::InvalidArgumentError("batching.enabled: expected true or false");
+      c.batching.enabled = e->get<bool>();
+    }
+    absl::Status s = ReadInt(*j, "max_step_tokens", "batching", 1, 1 << 20,
+                             &c.batching.max_step_tokens);
+    if (s.ok()) s = ReadInt(*j, "max_running", "batching", 1, 4096, &c.batching.max_running);
     if (!s.ok()) return s;
   }
   if (absl::Status s = CrossCheck(default_model, c); !s.ok()) return s;

@@ -62,6 +62,13 @@ struct LimitsSection {
   int64_t max_history_tokens = 0;            // a session's history (0: the models' context)
 };
 
+// Continuous batching ("batching", model/scheduler.h).
+struct BatchingSection {
+  bool enabled = true;
+  int64_t max_step_tokens = 256;  // tokens one engine step runs, all turns together
+  int64_t max_running = 64;       // turns generating at once on one model
+};
+
 struct LogSection {
   LogLevel level = LogLevel::kInfo;
 };
@@ -95,6 +102,7 @@ struct SessionsSection {
 struct ServerConfig {
   ServerSection server;
   LimitsSection limits;
+  BatchingSection batching;
   LogSection log;
   RuntimeSection runtime;
   std::vector<ModelEntry> models;

@@ -177,8 +177,8 @@ ServerMetrics::ServerMetrics(const std::string& version, std::vector<std::string
   }
   auto& running = prometheus::BuildGauge()
                      .Name("kvlingo_requests_running")
-                     .Help("Chat turns running on a model now (0 or 1: one turn drives a "
-                           "model's engine at a time), by model.")
+                     .Help("Chat turns running on a model now, by model (with batching, the "
+                           "turns in its engine loop; without, 0 or 1).")
                      .Register(*registry_);
   auto& waiting = prometheus::BuildGauge()
                       .Name("kvlingo_requests_waiting")
@@ -188,6 +188,23 @@ ServerMetrics::ServerMetrics(const std::string& version, std::vector<std::string
   for (int m = 0; m < n; ++m) {
     requests_running_.push_back(&running.Add({{"model", models[m]}}));
     requests_waiting_.push_back(&waiting.Add({{"model", models[m]}}));
+  }
+  auto& batch = prometheus::BuildHistogram()
+                    .Name("kvlingo_batch_size")
+                    .Help("Requests in one batched engine step (decoding turns, prompt "
+                          "chunks, repair chunks), by model.")
+                    .Register(*registry_);
+  auto& step_tokens = prometheus::BuildHistogram()
+                          .Name("kvlingo_batch_tokens")
+                          .Help("Tokens one batched engine step ran, all requests together, "
+                                "by model.")
+                          .Register(*registry_);
+  const prometheus::Histogram::BucketBoundaries size_buckets = {1, 2, 4, 8, 16, 32, 64, 128};
+  const prometheus::Histogram::BucketBoundaries token_buckets = {1,   2,   4,   8,    16,  32,
+                                                                 64,  128, 256, 512, 1024};
+  for (int m = 0; m < n; ++m) {
+    batch_size_.push_back(&batch.Add({{"model", models[m]}}, size_buckets));
+    batch_tokens_.push_back(&step_tokens.Add({{"model", models[m]}}, token_buckets));
   }
   auto& e2e = prometheus::BuildHistogram()
                   .Name("kvlingo_e2e_request_latency_seconds")
@@ -369,6 +386,13 @@ void ServerMetrics::OnModelQueue(int model, int running, int waiting) {
   if (model < 0 || model >= n_models_) return;
   requests_running_[model]->Set(running);
   requests_waiting_[model]->Set(waiting);
+}
+
+void ServerMetrics::OnBatchStep(int model, int64_t rows, int64_t decode_rows, int64_t tokens,
+                                double seconds) {
+  if (model < 0 || model >= n_models_) return;
+  batch_size_[model]->Observe(static_cast<double>(rows));
+  batch_tokens_[model]->Observe(static_cast<double>(tokens));
 }
 
 void ServerMetrics::OnTurnDone(const router::TurnResult& r) {

@@ -79,6 +79,8 @@ class ServerMetrics final : public router::TurnObserver {
   void OnSwitchFidelity(int source, int target, double nats_per_token, int64_t tokens,
                         bool first_token_differs) override;
   void OnModelQueue(int model, int running, int waiting) override;
+  void OnBatchStep(int model, int64_t rows, int64_t decode_rows, int64_t tokens,
+                   double seconds) override;
   // A Chat turn that completed (its TurnSummary was sent): end-to-end
   // latency, queue time, time per output token and its finish reason.
   void OnTurnDone(const router::TurnResult& result);
@@ -115,6 +117,7 @@ class ServerMetrics final : public router::TurnObserver {
   std::vector<prometheus::Gauge*> gate_open_;                // [source * n + target]
   std::vector<prometheus::Counter*> gate_closures_;          // [source * n + target]
   std::vector<prometheus::Gauge*> requests_running_, requests_waiting_;  // per model
+  std::vector<prometheus::Histogram*> batch_size_, batch_tokens_;        // per model
   std::vector<prometheus::Histogram*> e2e_latency_, queue_time_, time_per_output_token_;
   // [model][FinishReason]
   std::vector<std::array<prometheus::Counter*, 4>> request_success_;

@@ -13,6 +13,9 @@ router::RoutingConfig RoutingWithLimits(const ServerConfig& config) {
   router::RoutingConfig routing = config.routing;
   routing.max_waiting_turns_per_model = config.limits.max_waiting_turns_per_model;
   routing.max_history_tokens = config.limits.max_history_tokens;
+  routing.batching = config.batching.enabled;
+  routing.batch_max_step_tokens = config.batching.max_step_tokens;
+  routing.batch_max_running = config.batching.max_running;
   return routing;
 }
 

@@ -65,10 +65,13 @@ absl::Status Server::Serve() {
   metrics_.SetCacheStats(runtime_->store->Stats());
   if (runtime_->router != nullptr) {
     // Turns block their thread on a model's engine; a few per model keep every
-    // engine busy while others wait for theirs. Each thread does LibTorch's
-    // per-thread set-up before the server takes requests.
-    turn_pool_ = std::make_unique<TurnPool>(
-        std::max<int>(4, 4 * static_cast<int>(config.models.size())), PrepareIntraOpThread);
+    // engine busy while others wait for theirs, and with batching as many more
+    // as one model batches. Each thread does LibTorch's per-thread set-up
+    // before the server takes requests.
+    const int n_models = static_cast<int>(config.models.size());
+    const int n_threads =
+        4 * n_models + (config.batching.enabled ? static_cast<int>(config.batching.max_running) : 0);
+    turn_pool_ = std::make_unique<TurnPool>(std::max(4, n_threads), PrepareIntraOpThread);
   }
   ServiceDeps deps;
   deps.store = runtime_->store.get();

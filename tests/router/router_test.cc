@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -469,6 +470,48 @@ TEST_F(RouterTest, ReprefillOutputEqualsTheTargetsNativeOutput) {
   for (int64_t id : TurnTokens("And large again, from scratch.")) prompt.push_back(id);
   EXPECT_EQ(t->tokens, Generate(large, *line, prompt));
   (void)before;
+}
+
+// Continuous batching changes nothing a session sees: sessions conversing at
+// once on a batched router, with translated and re-prefilled switches, get
+// the tokens each gets alone on an unbatched one (greedy decoding).
+TEST_F(RouterTest, BatchedConcurrentSessionsEqualTheUnbatchedRouterTurnForTurn) {
+  struct Step {
+    const char* text;
+    int model;
+    Strategy strategy;
+  };
+  const std::vector<Step> steps = {{"First question?", 0, Strategy::kTranslate},
+                                   {"A second one.", 2, Strategy::kTranslate},
+                                   {"Back to small.", 0, Strategy::kReprefill},
+                                   {"Large again, please.", 2, Strategy::kTranslate},
+                                   {"And once more on large.", 2, Strategy::kTranslate}};
+  constexpr int kSessions = 4;
+  auto converse = [&](int i) {
+    std::vector<std::vector<int64_t>> replies;
+    const std::string id = absl::StrCat("s", i);
+    EXPECT_TRUE(store_->Create(id, "", {}).ok());
+    for (const Step& step : steps) {
+      auto t = Turn(id, absl::StrCat(step.text, " (session ", i, ")"), step.model, step.strategy);
+      EXPECT_TRUE(t.ok()) << t.status();
+      replies.push_back(t.ok() ? t->tokens : std::vector<int64_t>{});
+    }
+    return replies;
+  };
+  MakeRouter(Explicit());
+  std::vector<std::vector<std::vector<int64_t>>> expected;
+  for (int i = 0; i < kSessions; ++i) expected.push_back(converse(i));
+
+  router_.reset();
+  RoutingConfig batched = Explicit();
+  batched.batching = true;
+  batched.batch_max_step_tokens = 16;  // prompts cut into chunks beside decoding turns
+  MakeRouter(batched);
+  std::vector<std::vector<std::vector<int64_t>>> got(kSessions);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kSessions; ++i) threads.emplace_back([&, i] { got[i] = converse(i); });
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < kSessions; ++i) EXPECT_EQ(got[i], expected[i]) << "session " << i;
 }
 
 // A given reply leaves the history and ledger exactly as generating the same
