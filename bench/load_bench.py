@@ -110,7 +110,7 @@ def plot(rows, out):
                 f.write("\n\n")
     gp = out + ".gp"
     with open(gp, "w") as f:
-        f.write(f"""set terminal pngcairo size 1100,450 font ",10"
+        f.write(f"""set terminal pngcairo size 1100,450 font ",10" noenhanced
 set output "{os.path.basename(out)}.png"
 set multiplot layout 1,2 title "kvl-server load benchmark (bench/load_bench.py)"
 set logscale x 2

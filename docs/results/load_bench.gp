@@ -1,4 +1,4 @@
-set terminal pngcairo size 1100,450 font ",10"
+set terminal pngcairo size 1100,450 font ",10" noenhanced
 set output "load_bench.png"
 set multiplot layout 1,2 title "kvl-server load benchmark (bench/load_bench.py)"
 set logscale x 2
