@@ -23,10 +23,8 @@ import platform
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
-import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import server_bench as sb  # noqa: E402  (server start-up, config, client, filler)
@@ -52,28 +50,11 @@ def chat_timed(client, sid, text, max_tokens, policy, model=""):
 
 
 def run_cell(client, level, workload, turns, words, max_tokens, tag):
-    results, errors, lock = [], [], threading.Lock()
     policy, model = ("explicit", sb.LARGE) if workload == "large" else ("alternate", "")
-
-    def run(i):
-        sid = client.create(f"{tag}-{workload}-{level}-{i}")
-        for t in range(turns):
-            try:
-                r = chat_timed(client, sid, f"Session {i} turn {t}: " + sb.filler(words, i * 31 + t),
-                               max_tokens, policy, model)
-                with lock:
-                    results.append(r)
-            except grpc.RpcError as e:
-                with lock:
-                    errors.append(e.code().name)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(level)]
-    start = time.perf_counter()
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    wall = time.perf_counter() - start
+    results, errors, wall = sb.run_sessions(
+        client, level, turns, f"{tag}-{workload}-{level}",
+        lambda sid, i, t: chat_timed(client, sid, f"Session {i} turn {t}: " +
+                                     sb.filler(words, i * 31 + t), max_tokens, policy, model))
     ttft = [d[0] for d, _, _ in results if d]
     itl = [b - a for d, _, _ in results for a, b in zip(d, d[1:])]
     generated = sum(s.generated_tokens for _, s, _ in results if s is not None)

@@ -355,32 +355,41 @@ def median_of(rows, key):
     return statistics.median(values) if values else float("nan")
 
 
+def run_sessions(client, n_sessions, turns, prefix, turn):
+    """n_sessions sessions at once, each on its own thread, each sending `turns`
+    turns: turn(sid, i, t) runs turn t of session i and returns its result.
+    Returns (results, error code names, wall seconds)."""
+    results, errors, lock = [], [], threading.Lock()
+
+    def run(i):
+        sid = client.create(f"{prefix}-{i}")
+        for t in range(turns):
+            try:
+                r = turn(sid, i, t)
+                with lock:
+                    results.append(r)
+            except grpc.RpcError as e:
+                with lock:
+                    errors.append(e.code().name)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n_sessions)]
+    start = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return results, errors, time.perf_counter() - start
+
+
 def part_concurrency(client, levels, turns, max_tokens, turn_words):
     lines = [f"{'sessions':>8} {'turns':>5} {'switch':>6} {'errors':>6} {'wall s':>7} "
              f"{'client p50':>10} {'p90':>9} {'p99':>9} {'server p50':>10} {'p90':>9} "
              f"{'p99':>9} {'ovh p50':>9}"]
     for level in levels:
-        results, errors, lock = [], [], threading.Lock()
-
-        def run(i):
-            sid = client.create(f"cc-{level}-{i}")
-            for t in range(turns):
-                try:
-                    r = client.chat(sid, f"Session {i} turn {t}: " + filler(turn_words, i * 31 + t),
-                                    max_tokens, "alternate")
-                    with lock:
-                        results.append(r)
-                except grpc.RpcError as e:
-                    with lock:
-                        errors.append(e.code().name)
-
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(level)]
-        start = time.perf_counter()
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        wall = time.perf_counter() - start
+        results, errors, wall = run_sessions(
+            client, level, turns, f"cc-{level}",
+            lambda sid, i, t: client.chat(sid, f"Session {i} turn {t}: " +
+                                          filler(turn_words, i * 31 + t), max_tokens, "alternate"))
         c = [r["client_ttft"] for r in results]
         s = [r["summary"].time_to_first_token_seconds for r in results]
         switches = sum(1 for r in results if r["routing"].switched)
