@@ -38,7 +38,7 @@ def chat_timed(client, sid, text, max_tokens, policy, model=""):
         routing=client.pb.RoutingHints(policy=policy, model=model))
     start = time.perf_counter()
     deltas, summary, switched = [], None, False
-    for ev in client._chat(req, timeout=600):
+    for ev in client._chat(req, timeout=600, metadata=[("x-kvl-session-id", sid)]):
         kind = ev.WhichOneof("event")
         if kind == "delta" and ev.delta.token_ids:
             deltas.append(time.perf_counter() - start)

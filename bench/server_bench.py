@@ -232,7 +232,7 @@ class Client:
             routing=self.pb.RoutingHints(policy=policy, model=model, strategy=strategy))
         routing = summary = first = last = None
         start = time.perf_counter()
-        for ev in self._chat(req, timeout=600):
+        for ev in self._chat(req, timeout=600, metadata=[("x-kvl-session-id", sid)]):
             kind = ev.WhichOneof("event")
             if kind == "delta" and first is None:
                 first = time.perf_counter() - start

@@ -246,6 +246,45 @@ absl::StatusOr<SessionView> CacheStore::Create(std::string_view session_id,
   return view;
 }
 
+absl::StatusOr<SessionView> CacheStore::Adopt(const std::string& session_id,
+                                              std::string system_prompt,
+                                              ConversationState state,
+                                              int64_t created_unix_seconds) {
+  if (!IsValidSessionId(session_id)) {
+    return absl::InvalidArgumentError("session_id: expected 1-128 characters of [A-Za-z0-9._:-]");
+  }
+  auto entry = std::make_shared<Entry>(options_.n_models);
+  state.restored = true;
+  entry->state = std::move(state);
+  entry->system_prompt = std::move(system_prompt);
+  entry->created_unix_seconds = created_unix_seconds;
+  entry->last_active_unix_seconds = options_.clock();
+  std::shared_ptr<Entry> replaced;  // its lines are freed after the lock is released
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it != sessions_.end()) {
+    if (it->second->busy) {
+      return absl::AbortedError(
+          absl::StrCat("session '", session_id, "' has a turn in progress; retry when it ends"));
+    }
+    const uint64_t seq = it->second->seq;
+    replaced = Erase(it);
+    entry->seq = seq;  // it keeps its place in List
+  } else {
+    if (options_.max_sessions > 0 &&
+        static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the server holds ", sessions_.size(), " sessions (limits.max_sessions = ",
+          options_.max_sessions, "); delete sessions or wait for idle ones to expire"));
+    }
+    entry->seq = next_seq_++;
+  }
+  by_seq_.emplace(entry->seq, session_id);
+  SessionView view = ViewOf(session_id, *entry);
+  sessions_.emplace(session_id, std::move(entry));
+  return view;
+}
+
 std::shared_ptr<TurnLease::Entry> CacheStore::Erase(
     std::unordered_map<std::string, std::shared_ptr<Entry>>::iterator it) {
   std::shared_ptr<Entry> entry = std::move(it->second);

@@ -67,6 +67,9 @@ struct ConversationState {
   // template) it wrote but has not run yet.
   int64_t tail_begin = 0;
   int cascade_level = 0;  // index into the cascade's model list; never decreases
+  // The session was rebuilt from the durable store (CacheStore::Adopt) and
+  // has run no turn since: its lines, if any, were built from nothing.
+  bool restored = false;
 };
 
 // Where a run of a cache line's tokens came from.
@@ -233,6 +236,13 @@ class CacheStore {
   // free (AlreadyExists). `preamble`: the tokens the system prompt renders to.
   absl::StatusOr<SessionView> Create(std::string_view session_id, std::string system_prompt,
                                      std::vector<int64_t> preamble);
+  // Installs a session rebuilt elsewhere (from the durable session store,
+  // server/sessions.h): `state` with `restored` set, no cache lines. A local
+  // session of the same id is replaced (its lines freed) and keeps its place
+  // in List, unless a turn holds it (Aborted). A new id counts against
+  // max_sessions (ResourceExhausted).
+  absl::StatusOr<SessionView> Adopt(const std::string& session_id, std::string system_prompt,
+                                    ConversationState state, int64_t created_unix_seconds);
   // Frees the session's lines. NotFound for an unknown id. A turn in progress
   // finishes on its own copy and its result is dropped.
   absl::Status Remove(const std::string& session_id);

@@ -34,6 +34,7 @@ include(GoogleTest)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
+pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)
 
 # The tests run these as oracles and clients; a test never skips for want of
 # one (scripts/setup.sh installs them), so a missing one stops the configure.
@@ -41,4 +42,5 @@ if(KVL_BUILD_TESTS)
   find_program(KVL_PROMTOOL promtool REQUIRED)
   find_program(KVL_NODE node REQUIRED)
   find_program(KVL_SYSTEM_PYTHON python3 PATHS /usr/bin NO_DEFAULT_PATH REQUIRED)
+  find_program(KVL_REDIS_SERVER redis-server REQUIRED)
 endif()

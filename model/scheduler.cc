@@ -8,10 +8,37 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 
 namespace kvl {
+namespace {
+
+// Marks BatchScheduler's refusal of a request for a full waiting queue.
+constexpr char kQueueFullPayload[] = "type.kvlingo.dev/kvl.BatchScheduler.QueueFull";
+
+// A request's end, signalled once by the loop to the thread waiting in
+// Submit. Notify holds the lock while it signals, so the waiter cannot see
+// `done_` and free the request before notify_all has returned.
+class Completion {
+ public:
+  void Notify() {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    cv_.notify_all();
+  }
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return done_; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;  // guarded by mu_
+};
+
+}  // namespace
 
 struct BatchScheduler::Request {
   KvCache* cache = nullptr;
@@ -34,7 +61,7 @@ struct BatchScheduler::Request {
 
   absl::Status status;
   std::optional<GenerateResult> result;
-  absl::Notification done;
+  Completion done;
 
   bool Cancelled() const {
     if (hooks != nullptr && hooks->cancelled && hooks->cancelled()) return true;
@@ -50,19 +77,20 @@ BatchScheduler::BatchScheduler(Engine& engine, SchedulerOptions options, Callbac
 
 BatchScheduler::~BatchScheduler() {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
+  work_.notify_one();
   thread_.join();
 }
 
 int BatchScheduler::running() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return n_active_;
 }
 
 int BatchScheduler::waiting() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int>(waiting_.size());
 }
 
@@ -70,29 +98,36 @@ void BatchScheduler::ReportQueue() {
   if (!callbacks_.on_queue) return;
   int running = 0, waiting = 0;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     running = n_active_;
     waiting = static_cast<int>(waiting_.size());
   }
   callbacks_.on_queue(running, waiting);
 }
 
+bool BatchScheduler::IsQueueFull(const absl::Status& status) {
+  return absl::IsResourceExhausted(status) && status.GetPayload(kQueueFullPayload).has_value();
+}
+
 absl::Status BatchScheduler::Submit(Request& request) {
   if (absl::Status s = engine_.CheckIds(*request.cache, *request.ids); !s.ok()) return s;
   request.n_start = request.cache->Length();
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return absl::UnavailableError("the model's scheduler is shutting down");
     if (options_.max_waiting > 0 &&
         static_cast<int64_t>(waiting_.size()) >= options_.max_waiting) {
-      return absl::ResourceExhaustedError(absl::StrCat(
+      absl::Status full = absl::ResourceExhaustedError(absl::StrCat(
           waiting_.size(), " requests already wait for this model (at most ",
           options_.max_waiting, ")"));
+      full.SetPayload(kQueueFullPayload, absl::Cord("1"));
+      return full;
     }
     waiting_.push_back(&request);
   }
+  work_.notify_one();
   ReportQueue();
-  request.done.WaitForNotification();
+  request.done.Wait();
   return request.status;
 }
 
@@ -134,7 +169,7 @@ void BatchScheduler::Finish(Request* request, absl::Status status) {
   request->status = std::move(status);
   active_.erase(std::find(active_.begin(), active_.end(), request));
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     --n_active_;
   }
   request->done.Notify();  // the caller may free the request from here on
@@ -194,7 +229,7 @@ bool BatchScheduler::BuildStep(std::vector<Request*>* rows, std::vector<int64_t>
   std::vector<Request*> cancelled;
   bool interactive_waiting = false;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return false;
     for (auto it = waiting_.begin(); it != waiting_.end();) {
       Request* r = *it;
@@ -222,7 +257,7 @@ bool BatchScheduler::BuildStep(std::vector<Request*>* rows, std::vector<int64_t>
     for (Request* r : active_) {
       if (!r->decoding && r->priority == Priority::kBackground) add_prefill(r);
     }
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     for (auto it = waiting_.begin(); it != waiting_.end();) {
       Request* r = *it;
       if (r->priority != Priority::kBackground || budget <= 0 || background_budget <= 0 ||
@@ -334,13 +369,8 @@ void BatchScheduler::Loop() {
   std::vector<int64_t> tokens;
   for (;;) {
     {
-      absl::MutexLock lock(&mu_);
-      if (active_.empty()) {
-        auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return stop_ || !waiting_.empty();
-        };
-        mu_.Await(absl::Condition(&work));
-      }
+      std::unique_lock<std::mutex> lock(mu_);
+      if (active_.empty()) work_.wait(lock, [this] { return stop_ || !waiting_.empty(); });
       if (stop_) break;
     }
     if (BuildStep(&rows, &tokens)) RunStep(rows, tokens);
@@ -350,7 +380,7 @@ void BatchScheduler::Loop() {
   for (Request* r : std::vector<Request*>(active_)) Finish(r, gone);
   std::deque<Request*> left;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     left.swap(waiting_);
   }
   for (Request* r : left) {

@@ -24,20 +24,25 @@
 // thread and must not block. While a scheduler runs, only it drives the
 // engine's decoder for generation; Decoder::Forward on other lines from other
 // threads stays safe (model/decoder.h) but competes for the cores.
+//
+// The scheduler synchronises with std::mutex / std::condition_variable, not
+// absl::Mutex: ThreadSanitizer sees pthread, but not the uninstrumented
+// shared libabsl (experiments/tsan_scheduler/README.md, scripts/tsan_check.sh).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "model/engine.h"
 #include "model/kv_cache.h"
 
@@ -83,8 +88,13 @@ class BatchScheduler {
   BatchScheduler(const BatchScheduler&) = delete;
   BatchScheduler& operator=(const BatchScheduler&) = delete;
 
+  // Whether `status` is a request's refusal because max_waiting requests
+  // already wait (ResourceExhausted, marked with a payload), as opposed to any
+  // other ResourceExhausted from the engine.
+  static bool IsQueueFull(const absl::Status& status);
+
   // Engine::Generate's contract, run in the batch. ResourceExhausted at once
-  // (nothing changed) when max_waiting requests already wait.
+  // (nothing changed) when max_waiting requests already wait (IsQueueFull).
   absl::StatusOr<GenerateResult> Generate(KvCache& cache, const std::vector<int64_t>& prompt_ids,
                                           const GenerateOptions& options,
                                           Priority priority = Priority::kInteractive);
@@ -120,11 +130,15 @@ class BatchScheduler {
   const SchedulerOptions options_;
   const Callbacks callbacks_;
 
-  mutable absl::Mutex mu_;
-  std::deque<Request*> waiting_ ABSL_GUARDED_BY(mu_);
-  int n_active_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  // The loop thread's own: requests admitted, in admission order.
+  // mu_ guards waiting_, n_active_ and stop_ (no ABSL_GUARDED_BY: clang's
+  // thread-safety analysis rejects libstdc++'s unannotated std::mutex).
+  // work_ wakes the idle loop when a request queues or stop_ is set.
+  mutable std::mutex mu_;
+  std::condition_variable work_;
+  std::deque<Request*> waiting_;
+  int n_active_ = 0;
+  bool stop_ = false;
+  // The loop thread's own (no lock): requests admitted, in admission order.
   std::vector<Request*> active_;
   std::thread thread_;
 };

@@ -57,6 +57,8 @@ const char* CachePathName(CachePath path) {
       return "translated";
     case CachePath::kReprefill:
       return "reprefill";
+    case CachePath::kRestored:
+      return "restored";
   }
   return "?";
 }

@@ -20,8 +20,10 @@ namespace kvl::router {
 enum class Policy { kFixed, kExplicit, kRules, kCascade, kAlternate };
 // How a model that lacks part of the history gets it (see planner.h).
 enum class Strategy { kTranslate, kReprefill, kReprefillMissing };
-// Which path produced the answering model's cache of the history.
-enum class CachePath { kNative, kTranslated, kReprefill };
+// Which path produced the answering model's cache of the history; kRestored:
+// the session came from the durable store (server/sessions.h) without cache
+// lines, and the model prefilled the history.
+enum class CachePath { kNative, kTranslated, kReprefill, kRestored };
 // Background repair of translated lines (router/repair.cc): off; after-turn
 // (each line a turn left with translated spans is recomputed natively as soon
 // as the turn ends, giving way to turns waiting for its model between chunks);
@@ -29,12 +31,12 @@ enum class CachePath { kNative, kTranslated, kReprefill };
 // model).
 enum class RepairMode { kOff, kAfterTurn, kIdleOnly };
 inline constexpr int kNumPolicies = 5;
-inline constexpr int kNumCachePaths = 3;
+inline constexpr int kNumCachePaths = 4;
 inline constexpr int kNumStrategies = 3;
 
 const char* PolicyName(Policy policy);        // "fixed", "explicit", ..., as configured
 const char* StrategyName(Strategy strategy);  // "translate", "reprefill", "reprefill-missing"
-const char* CachePathName(CachePath path);    // "native", "translated", "reprefill"
+const char* CachePathName(CachePath path);  // "native", "translated", "reprefill", "restored"
 const char* RepairModeName(RepairMode mode);  // "off", "after-turn", "idle-only"
 // The inverses of PolicyName and StrategyName; InvalidArgument listing the
 // names otherwise ("expected one of fixed, explicit, ..., got 'x'").

@@ -7,7 +7,6 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "model/chat_template.h"
 
@@ -68,6 +67,15 @@ struct Router::Work {
   }
 };
 
+absl::Status Router::QueueFull(int model, int64_t waiting) {
+  observer_->OnRejected("max_waiting_turns_per_model");
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "model ", names_[model], " already has ",
+      waiting >= 0 ? absl::StrCat(waiting) : std::string("its limit of"),
+      " turns waiting (limits.max_waiting_turns_per_model = ",
+      routing_.max_waiting_turns_per_model, "); retry later or on another replica"));
+}
+
 // Holds one model's engine for a stage of a turn; the first lock of a turn
 // ends its queue time.
 // Refused (ok() false, nothing held) when routing.max_waiting_turns_per_model
@@ -82,11 +90,7 @@ class Router::ModelLock {
     const int64_t limit = router.routing_.max_waiting_turns_per_model;
     if (limit > 0 && waiting >= limit) {
       slot_.turns_waiting.fetch_sub(1);
-      status_ = absl::ResourceExhaustedError(absl::StrCat(
-          "model ", router.names_[model], " already has ", waiting,
-          " turns waiting (limits.max_waiting_turns_per_model = ", limit,
-          "); retry later or on another replica"));
-      router.observer_->OnRejected("max_waiting_turns_per_model");
+      status_ = router.QueueFull(model, waiting);
       return;
     }
     Report();
@@ -456,7 +460,7 @@ absl::StatusOr<TurnResult> Router::RunTurn(const std::string& session_id,
   if (!generated.ok()) return generated.status();
 
   // 5. Commit.
-  Commit(work, model, *std::move(generated));
+  if (absl::Status s = Commit(work, model, *std::move(generated)); !s.ok()) return s;
   std::vector<int> to_repair;
   if (routing_.repair != RepairMode::kOff) {
     for (int m = 0; m < n_models(); ++m) {
@@ -557,11 +561,7 @@ absl::StatusOr<GenerateResult> Router::HandOverAndGenerate(Work& work, int model
     if (!lock->ok()) return lock->status();
   } else if (const int64_t limit = routing_.max_waiting_turns_per_model;
              limit > 0 && scheduler->waiting() >= limit) {
-    observer_->OnRejected("max_waiting_turns_per_model");
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "model ", names_[model], " already has ", scheduler->waiting(),
-        " turns waiting (limits.max_waiting_turns_per_model = ", limit,
-        "); retry later or on another replica"));
+    return QueueFull(model, scheduler->waiting());
   }
   int64_t run_from = upto;
   if (absl::Status s = Handover(work, model, upto, n_prompt + max_tokens,
@@ -573,6 +573,9 @@ absl::StatusOr<GenerateResult> Router::HandOverAndGenerate(Work& work, int model
   std::vector<int64_t> to_run(work.history.begin() + run_from, work.history.begin() + upto);
   to_run.insert(to_run.end(), prompt.begin(), prompt.end());
   if (work.Cancelled()) return absl::CancelledError("the client cancelled the turn");
+  // A session brought back from the durable store has no cache lines: its
+  // first turn here rebuilds one by prefill, whatever the strategy.
+  if (committed.restored && !work.history.empty()) work.plan.path = CachePath::kRestored;
   ev.path = work.plan.path;
   if (!work.plan.notes.empty()) {
     absl::StrAppend(&ev.reason, "; ", absl::StrJoin(work.plan.notes, "; "));
@@ -624,13 +627,7 @@ absl::StatusOr<GenerateResult> Router::HandOverAndGenerate(Work& work, int model
       scheduler != nullptr ? scheduler->Generate(*work.lease->line(model), to_run, g)
                            : engine.Generate(*work.lease->line(model), to_run, g);
   if (!gen.ok()) {
-    if (absl::IsResourceExhausted(gen.status()) && scheduler != nullptr &&
-        absl::StrContains(gen.status().message(), "requests already wait")) {
-      observer_->OnRejected("max_waiting_turns_per_model");
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "model ", names_[model], ": ", gen.status().message(),
-          " (limits.max_waiting_turns_per_model); retry later or on another replica"));
-    }
+    if (BatchScheduler::IsQueueFull(gen.status())) return QueueFull(model, -1);
     return gen.status();
   }
   const Clock::time_point t_end = Clock::now();
@@ -684,7 +681,7 @@ absl::StatusOr<GenerateResult> Router::ReadGivenReply(Work& work, int model,
   return gen;
 }
 
-void Router::Commit(Work& work, int model, GenerateResult gen) {
+absl::Status Router::Commit(Work& work, int model, GenerateResult gen) {
   const ConversationState& committed = work.lease->state();
   const std::vector<int64_t> prompt(work.fresh.begin() + work.consumed, work.fresh.end());
   // The prompt, the generated tokens (and the stop token), the closing template.
@@ -727,7 +724,13 @@ void Router::Commit(Work& work, int model, GenerateResult gen) {
   work.result.generated_tokens = static_cast<int64_t>(gen.tokens.size());
   work.result.tokens = std::move(gen.tokens);
   work.result.text = std::move(gen.text);
+  if (work.options->on_commit) {
+    if (absl::Status s = work.options->on_commit(committed, next, work.result); !s.ok()) {
+      return s;
+    }
+  }
   work.lease->Commit(std::move(next));
+  return absl::OkStatus();
 }
 
 }  // namespace kvl::router

@@ -134,6 +134,8 @@ struct LoadedTranslator {
   std::string refused;
 };
 
+struct TurnResult;
+
 struct TurnOptions {
   std::string user_message;
   std::optional<Policy> policy;    // unset: the configured policy
@@ -153,6 +155,14 @@ struct TurnOptions {
   // Polled between steps and after every token; true stops the turn, which
   // then fails with Cancelled and leaves the session unchanged.
   std::function<bool()> cancelled;
+  // Called once the turn has run, before it becomes the session's, with the
+  // session's state before and after it and the result (all but
+  // total_seconds). An error fails the turn with that status and leaves the
+  // session unchanged: the server's write-through to its durable session
+  // store (server/sessions.h).
+  std::function<absl::Status(const ConversationState& before, const ConversationState& after,
+                             const TurnResult& result)>
+      on_commit;
 };
 
 struct RoutingEvent {
@@ -286,13 +296,16 @@ class Router {
   absl::StatusOr<GenerateResult> ReadGivenReply(Work& work, int model,
                                                 const std::vector<int64_t>& to_run,
                                                 std::vector<int64_t> reply);
-  // Stage 5.
-  void Commit(Work& work, int model, GenerateResult generated);
+  // Stage 5; TurnOptions::on_commit's error, the session then unchanged.
+  absl::Status Commit(Work& work, int model, GenerateResult generated);
   // Runs ids into the line: in the model's engine loop with batching, else
   // directly (the caller holds the model's lock).
   absl::Status RunPrefill(Work& work, int model, KvCache& line, const std::vector<int64_t>& ids);
   // OnModelQueue with the model's ModelLock and scheduler counts.
   void ReportQueue(int model);
+  // The refusal of a turn by routing.max_waiting_turns_per_model (counted by
+  // OnRejected): `waiting` turns wait for the model (-1: as many as the limit).
+  absl::Status QueueFull(int model, int64_t waiting);
   // Brings `model`'s line to hold work.history[0, upto) per work.strategy and
   // leaves the plan in work.plan; accumulates counts and timings into work.
   // Caller holds the model's lock.

@@ -58,7 +58,8 @@ def main():
         for event in chat(chat_pb2.ChatRequest(
                 session_id=session_id, user_message=text.encode(),
                 sampling=chat_pb2.SamplingParams(max_tokens=48),
-                routing=chat_pb2.RoutingHints(**routing)), timeout=300):
+                routing=chat_pb2.RoutingHints(**routing)), timeout=300,
+                metadata=[("x-kvl-session-id", session_id)]):
             kind = event.WhichOneof("event")
             if kind == "routing":
                 decision = event.routing

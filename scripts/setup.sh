@@ -14,7 +14,8 @@ PACKAGES=(
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev prometheus-cpp-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev libpcre2-dev libutf8proc-dev
+  nlohmann-json3-dev libpcre2-dev libutf8proc-dev libhiredis-dev
+  redis-server
   prometheus python3-grpcio python3-protobuf curl
   gnuplot-nox bc
 )

@@ -6,3 +6,6 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 BUILD_DIR=${KVL_BUILD_DIR:-build}
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" --timeout 900 "$@"
+# The batch scheduler's concurrency test under ThreadSanitizer (its own build
+# dir, build-tsan/; experiments/tsan_scheduler/README.md).
+scripts/tsan_check.sh

@@ -82,6 +82,49 @@ bool IsValidUtf8(absl::string_view text, size_t* bad_offset) {
   return true;
 }
 
+absl::StatusOr<std::vector<ImportTurn>> ParseImportTurns(
+    const kvlingo::v1::ImportSessionRequest& request, const TurnLimits& limits,
+    const std::vector<std::string>& model_names, int default_model) {
+  std::vector<ImportTurn> turns;
+  int64_t total = 0;
+  for (int i = 0; i < request.turns_size(); ++i) {
+    const kvlingo::v1::ImportedTurn& t = request.turns(i);
+    const std::string at = absl::StrCat("turns[", i, "]");
+    total += static_cast<int64_t>(t.user_message().size() + t.reply().size());
+    if (total > limits.max_import_bytes) {
+      return Bad(at, absl::StrCat("the messages and replies up to here take ", total,
+                                  " bytes, over the server's limit of ", limits.max_import_bytes,
+                                  " (server.max_import_bytes)"));
+    }
+    for (const auto& [field, text] : {std::pair<const char*, const std::string&>{
+                                          "user_message", t.user_message()},
+                                      {"reply", t.reply()}}) {
+      const std::string name = absl::StrCat(at, ".", field);
+      if (std::string(field) == "user_message" && text.empty()) return Bad(name, "must not be empty");
+      if (static_cast<int64_t>(text.size()) > limits.max_turn_bytes) {
+        return Bad(name, absl::StrCat(text.size(), " bytes is over the server's limit of ",
+                                      limits.max_turn_bytes, " (server.max_turn_bytes)"));
+      }
+      if (absl::Status s = CheckUtf8(name, text); !s.ok()) return s;
+    }
+    ImportTurn turn;
+    turn.user_message = t.user_message();
+    turn.reply = t.reply();
+    if (t.model().empty()) {
+      turn.model = default_model;
+    } else {
+      auto it = std::find(model_names.begin(), model_names.end(), t.model());
+      if (it == model_names.end()) {
+        return absl::NotFoundError(
+            absl::StrCat(at, ".model: no loaded model is named '", t.model(), "'"));
+      }
+      turn.model = static_cast<int>(it - model_names.begin());
+    }
+    turns.push_back(std::move(turn));
+  }
+  return turns;
+}
+
 absl::StatusOr<TurnRequest> ParseChatRequest(const kvlingo::v1::ChatRequest& request,
                                              const TurnLimits& limits,
                                              const std::vector<std::string>& model_names) {
@@ -91,6 +134,10 @@ absl::StatusOr<TurnRequest> ParseChatRequest(const kvlingo::v1::ChatRequest& req
     return Bad("session_id", "expected 1-128 characters of [A-Za-z0-9._:-]");
   }
   turn.session_id = request.session_id();
+  if (!request.request_id().empty() && !IsValidSessionId(request.request_id())) {
+    return Bad("request_id", "expected 1-128 characters of [A-Za-z0-9._:-] (or empty)");
+  }
+  turn.request_id = request.request_id();
 
   const std::string& message = request.user_message();
   if (message.empty()) return Bad("user_message", "must not be empty");

@@ -10,12 +10,14 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kvlingo/v1/chat.pb.h"
+#include "kvlingo/v1/session.pb.h"
 #include "router/router.h"
 
 namespace kvl::server {
 
 struct TurnRequest {
   std::string session_id;
+  std::string request_id;  // empty when the request has none
   // max_tokens already defaulted (never 0, never above the server's limit);
   // policy, strategy and seed unset where the request leaves them unset;
   // explicit_model -1 when the request names no model. `received` and
@@ -27,6 +29,14 @@ struct TurnLimits {
   int64_t max_turn_bytes = 65536;
   int64_t max_new_tokens_limit = 4096;
   int64_t max_system_prompt_bytes = 65536;
+  int64_t max_import_bytes = int64_t{4} << 20;
+};
+
+// One turn of an ImportSessionRequest, validated.
+struct ImportTurn {
+  std::string user_message;
+  std::string reply;
+  int model = -1;  // index into the loaded models
 };
 
 inline constexpr size_t kMaxStopStrings = 16;
@@ -46,6 +56,15 @@ bool IsValidUtf8(absl::string_view text, size_t* bad_offset = nullptr);
 // context of the loaded models; 0: not checked).
 absl::Status ValidateSystemPrompt(absl::string_view prompt, const TurnLimits& limits,
                                   int64_t preamble_tokens, int64_t context_tokens);
+
+// The turns of an import: InvalidArgument naming the field
+// ("turns[3].reply: ...") for an empty or over-long user message (the
+// max_turn_bytes bound of Chat, which applies to replies too), invalid UTF-8,
+// or messages and replies over limits.max_import_bytes together; NotFound
+// naming turns[i].model for a model not loaded (empty: `default_model`).
+absl::StatusOr<std::vector<ImportTurn>> ParseImportTurns(
+    const kvlingo::v1::ImportSessionRequest& request, const TurnLimits& limits,
+    const std::vector<std::string>& model_names, int default_model);
 
 absl::StatusOr<TurnRequest> ParseChatRequest(const kvlingo::v1::ChatRequest& request,
                                              const TurnLimits& limits,

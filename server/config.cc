@@ -202,7 +202,7 @@ absl::Status ParseServer(const Json& j, const std::string& path, ServerSection* 
   if (absl::Status s = CheckKeys(j, path,
                                  {"listen_address", "metrics_address", "drain_timeout_seconds",
                                   "max_turn_bytes", "max_new_tokens_limit",
-                                  "max_system_prompt_bytes"});
+                                  "max_system_prompt_bytes", "max_import_bytes"});
       !s.ok()) {
     return s;
   }
@@ -217,6 +217,9 @@ absl::Status ParseServer(const Json& j, const std::string& path, ServerSection* 
   if (s.ok()) {
     s = ReadInt(j, "max_system_prompt_bytes", path, 1, int64_t{64} << 20,
                 &out->max_system_prompt_bytes);
+  }
+  if (s.ok()) {
+    s = ReadInt(j, "max_import_bytes", path, 1, int64_t{256} << 20, &out->max_import_bytes);
   }
   return s;
 }
@@ -539,6 +542,35 @@ absl::Status CrossCheck(const std::string& default_model, ServerConfig& c) {
   return absl::OkStatus();
 }
 
+// sessions.store.
+absl::Status ParseSessionStore(const Json& j, SessionStoreOptions* out) {
+  const std::string path = "sessions.store";
+  if (absl::Status s = ExpectObject(j, path); !s.ok()) return s;
+  if (absl::Status s = CheckKeys(j, path, {"backend", "redis_address", "key_prefix", "timeout_ms"});
+      !s.ok()) {
+    return s;
+  }
+  absl::Status s = ReadString(j, "backend", path, &out->backend);
+  if (s.ok() && out->backend != "memory" && out->backend != "redis") {
+    s = Invalid(Child(path, "backend"),
+                absl::StrCat("expected \"memory\" or \"redis\", got \"", out->backend, "\""));
+  }
+  if (s.ok()) s = ReadString(j, "redis_address", path, &out->redis_address);
+  if (s.ok()) {
+    const size_t colon = out->redis_address.rfind(':');
+    int port = 0;
+    if (colon == std::string::npos || colon == 0 ||
+        !absl::SimpleAtoi(out->redis_address.substr(colon + 1), &port) || port <= 0 ||
+        port > 65535) {
+      s = Invalid(Child(path, "redis_address"),
+                  absl::StrCat("expected host:port, got \"", out->redis_address, "\""));
+    }
+  }
+  if (s.ok()) s = ReadString(j, "key_prefix", path, &out->key_prefix);
+  if (s.ok()) s = ReadInt(j, "timeout_ms", path, 1, 600000, &out->timeout_ms);
+  return s;
+}
+
 }  // namespace
 
 absl::string_view LogLevelName(LogLevel level) {
@@ -635,7 +667,8 @@ absl::StatusOr<ServerConfig> ParseConfig(absl::string_view text, const std::stri
   }
   if (const Json* j = Find(root, "sessions")) {
     if (absl::Status s = ExpectObject(*j, "sessions"); !s.ok()) return s;
-    if (absl::Status s = CheckKeys(*j, "sessions", {"idle_timeout_seconds", "memory_budget_bytes"});
+    if (absl::Status s =
+            CheckKeys(*j, "sessions", {"idle_timeout_seconds", "memory_budget_bytes", "store"});
         !s.ok()) {
       return s;
     }
@@ -644,6 +677,9 @@ absl::StatusOr<ServerConfig> ParseConfig(absl::string_view text, const std::stri
     if (s.ok()) {
       s = ReadInt(*j, "memory_budget_bytes", "sessions", 1, std::numeric_limits<int64_t>::max(),
                   &c.sessions.memory_budget_bytes);
+    }
+    if (s.ok()) {
+      if (const Json* store = Find(*j, "store")) s = ParseSessionStore(*store, &c.sessions.store);
     }
     if (!s.ok()) return s;
   }

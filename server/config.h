@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "cache_store/session_store.h"
 #include "model/config.h"
 #include "router/loader.h"
 #include "router/policy.h"
@@ -51,6 +52,8 @@ struct ServerSection {
   int64_t max_new_tokens_limit = 4096;
   // Upper bound on CreateSessionRequest.system_prompt, in UTF-8 bytes.
   int64_t max_system_prompt_bytes = 65536;
+  // Upper bound on an ImportSessionRequest's messages and replies together.
+  int64_t max_import_bytes = int64_t{4} << 20;
 };
 
 // Admission limits ("limits"): past one, a request fails at once with
@@ -97,6 +100,11 @@ struct SessionsSection {
   int64_t idle_timeout_seconds = 3600;
   // Bytes of KV cache all sessions together may hold.
   int64_t memory_budget_bytes = int64_t{4} << 30;
+  // sessions.store: where sessions are kept beyond this process
+  // (server/sessions.h): backend "memory" (default) or "redis" with
+  // redis_address, key_prefix and timeout_ms. A Redis store's TTL is
+  // idle_timeout_seconds (0: none).
+  SessionStoreOptions store;
 };
 
 struct ServerConfig {

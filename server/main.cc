@@ -35,6 +35,7 @@ struct Flags {
   std::optional<std::string> log_level;
   std::optional<std::string> listen;
   std::optional<std::string> metrics_address;
+  std::optional<std::string> redis;
 };
 
 spdlog::level::level_enum ToSpdlog(kvl::server::LogLevel level) {
@@ -70,6 +71,12 @@ std::string ApplyOverrides(const Flags& flags, kvl::server::ServerConfig* config
         kvl::server::ParseHostPort(*flags.metrics_address);
     if (!address.ok()) return absl::StrCat("--metrics-address: ", address.status().message());
     config->server.metrics_address = *address;
+  }
+  if (flags.redis) {
+    absl::StatusOr<kvl::server::HostPort> address = kvl::server::ParseHostPort(*flags.redis);
+    if (!address.ok()) return absl::StrCat("--redis: ", address.status().message());
+    config->sessions.store.backend = "redis";
+    config->sessions.store.redis_address = *flags.redis;
   }
   return "";
 }
@@ -128,6 +135,8 @@ int main(int argc, char** argv) {
   flag_set.Add("listen", &flags.listen, "HOST:PORT", "overrides server.listen_address");
   flag_set.Add("metrics-address", &flags.metrics_address, "HOST:PORT",
                "overrides server.metrics_address");
+  flag_set.Add("redis", &flags.redis, "HOST:PORT",
+               "keeps sessions in this Redis (sessions.store backend \"redis\" at HOST:PORT)");
   if (std::optional<int> exit = flag_set.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc))) {
     return *exit == 0 ? 0 : kExitBadConfig;
   }

@@ -13,6 +13,8 @@ constexpr std::array<absl::string_view, kNumRpcMethods> kMethodNames = {
     "kvlingo.v1.SessionService/DeleteSession",
     "kvlingo.v1.ModelService/ListModels",
     "kvlingo.v1.ModelService/ListTranslators",
+    "kvlingo.v1.SessionService/GetTranscript",
+    "kvlingo.v1.SessionService/ImportSession",
 };
 
 // Indexed by grpc::StatusCode value.
@@ -70,7 +72,8 @@ const std::vector<double> kTranslationBuckets = {0.0001, 0.00025, 0.0005, 0.001,
 // the reply better).
 const std::vector<double> kDivergenceBuckets = {-0.1, 0, 0.01, 0.03, 0.1, 0.3, 1, 3};
 constexpr std::array<router::CachePath, router::kNumCachePaths> kPaths = {
-    router::CachePath::kNative, router::CachePath::kTranslated, router::CachePath::kReprefill};
+    router::CachePath::kNative, router::CachePath::kTranslated, router::CachePath::kReprefill,
+    router::CachePath::kRestored};
 constexpr std::array<router::Strategy, router::kNumStrategies> kStrategies = {
     router::Strategy::kTranslate, router::Strategy::kReprefill,
     router::Strategy::kReprefillMissing};

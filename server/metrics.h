@@ -32,8 +32,10 @@ enum class RpcMethod {
   kDeleteSession,
   kListModels,
   kListTranslators,
+  kGetTranscript,
+  kImportSession,
 };
-inline constexpr int kNumRpcMethods = 7;
+inline constexpr int kNumRpcMethods = 9;
 // "kvlingo.v1.ChatService/Chat", ...
 absl::string_view RpcMethodName(RpcMethod method);
 

@@ -29,6 +29,16 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> LoadModelRuntime(const ServerConfi
   store_options.memory_budget_bytes = config.sessions.memory_budget_bytes;
   store_options.max_sessions = config.limits.max_sessions;
   runtime->store = std::make_unique<CacheStore>(store_options);
+  SessionStoreOptions durable = config.sessions.store;
+  // A store kept in the process expires with the local sessions
+  // (Sessions::RemoveIdle); a shared one by its own TTL.
+  durable.ttl_seconds = durable.backend == "memory" ? 0 : config.sessions.idle_timeout_seconds;
+  absl::StatusOr<std::unique_ptr<SessionStore>> opened = OpenSessionStore(durable);
+  if (!opened.ok()) return opened.status();
+  std::vector<std::string> names;
+  for (const ModelEntry& m : config.models) names.push_back(m.name);
+  runtime->sessions =
+      std::make_unique<Sessions>(runtime->store.get(), *std::move(opened), std::move(names));
   if (config.models.empty()) return runtime;
   absl::StatusOr<std::unique_ptr<router::Router>> router =
       router::LoadRouter(config.models, config.translators, RoutingWithLimits(config),

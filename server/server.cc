@@ -63,6 +63,14 @@ absl::Status Server::Serve() {
   Server* self = this;
   const ServerConfig& config = config_;
   metrics_.SetCacheStats(runtime_->store->Stats());
+  SessionStore& durable = runtime_->sessions->store();
+  if (absl::Status reach = durable.Ping(); reach.ok()) {
+    spdlog::info("session store: {}", durable.Describe());
+  } else {
+    spdlog::warn("session store: {} cannot be reached now ({}); session calls fail with "
+                 "UNAVAILABLE until it can",
+                 durable.Describe(), std::string(reach.message()));
+  }
   if (runtime_->router != nullptr) {
     // Turns block their thread on a model's engine; a few per model keep every
     // engine busy while others wait for theirs, and with batching as many more
@@ -75,11 +83,13 @@ absl::Status Server::Serve() {
   }
   ServiceDeps deps;
   deps.store = runtime_->store.get();
+  deps.sessions = runtime_->sessions.get();
   deps.metrics = &self->metrics_;
   deps.chat_gate = &self->chat_gate_;
   deps.max_concurrent_streams = config.limits.max_concurrent_streams;
   deps.limits.max_turn_bytes = config.server.max_turn_bytes;
   deps.limits.max_system_prompt_bytes = config.server.max_system_prompt_bytes;
+  deps.limits.max_import_bytes = config.server.max_import_bytes;
   deps.limits.max_new_tokens_limit = config.server.max_new_tokens_limit;
   deps.router = runtime_->router.get();
   deps.pool = turn_pool_.get();
@@ -102,8 +112,10 @@ absl::Status Server::Serve() {
   // gRPC sets SO_REUSEPORT by default, which would let a second server bind an
   // address already in use without an error.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(
-      std::min<int64_t>(config.server.max_turn_bytes + kRequestOverheadBytes, INT32_MAX)));
+  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(
+      std::max(config.server.max_turn_bytes, config.server.max_import_bytes) +
+          kRequestOverheadBytes,
+      INT32_MAX)));
   int port = 0;
   const std::string listen = config.server.listen_address.ToString();
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
@@ -166,7 +178,7 @@ void Server::SweepIdleSessions() {
   absl::MutexLock lock(&sweeper_mu_);
   while (!sweeper_mu_.AwaitWithTimeout(absl::Condition(&stopping_), period)) {
     sweeper_mu_.Unlock();
-    std::vector<std::string> removed = runtime_->store->RemoveIdle(idle);
+    std::vector<std::string> removed = runtime_->sessions->RemoveIdle(idle);
     if (!removed.empty()) {
       metrics_.SetCacheStats(runtime_->store->Stats());
       spdlog::info("expired {} idle session(s)", removed.size());

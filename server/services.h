@@ -13,6 +13,7 @@
 #include "server/chat_request.h"
 #include "server/drain_gate.h"
 #include "server/metrics.h"
+#include "server/sessions.h"
 #include "server/turn_pool.h"
 
 namespace kvl::server {
@@ -20,6 +21,7 @@ namespace kvl::server {
 // What the services share; owned by the Server, which outlives the services.
 struct ServiceDeps {
   CacheStore* store = nullptr;  // the session registry; never null
+  Sessions* sessions = nullptr;  // the registry with the durable store; never null
   ServerMetrics* metrics = nullptr;
   DrainGate* chat_gate = nullptr;
   TurnLimits limits;
@@ -48,6 +50,13 @@ class SessionServiceImpl final : public kvlingo::v1::SessionService::CallbackSer
   grpc::ServerUnaryReactor* DeleteSession(grpc::CallbackServerContext* context,
                                           const kvlingo::v1::DeleteSessionRequest* request,
                                           kvlingo::v1::DeleteSessionResponse* response) override;
+  grpc::ServerUnaryReactor* GetTranscript(grpc::CallbackServerContext* context,
+                                          const kvlingo::v1::GetTranscriptRequest* request,
+                                          kvlingo::v1::Transcript* response) override;
+  // Validates on the gRPC thread, then reads the turns on the turn pool.
+  grpc::ServerUnaryReactor* ImportSession(grpc::CallbackServerContext* context,
+                                          const kvlingo::v1::ImportSessionRequest* request,
+                                          kvlingo::v1::Session* response) override;
 
  private:
   ServiceDeps deps_;

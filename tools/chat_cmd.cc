@@ -4,11 +4,14 @@
 // stderr, so that stdout holds only the conversation.
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
+#include <thread>
 
 #include <grpcpp/grpcpp.h>
 
@@ -33,6 +36,7 @@ const char* PathName(kvlingo::v1::CachePath path) {
     case kvlingo::v1::CACHE_PATH_NATIVE: return "native";
     case kvlingo::v1::CACHE_PATH_TRANSLATED: return "translated";
     case kvlingo::v1::CACHE_PATH_REPREFILL: return "reprefill";
+    case kvlingo::v1::CACHE_PATH_RESTORED: return "restored";
     default: return "?";
   }
 }
@@ -53,10 +57,19 @@ kvlingo::v1::SwitchStrategy StrategyOf(const std::string& name) {
   return kvlingo::v1::SWITCH_STRATEGY_TRANSLATE;
 }
 
-// One turn: streams the answer to stdout, the status line to stderr. Returns
-// false (after printing the server's status) when the turn failed.
-bool RunTurn(kvlingo::v1::ChatService::Stub& chat, const kvlingo::v1::ChatRequest& request) {
+// A fresh request id for a turn: 128 random bits in hex.
+std::string NewRequestId() {
+  static std::mt19937_64 rng{std::random_device{}()};
+  return absl::StrFormat("r-%016x%016x", rng(), rng());
+}
+
+// One attempt at a turn: streams the answer to stdout, the status line to
+// stderr; returns the call's status.
+grpc::Status TryTurn(kvlingo::v1::ChatService::Stub& chat,
+                     const kvlingo::v1::ChatRequest& request) {
   grpc::ClientContext context;
+  // Load balancers in front of several replicas route a session by it.
+  context.AddMetadata("x-kvl-session-id", request.session_id());
   std::unique_ptr<grpc::ClientReader<kvlingo::v1::ChatResponse>> reader =
       chat.Chat(&context, request);
   kvlingo::v1::ChatResponse response;
@@ -83,9 +96,27 @@ bool RunTurn(kvlingo::v1::ChatService::Stub& chat, const kvlingo::v1::ChatReques
                    decision.tokens_reprefilled(), 1e3 * s.time_to_first_token_seconds(),
                    s.generated_tokens(), FinishName(s.finish_reason()), s.history_tokens());
       if (!decision.reason().empty()) std::fprintf(stderr, "  reason: %s\n", decision.reason().c_str());
+      if (s.replayed()) std::fputs("  (replayed: the turn had already committed)\n", stderr);
     }
   }
-  const grpc::Status status = reader->Finish();
+  return reader->Finish();
+}
+
+// One turn under a fresh request id, retried with the same id while the
+// server (or, behind a load balancer, every replica) is UNAVAILABLE: a turn
+// that committed before the failure is replayed, not run twice. Returns false
+// (after printing the server's status) when the turn failed.
+bool RunTurn(kvlingo::v1::ChatService::Stub& chat, kvlingo::v1::ChatRequest request) {
+  request.set_request_id(NewRequestId());
+  constexpr int kAttempts = 4;
+  grpc::Status status;
+  for (int attempt = 1; attempt <= kAttempts; ++attempt) {
+    status = TryTurn(chat, request);
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || attempt == kAttempts) break;
+    std::fprintf(stderr, "\nkvl chat: %s; retrying (%d/%d)\n", status.error_message().c_str(),
+                 attempt, kAttempts - 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500 * attempt));
+  }
   if (!status.ok()) {
     std::fprintf(stderr, "kvl chat: turn failed: %d %s\n", static_cast<int>(status.error_code()),
                  status.error_message().c_str());
@@ -156,6 +187,7 @@ int RunChat(const Args& args) {
       create.set_system_prompt(system_prompt);
       status = sessions->CreateSession(&context, create, &session);
     } else {
+      context.AddMetadata("x-kvl-session-id", session_id);
       kvlingo::v1::GetSessionRequest get;
       get.set_session_id(session_id);
       status = sessions->GetSession(&context, get, &session);

@@ -20,22 +20,8 @@ using testing::MaxAbsDiff;
 using testing::RandomWeights;
 using testing::TinyConfig;
 
-Checkpoint TinyCheckpoint() {
-  Checkpoint c;
-  c.config = TinyConfig({"qwen3", true, false, false, 4, 2});
-  c.config.max_position_embeddings = 64;
-  c.weights = RandomWeights(c.config, 21);
-  return c;
-}
-
-std::unique_ptr<Engine> MakeEngine(const Checkpoint& c, int64_t chunk = 5) {
-  RuntimeOptions o;
-  o.n_threads = 2;
-  o.prefill_chunk = chunk;
-  auto e = Engine::Create(c, o);
-  EXPECT_TRUE(e.ok()) << e.status();
-  return *std::move(e);
-}
+using testing::MakeEngine;
+using testing::TinyCheckpoint;
 
 // Greedy continuation computed with the reference forward alone.
 std::vector<int64_t> ReferenceGreedy(const Checkpoint& c, std::vector<int64_t> ids, int n) {

@@ -28,21 +28,10 @@ using testing::TinyConfig;
 // summation order: float32 rounding on O(1) activations.
 constexpr double kLogitTolerance = 1e-4;
 
-Checkpoint TinyCheckpoint() {
-  Checkpoint c;
-  c.config = TinyConfig({"qwen3", true, false, false, 4, 2});
-  c.config.max_position_embeddings = 128;
-  c.weights = RandomWeights(c.config, 21);
-  return c;
-}
-
+// A context of 128 tokens; one intra-op thread, as the server's engine loops.
+Checkpoint TinyCheckpoint() { return testing::TinyCheckpoint(128); }
 std::unique_ptr<Engine> MakeEngine(const Checkpoint& c, int64_t chunk = 5) {
-  RuntimeOptions o;
-  o.n_threads = 1;
-  o.prefill_chunk = chunk;
-  auto e = Engine::Create(c, o);
-  EXPECT_TRUE(e.ok()) << e.status();
-  return *std::move(e);
+  return testing::MakeEngine(c, chunk, /*n_threads=*/1);
 }
 
 std::vector<int64_t> Ids(int64_t n, int64_t seed, int64_t vocab = 61) {
@@ -295,6 +284,8 @@ TEST(BatchScheduler, AFullQueueRefusesAtOnceAndBadInputChangesNothing) {
   const auto t0 = std::chrono::steady_clock::now();
   auto r = scheduler.Generate(*refused, Ids(3, 3), quick);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_TRUE(BatchScheduler::IsQueueFull(r.status()));
+  EXPECT_FALSE(BatchScheduler::IsQueueFull(absl::ResourceExhaustedError("cache budget")));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
   EXPECT_EQ(refused->Length(), 0);
   release = true;
@@ -356,8 +347,8 @@ TEST(BatchScheduler, PrefillMatchesTheEngineInTheForegroundAndTheBackground) {
 }
 
 // The scheduler's own concurrency: many threads submit, cancel and finish at
-// once against one loop (run under ThreadSanitizer by the "tsan" check,
-// docs/development.md).
+// once against one loop (run under ThreadSanitizer by scripts/tsan_check.sh;
+// experiments/tsan_scheduler/README.md).
 TEST(BatchScheduler, ManyThreadsSubmittingAndCancellingAtOnce) {
   const Checkpoint c = TinyCheckpoint();
   auto engine = MakeEngine(c);

@@ -3,10 +3,14 @@
 
 #include <ATen/ATen.h>
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "model/checkpoint.h"
+#include "model/engine.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -66,6 +70,28 @@ inline at::Tensor RandomIds(int64_t vocab, at::IntArrayRef shape, uint64_t seed)
 
 inline double MaxAbsDiff(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+// The engine and scheduler tests' model: a tiny Qwen3-style checkpoint
+// (4 heads over 2 KV heads, q/k-norm) with random weights, `context` tokens
+// of context.
+inline Checkpoint TinyCheckpoint(int64_t context = 64) {
+  Checkpoint c;
+  c.config = TinyConfig({"qwen3", true, false, false, 4, 2});
+  c.config.max_position_embeddings = context;
+  c.weights = RandomWeights(c.config, 21);
+  return c;
+}
+
+// An engine over `c` that prefills `chunk` tokens at a time.
+inline std::unique_ptr<Engine> MakeEngine(const Checkpoint& c, int64_t chunk = 5,
+                                          int n_threads = 2) {
+  RuntimeOptions o;
+  o.n_threads = n_threads;
+  o.prefill_chunk = chunk;
+  auto e = Engine::Create(c, o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return *std::move(e);
 }
 
 }  // namespace kvl::testing
