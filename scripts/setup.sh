@@ -15,7 +15,7 @@ PACKAGES=(
   libabsl-dev libspdlog-dev libfmt-dev prometheus-cpp-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libpcre2-dev libutf8proc-dev libhiredis-dev
-  redis-server
+  redis-server nginx
   prometheus python3-grpcio python3-protobuf curl
   gnuplot-nox bc
 )

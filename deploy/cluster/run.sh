@@ -75,9 +75,12 @@ up() {
   [[ -f "$config" ]] || { echo "cluster: no config file $config" >&2; exit 2; }
   local bin=${KVL_SERVER_BIN:-$ROOT/${KVL_BUILD_DIR:-build}/server/kvl-server}
   [[ -x "$bin" ]] || { echo "cluster: no kvl-server at $bin (build it: scripts/setup.sh)" >&2; exit 2; }
-  for tool in redis-server nginx; do
-    command -v "$tool" >/dev/null || [[ -x /usr/sbin/$tool ]] ||
-      { echo "cluster: $tool is not installed (scripts/setup.sh installs it)" >&2; exit 2; }
+  local redis_server nginx
+  redis_server=$(command -v redis-server || echo /usr/bin/redis-server)
+  nginx=$(command -v nginx || echo /usr/sbin/nginx)
+  for tool in "$redis_server" "$nginx"; do
+    [[ -x "$tool" ]] ||
+      { echo "cluster: $(basename "$tool") is not installed (scripts/setup.sh installs it)" >&2; exit 2; }
   done
   mkdir -p "$dir"
   dir=$(cd "$dir" && pwd)
@@ -92,7 +95,7 @@ up() {
 
   local redis_port
   redis_port=$(free_port)
-  redis-server --port "$redis_port" --bind 127.0.0.1 --dir "$dir" --appendonly yes \
+  "$redis_server" --port "$redis_port" --bind 127.0.0.1 --dir "$dir" --appendonly yes \
     --save "" --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log"
   for _ in $(seq 100); do
     [[ -s "$dir/redis.pid" ]] && grep -q "Ready to accept connections" "$dir/redis.log" 2>/dev/null && break
@@ -176,7 +179,7 @@ $upstreams  }
   }
 }
 EOF
-  nginx -p "$dir" -c "$dir/nginx.conf" -e "$dir/nginx-error.log"
+  "$nginx" -p "$dir" -c "$dir/nginx.conf" -e "$dir/nginx-error.log"
   for _ in $(seq 50); do [[ -s "$dir/nginx.pid" ]] && break; sleep 0.1; done
   [[ -s "$dir/nginx.pid" ]] || { cat "$dir/nginx-error.log" >&2; echo "cluster: nginx did not start" >&2; false; }
   {
