@@ -34,7 +34,7 @@ constexpr char kCreateScript[] = R"lua(
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('DEL', KEYS[2], KEYS[3])
 redis.call('HSET', KEYS[1], 'system_prompt', ARGV[1], 'preamble', ARGV[2], 'created', ARGV[3],
-           'last_active', ARGV[3], 'turns', 0)
+           'last_active', ARGV[3], 'turns', 0, 'generation', ARGV[5])
 if tonumber(ARGV[4]) > 0 then redis.call('EXPIRE', KEYS[1], ARGV[4]) end
 return 1
 )lua";
@@ -42,7 +42,7 @@ return 1
 constexpr char kLoadScript[] = R"lua(
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 return {redis.call('HMGET', KEYS[1], 'system_prompt', 'preamble', 'created', 'last_active',
-                   'turns'),
+                   'turns', 'generation'),
         redis.call('LRANGE', KEYS[2], 0, -1)}
 )lua";
 
@@ -52,12 +52,13 @@ redis.call('HSET', KEYS[1], 'last_active', ARGV[2])
 local ttl = tonumber(ARGV[3])
 if ttl > 0 then for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ttl) end end
 local n = tonumber(redis.call('HGET', KEYS[1], 'turns'))
+local generation = redis.call('HGET', KEYS[1], 'generation') or ''
 local replay = false
 if ARGV[1] ~= '' then
   local index = redis.call('HGET', KEYS[3], ARGV[1])
   if index then replay = redis.call('LINDEX', KEYS[2], tonumber(index)) end
 end
-return {n, replay}
+return {n, generation, replay}
 )lua";
 
 // Returns {status, turns}: status 1 committed, -1 no session, -2 duplicate
@@ -123,7 +124,7 @@ class RedisSessionStore final : public SessionStore {
   bool shared() const override { return true; }
 
   absl::Status Ping() override {
-    absl::StatusOr<Reply> r = Command({"PING"});
+    absl::StatusOr<Reply> r = Command({"PING"}, /*idempotent=*/true);
     return r.status();
   }
 
@@ -131,7 +132,9 @@ class RedisSessionStore final : public SessionStore {
     absl::StatusOr<Reply> r =
         Eval(kCreateScript, session.session_id,
              {session.system_prompt, nlohmann::json(session.preamble).dump(),
-              absl::StrCat(options_.clock()), absl::StrCat(options_.ttl_seconds)});
+              absl::StrCat(options_.clock()), absl::StrCat(options_.ttl_seconds),
+              session.generation},
+             /*idempotent=*/false);
     if (!r.ok()) return r.status();
     absl::StatusOr<int64_t> created = ReplyInt(r->get(), "create's answer");
     if (!created.ok()) return created.status();
@@ -143,12 +146,12 @@ class RedisSessionStore final : public SessionStore {
   }
 
   absl::StatusOr<SessionRecord> Load(const std::string& session_id) override {
-    absl::StatusOr<Reply> r = Eval(kLoadScript, session_id, {});
+    absl::StatusOr<Reply> r = Eval(kLoadScript, session_id, {}, /*idempotent=*/true);
     if (!r.ok()) return r.status();
     const redisReply* top = r->get();
     if (top->type == REDIS_REPLY_NIL) return NotFound(session_id);
     if (top->type != REDIS_REPLY_ARRAY || top->elements != 2 ||
-        top->element[0]->type != REDIS_REPLY_ARRAY || top->element[0]->elements != 5 ||
+        top->element[0]->type != REDIS_REPLY_ARRAY || top->element[0]->elements != 6 ||
         top->element[1]->type != REDIS_REPLY_ARRAY) {
       return Corrupt(session_id, "unexpected reply shape");
     }
@@ -169,6 +172,7 @@ class RedisSessionStore final : public SessionStore {
     if (!created.ok() || !active.ok() || !turns.ok()) return Corrupt(session_id, "meta");
     record.created_unix_seconds = *created;
     record.last_active_unix_seconds = *active;
+    record.generation = ReplyString(meta->element[5]);
     const redisReply* list = top->element[1];
     if (static_cast<int64_t>(list->elements) != *turns) {
       return Corrupt(session_id, absl::StrCat(list->elements, " turns stored, ", *turns,
@@ -186,7 +190,8 @@ class RedisSessionStore final : public SessionStore {
                                   const std::string& request_id) override {
     absl::StatusOr<Reply> r =
         Eval(kCheckScript, session_id,
-             {request_id, absl::StrCat(options_.clock()), absl::StrCat(options_.ttl_seconds)});
+             {request_id, absl::StrCat(options_.clock()), absl::StrCat(options_.ttl_seconds)},
+             /*idempotent=*/true);
     if (!r.ok()) return r.status();
     const redisReply* top = r->get();
     if (top->type == REDIS_REPLY_NIL) return NotFound(session_id);
@@ -197,8 +202,9 @@ class RedisSessionStore final : public SessionStore {
     absl::StatusOr<int64_t> turns = ReplyInt(top->element[0], "turns");
     if (!turns.ok()) return turns.status();
     check.turns = *turns;
-    if (top->elements > 1 && top->element[1]->type == REDIS_REPLY_STRING) {
-      absl::StatusOr<TurnRecord> turn = DecodeTurn(ReplyString(top->element[1]));
+    if (top->elements > 1) check.generation = ReplyString(top->element[1]);
+    if (top->elements > 2 && top->element[2]->type == REDIS_REPLY_STRING) {
+      absl::StatusOr<TurnRecord> turn = DecodeTurn(ReplyString(top->element[2]));
       if (!turn.ok()) return Corrupt(session_id, turn.status().message());
       check.replay = *std::move(turn);
     }
@@ -210,7 +216,8 @@ class RedisSessionStore final : public SessionStore {
     absl::StatusOr<Reply> r =
         Eval(kAppendScript, session_id,
              {absl::StrCat(expected_turns), EncodeTurn(turn), turn.request_id,
-              absl::StrCat(options_.clock()), absl::StrCat(options_.ttl_seconds)});
+              absl::StrCat(options_.clock()), absl::StrCat(options_.ttl_seconds)},
+             /*idempotent=*/false);
     if (!r.ok()) return r.status();
     const redisReply* top = r->get();
     if (top->type != REDIS_REPLY_ARRAY || top->elements != 2) {
@@ -232,7 +239,7 @@ class RedisSessionStore final : public SessionStore {
   }
 
   absl::Status Remove(const std::string& session_id) override {
-    absl::StatusOr<Reply> r = Eval(kRemoveScript, session_id, {});
+    absl::StatusOr<Reply> r = Eval(kRemoveScript, session_id, {}, /*idempotent=*/false);
     if (!r.ok()) return r.status();
     absl::StatusOr<int64_t> existed = ReplyInt(r->get(), "remove's answer");
     if (!existed.ok()) return existed.status();
@@ -249,18 +256,29 @@ class RedisSessionStore final : public SessionStore {
     return absl::StrCat(options_.key_prefix, "{", session_id, "}:", part);
   }
 
+  // `idempotent`: the command changes nothing, or nothing twice (it may be
+  // sent again on a fresh connection when a pooled one turns out broken).
   absl::StatusOr<Reply> Eval(const char* script, const std::string& session_id,
-                             std::vector<std::string> args) {
+                             std::vector<std::string> args, bool idempotent) {
     std::vector<std::string> argv = {"EVAL", script, "3", Key(session_id, "meta"),
                                      Key(session_id, "turns"), Key(session_id, "req")};
     for (std::string& a : args) argv.push_back(std::move(a));
-    return Command(argv);
+    return Command(argv, idempotent);
   }
 
   // Runs one command on a pooled connection. Unavailable when Redis cannot be
-  // reached or answers with an error (the connection is then dropped).
-  absl::StatusOr<Reply> Command(const std::vector<std::string>& argv) {
-    absl::StatusOr<Context> c = Acquire();
+  // reached or answers with an error (a broken connection is dropped). An
+  // idempotent command that fails on a pooled connection (e.g. after Redis
+  // restarted) is tried once more on a fresh one.
+  absl::StatusOr<Reply> Command(const std::vector<std::string>& argv, bool idempotent) {
+    bool reused = false;
+    absl::StatusOr<Reply> reply = CommandOnce(argv, &reused);
+    if (!reply.ok() && reused && idempotent) reply = CommandOnce(argv, &reused);
+    return reply;
+  }
+
+  absl::StatusOr<Reply> CommandOnce(const std::vector<std::string>& argv, bool* reused) {
+    absl::StatusOr<Context> c = Acquire(reused);
     if (!c.ok()) return c.status();
     std::vector<const char*> ptrs;
     std::vector<size_t> lens;
@@ -271,6 +289,12 @@ class RedisSessionStore final : public SessionStore {
     Reply reply(static_cast<redisReply*>(redisCommandArgv(
         c->get(), static_cast<int>(argv.size()), ptrs.data(), lens.data())));
     if (reply == nullptr) {
+      // The connection is broken (and, after a Redis restart, so is every
+      // idle one): drop them all, so that the next call connects afresh.
+      {
+        absl::MutexLock lock(&mu_);
+        idle_.clear();
+      }
       return absl::UnavailableError(absl::StrCat("session store ", Describe(), ": ",
                                                  (*c)->errstr[0] ? (*c)->errstr : "no reply"));
     }
@@ -285,15 +309,18 @@ class RedisSessionStore final : public SessionStore {
     return reply;
   }
 
-  absl::StatusOr<Context> Acquire() {
+  // A pooled connection (*reused = true) or a new one.
+  absl::StatusOr<Context> Acquire(bool* reused) {
     {
       absl::MutexLock lock(&mu_);
       if (!idle_.empty()) {
         Context c = std::move(idle_.back());
         idle_.pop_back();
+        *reused = true;
         return c;
       }
     }
+    *reused = false;
     struct timeval tv;
     tv.tv_sec = options_.timeout_ms / 1000;
     tv.tv_usec = (options_.timeout_ms % 1000) * 1000;

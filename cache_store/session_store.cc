@@ -65,6 +65,7 @@ class MemorySessionStore final : public SessionStore {
     e->record.last_active_unix_seconds = options_.clock();
     TurnCheck check;
     check.turns = static_cast<int64_t>(e->record.turns.size());
+    check.generation = e->record.generation;
     if (!request_id.empty()) {
       auto it = e->requests.find(request_id);
       if (it != e->requests.end()) check.replay = e->record.turns[it->second];

@@ -72,6 +72,10 @@ struct TurnRecord {
 
 struct SessionRecord {
   std::string session_id;
+  // Set at Create, unique per creation: a session deleted and created again
+  // under the same id has another generation, so a replica can tell its old
+  // copy from the new session.
+  std::string generation;
   std::string system_prompt;
   std::vector<int64_t> preamble;  // the tokens the system prompt renders to
   int64_t created_unix_seconds = 0;
@@ -82,6 +86,7 @@ struct SessionRecord {
 // The result of SessionStore::Check.
 struct TurnCheck {
   int64_t turns = 0;  // committed turns
+  std::string generation;  // SessionRecord::generation
   // The committed turn with the asked request_id, if any.
   std::optional<TurnRecord> replay;
 };

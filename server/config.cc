@@ -202,7 +202,7 @@ absl::Status ParseServer(const Json& j, const std::string& path, ServerSection* 
   if (absl::Status s = CheckKeys(j, path,
                                  {"listen_address", "metrics_address", "drain_timeout_seconds",
                                   "max_turn_bytes", "max_new_tokens_limit",
-                                  "max_system_prompt_bytes", "max_import_bytes"});
+                                  "max_system_prompt_bytes", "max_import_bytes", "tls"});
       !s.ok()) {
     return s;
   }
@@ -220,6 +220,17 @@ absl::Status ParseServer(const Json& j, const std::string& path, ServerSection* 
   }
   if (s.ok()) {
     s = ReadInt(j, "max_import_bytes", path, 1, int64_t{256} << 20, &out->max_import_bytes);
+  }
+  if (const Json* tls = Find(j, "tls"); s.ok() && tls != nullptr) {
+    const std::string at = Child(path, "tls");
+    s = ExpectObject(*tls, at);
+    if (s.ok()) s = CheckKeys(*tls, at, {"cert_file", "key_file", "client_ca_file"});
+    if (s.ok()) s = ReadString(*tls, "cert_file", at, &out->tls.cert_file);
+    if (s.ok()) s = ReadString(*tls, "key_file", at, &out->tls.key_file);
+    if (s.ok()) s = ReadString(*tls, "client_ca_file", at, &out->tls.client_ca_file);
+    if (s.ok() && (out->tls.cert_file.empty() || out->tls.key_file.empty())) {
+      s = Invalid(at, "cert_file and key_file are both required for TLS");
+    }
   }
   return s;
 }
@@ -641,6 +652,10 @@ absl::StatusOr<ServerConfig> ParseConfig(absl::string_view text, const std::stri
   std::string default_model;
   if (const Json* j = Find(root, "server")) {
     if (absl::Status s = ParseServer(*j, "server", &c.server); !s.ok()) return s;
+    for (std::string* file : {&c.server.tls.cert_file, &c.server.tls.key_file,
+                              &c.server.tls.client_ca_file}) {
+      if (!file->empty()) *file = Resolve(base_dir, *file);
+    }
   }
   if (const Json* j = Find(root, "log")) {
     if (absl::Status s = ParseLog(*j, "log", &c.log); !s.ok()) return s;

@@ -41,6 +41,17 @@ struct HostPort {
 };
 absl::StatusOr<HostPort> ParseHostPort(absl::string_view text);
 
+// server.tls: the gRPC port serves TLS with this certificate; with
+// client_ca_file, clients must present a certificate that CA signed (mTLS).
+// Paths are resolved against the config file's directory; empty cert_file:
+// plaintext.
+struct TlsSection {
+  std::string cert_file;       // PEM certificate chain
+  std::string key_file;        // PEM private key
+  std::string client_ca_file;  // PEM; empty: no client certificates asked
+  bool enabled() const { return !cert_file.empty(); }
+};
+
 struct ServerSection {
   HostPort listen_address{"127.0.0.1", 50051};
   HostPort metrics_address{"127.0.0.1", 9464};
@@ -54,6 +65,7 @@ struct ServerSection {
   int64_t max_system_prompt_bytes = 65536;
   // Upper bound on an ImportSessionRequest's messages and replies together.
   int64_t max_import_bytes = int64_t{4} << 20;
+  TlsSection tls;
 };
 
 // Admission limits ("limits"): past one, a request fails at once with

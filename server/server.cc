@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "base/files.h"
 #include "model/engine.h"
 #include "spdlog/spdlog.h"
 
@@ -21,6 +22,43 @@
 
 namespace kvl::server {
 namespace {
+
+// The gRPC port's credentials: plaintext, TLS, or TLS requiring a client
+// certificate signed by tls.client_ca_file. FailedPrecondition naming the key
+// when a file cannot be read.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
+    const TlsSection& tls) {
+  if (!tls.enabled()) {
+    spdlog::warn("TLS is off: the gRPC port serves plaintext (set server.tls)");
+    return grpc::InsecureServerCredentials();
+  }
+  auto read = [](const std::string& file, const char* key) -> absl::StatusOr<std::string> {
+    absl::StatusOr<std::string> text = ReadTextFile(file);
+    if (!text.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("config: server.tls.", key, ": cannot read ", file, ": ",
+                       text.status().message()));
+    }
+    return text;
+  };
+  absl::StatusOr<std::string> cert = read(tls.cert_file, "cert_file");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = read(tls.key_file, "key_file");
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions options(
+      tls.client_ca_file.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                 : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  if (!tls.client_ca_file.empty()) {
+    absl::StatusOr<std::string> ca = read(tls.client_ca_file, "client_ca_file");
+    if (!ca.ok()) return ca.status();
+    options.pem_root_certs = *ca;
+  }
+  options.pem_key_cert_pairs.push_back({*key, *cert});
+  spdlog::info("TLS on the gRPC port ({}){}", tls.cert_file,
+               tls.client_ca_file.empty() ? "" : "; clients need a certificate signed by " +
+                                                     tls.client_ca_file);
+  return grpc::SslServerCredentials(options);
+}
 
 constexpr const char* kServiceNames[] = {
     "kvlingo.v1.ChatService",
@@ -118,7 +156,10 @@ absl::Status Server::Serve() {
       INT32_MAX)));
   int port = 0;
   const std::string listen = config.server.listen_address.ToString();
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      ServerCredentialsFor(config.server.tls);
+  if (!credentials.ok()) return credentials.status();
+  builder.AddListeningPort(listen, *credentials, &port);
   builder.RegisterService(self->session_service_.get());
   builder.RegisterService(self->chat_service_.get());
   builder.RegisterService(self->model_service_.get());

@@ -412,7 +412,7 @@ grpc::ServerUnaryReactor* SessionServiceImpl::ImportSession(
     finish(turns.status());
     return reactor;
   }
-  deps_.pool->Submit([deps = deps_, finish, response, id = request->session_id(),
+  deps_.pool->Submit([deps = deps_, finish, response, context, id = request->session_id(),
                       prompt = request->system_prompt(), preamble = std::move(preamble),
                       turns = *std::move(turns)]() mutable {
     absl::StatusOr<SessionView> created = deps.sessions->Create(id, prompt, std::move(preamble));
@@ -434,9 +434,16 @@ grpc::ServerUnaryReactor* SessionServiceImpl::ImportSession(
             session_id, before, after,
             RecordOf(*deps.router, "", options.user_message, result, std::string()));
       };
+      options.cancelled = [context] { return context->IsCancelled(); };
       absl::StatusOr<router::TurnResult> read = deps.router->RunTurn(session_id, options, {});
       if (!read.ok()) {
-        deps.sessions->Remove(session_id).IgnoreError();
+        if (absl::Status removed = deps.sessions->Remove(session_id); !removed.ok()) {
+          // The store cannot be reached: this replica's copy goes at least,
+          // and the store's record stays behind (its TTL ends it).
+          deps.store->Remove(session_id).IgnoreError();
+          spdlog::warn("session {}: a failed import left its record in the session store: {}",
+                       session_id, removed.ToString());
+        }
         deps.metrics->SetCacheStats(deps.store->Stats());
         finish(absl::Status(read.status().code(),
                             absl::StrCat("turns[", i, "]: ", read.status().message())));

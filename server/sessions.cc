@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "spdlog/spdlog.h"
 
 namespace kvl::server {
@@ -66,16 +67,31 @@ absl::StatusOr<SessionView> Sessions::Create(std::string_view session_id,
                                              std::string system_prompt,
                                              std::vector<int64_t> preamble) {
   absl::StatusOr<SessionView> view = cache_->Create(session_id, system_prompt, preamble);
+  if (absl::IsAlreadyExists(view.status()) && store_->shared()) {
+    // This replica's copy may be of a session deleted through another
+    // replica: the store decides.
+    const std::string id(session_id);
+    if (absl::IsNotFound(store_->Check(id, "").status())) {
+      cache_->Remove(id).IgnoreError();
+      ForgetGeneration(id);
+      view = cache_->Create(session_id, system_prompt, preamble);
+    }
+  }
   if (!view.ok()) return view.status();
   SessionRecord record;
   record.session_id = view->session_id;
   record.system_prompt = std::move(system_prompt);
   record.preamble = std::move(preamble);
   record.created_unix_seconds = view->created_unix_seconds;
+  {
+    absl::MutexLock lock(&mu_);
+    record.generation = absl::StrCat(absl::Hex(rng_(), absl::kZeroPad16));
+  }
   if (absl::Status s = store_->Create(record); !s.ok()) {
     cache_->Remove(view->session_id).IgnoreError();
     return s;
   }
+  SetGeneration(record.session_id, record.generation);
   return view;
 }
 
@@ -83,7 +99,28 @@ absl::Status Sessions::Remove(const std::string& session_id) {
   const absl::Status stored = store_->Remove(session_id);
   if (!stored.ok() && !absl::IsNotFound(stored)) return stored;
   const absl::Status local = cache_->Remove(session_id);
+  ForgetGeneration(session_id);
   return stored.ok() ? absl::OkStatus() : local;
+}
+
+bool Sessions::LocalIsCurrent(const std::string& session_id, const TurnCheck& check) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = generations_.find(session_id);
+    if (it == generations_.end() || it->second != check.generation) return false;
+  }
+  absl::StatusOr<SessionView> local = cache_->View(session_id);
+  return local.ok() && local->state.turns == check.turns;
+}
+
+void Sessions::SetGeneration(const std::string& session_id, std::string generation) {
+  absl::MutexLock lock(&mu_);
+  generations_[session_id] = std::move(generation);
+}
+
+void Sessions::ForgetGeneration(const std::string& session_id) {
+  absl::MutexLock lock(&mu_);
+  generations_.erase(session_id);
 }
 
 absl::StatusOr<SessionView> Sessions::View(const std::string& session_id) {
@@ -91,9 +128,10 @@ absl::StatusOr<SessionView> Sessions::View(const std::string& session_id) {
   if (!store_->shared()) return local;
   absl::StatusOr<SessionRecord> record = store_->Load(session_id);
   if (!record.ok()) return record.status();
-  if (local.ok() && local->state.turns == static_cast<int64_t>(record->turns.size())) {
-    return local;
-  }
+  TurnCheck current;
+  current.turns = static_cast<int64_t>(record->turns.size());
+  current.generation = record->generation;
+  if (local.ok() && LocalIsCurrent(session_id, current)) return local;
   absl::StatusOr<ConversationState> state = StateFromRecord(*record, model_names_);
   if (!state.ok()) return state.status();
   SessionView view;
@@ -115,13 +153,14 @@ absl::StatusOr<std::optional<TurnRecord>> Sessions::Prepare(const std::string& s
   if (absl::IsNotFound(check.status())) {
     // Deleted or expired in the store (by another replica): gone here too.
     cache_->Remove(session_id).IgnoreError();
+    ForgetGeneration(session_id);
     return check.status();
   }
   if (!check.ok()) return check.status();
   if (check->replay) return std::move(check->replay);
   cache_->Touch(session_id).IgnoreError();
-  absl::StatusOr<SessionView> local = cache_->View(session_id);
-  if (local.ok() && local->state.turns == check->turns) return std::nullopt;
+  if (LocalIsCurrent(session_id, *check)) return std::nullopt;
+  const bool had_copy = cache_->View(session_id).ok();
 
   absl::StatusOr<SessionRecord> record = store_->Load(session_id);
   if (!record.ok()) return record.status();
@@ -131,9 +170,10 @@ absl::StatusOr<std::optional<TurnRecord>> Sessions::Prepare(const std::string& s
       cache_->Adopt(session_id, record->system_prompt, *std::move(state),
                     record->created_unix_seconds);
   if (!adopted.ok()) return adopted.status();
+  SetGeneration(session_id, record->generation);
   spdlog::info("session {}: restored from the session store ({} turns, {} tokens){}", session_id,
                record->turns.size(), adopted->state.history.size(),
-               local.ok() ? ", replacing an older copy" : "");
+               had_copy ? ", replacing an older copy" : "");
   return std::nullopt;
 }
 
@@ -151,13 +191,22 @@ absl::Status Sessions::Record(const std::string& session_id, const ConversationS
   }
   turn.tail_begin = after.tail_begin;
   turn.cascade_level = after.cascade_level;
-  return store_->AppendTurn(session_id, before.turns, turn);
+  absl::Status s = store_->AppendTurn(session_id, before.turns, turn);
+  if (absl::IsAlreadyExists(s)) {
+    // A retry of this request committed while this one ran.
+    return absl::AbortedError(absl::StrCat(
+        "request_id: a turn with request id ", turn.request_id,
+        " was committed by another call while this one ran; this one was not committed: retry "
+        "it to receive the committed turn's answer"));
+  }
+  return s;
 }
 
 std::vector<std::string> Sessions::RemoveIdle(int64_t idle_seconds) {
   std::vector<std::string> removed = cache_->RemoveIdle(idle_seconds);
-  if (!store_->shared()) {
-    for (const std::string& id : removed) store_->Remove(id).IgnoreError();
+  for (const std::string& id : removed) {
+    ForgetGeneration(id);
+    if (!store_->shared()) store_->Remove(id).IgnoreError();
   }
   return removed;
 }

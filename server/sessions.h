@@ -19,11 +19,15 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "cache_store/cache_store.h"
 #include "cache_store/session_store.h"
 
@@ -66,7 +70,8 @@ class Sessions {
   absl::StatusOr<std::optional<TurnRecord>> Prepare(const std::string& session_id,
                                                     const std::string& request_id);
   // Writes a turn through to the store: `turn` with the history, ledger and
-  // counters of `after` filled in. Aborted when another turn committed first,
+  // counters of `after` filled in. Aborted when another turn committed first
+  // (also one with the same request id: a retry then gets its replay),
   // Unavailable when the store cannot be reached.
   absl::Status Record(const std::string& session_id, const ConversationState& before,
                       const ConversationState& after, TurnRecord turn);
@@ -76,9 +81,19 @@ class Sessions {
   std::vector<std::string> RemoveIdle(int64_t idle_seconds);
 
  private:
+  // Whether this replica's copy of the session is the store's current one:
+  // the same creation (generation) and turn count.
+  bool LocalIsCurrent(const std::string& session_id, const TurnCheck& check);
+  void SetGeneration(const std::string& session_id, std::string generation);
+  void ForgetGeneration(const std::string& session_id);
+
   CacheStore* cache_;
   std::unique_ptr<SessionStore> store_;
   std::vector<std::string> model_names_;
+  absl::Mutex mu_;
+  // The generation of each session this replica holds a copy of.
+  std::unordered_map<std::string, std::string> generations_ ABSL_GUARDED_BY(mu_);
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_){std::random_device{}()};
 };
 
 }  // namespace kvl::server

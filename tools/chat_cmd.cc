@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "base/files.h"
 #include "base/flags.h"
 #include "kvlingo/v1/chat.grpc.pb.h"
 #include "kvlingo/v1/session.grpc.pb.h"
@@ -103,7 +104,8 @@ grpc::Status TryTurn(kvlingo::v1::ChatService::Stub& chat,
 }
 
 // One turn under a fresh request id, retried with the same id while the
-// server (or, behind a load balancer, every replica) is UNAVAILABLE: a turn
+// server (or, behind a load balancer, every replica) is UNAVAILABLE, or the
+// session was busy with another call (ABORTED): a turn
 // that committed before the failure is replayed, not run twice. Returns false
 // (after printing the server's status) when the turn failed.
 bool RunTurn(kvlingo::v1::ChatService::Stub& chat, kvlingo::v1::ChatRequest request) {
@@ -112,7 +114,9 @@ bool RunTurn(kvlingo::v1::ChatService::Stub& chat, kvlingo::v1::ChatRequest requ
   grpc::Status status;
   for (int attempt = 1; attempt <= kAttempts; ++attempt) {
     status = TryTurn(chat, request);
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || attempt == kAttempts) break;
+    const bool retry = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                       status.error_code() == grpc::StatusCode::ABORTED;
+    if (!retry || attempt == kAttempts) break;
     std::fprintf(stderr, "\nkvl chat: %s; retrying (%d/%d)\n", status.error_message().c_str(),
                  attempt, kAttempts - 1);
     std::this_thread::sleep_for(std::chrono::milliseconds(500 * attempt));
@@ -129,6 +133,7 @@ bool RunTurn(kvlingo::v1::ChatService::Stub& chat, kvlingo::v1::ChatRequest requ
 
 int RunChat(const Args& args) {
   std::string server = "127.0.0.1:50051", session_id, system_prompt;
+  std::string ca_file, cert_file, key_file;
   std::string policy, model, strategy;
   uint32_t max_tokens = 0;
   float temperature = 0;
@@ -144,6 +149,10 @@ int RunChat(const Args& args) {
       "In the conversation: '/model NAME' pins later turns to a model (explicit policy),\n"
       "'/policy NAME' sets the policy ('' = the server's), '/quit' ends.");
   flags.Add("server", &server, "HOST:PORT", "the kvl-server's gRPC address");
+  flags.Add("ca", &ca_file, "FILE",
+            "connect with TLS, trusting the server certificate this CA (PEM) signed");
+  flags.Add("cert", &cert_file, "FILE", "with --key: the client certificate (PEM) for mTLS");
+  flags.Add("key", &key_file, "FILE", "the client certificate's private key (PEM)");
   flags.Add("session", &session_id, "ID", "continue this session instead of creating one");
   flags.Add("system", &system_prompt, "TEXT", "system prompt of the session created");
   flags.Add("policy", &policy, "NAME",
@@ -166,6 +175,7 @@ int RunChat(const Args& args) {
                  return absl::OkStatus();
                });
   if (std::optional<int> exit = flags.ParseOrExit(args)) return *exit;
+  if (cert_file.empty() != key_file.empty()) return Fail("--cert and --key go together");
   // Only what was given goes into the request: the routing and sampling
   // messages stay absent otherwise, and the server applies its defaults.
   if (flags.Given("policy")) request.mutable_routing()->set_policy(policy);
@@ -174,8 +184,20 @@ int RunChat(const Args& args) {
   if (flags.Given("max-tokens")) request.mutable_sampling()->set_max_tokens(max_tokens);
   if (flags.Given("temperature")) request.mutable_sampling()->set_temperature(temperature);
 
-  const std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateChannel(server, grpc::InsecureChannelCredentials());
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!ca_file.empty() || !cert_file.empty()) {
+    grpc::SslCredentialsOptions tls;
+    for (const auto& [file, out] : {std::pair<const std::string&, std::string*>{ca_file, &tls.pem_root_certs},
+                                    {cert_file, &tls.pem_cert_chain},
+                                    {key_file, &tls.pem_private_key}}) {
+      if (file.empty()) continue;
+      absl::StatusOr<std::string> text = ReadTextFile(file);
+      if (!text.ok()) return Fail(std::string(text.status().message()));
+      *out = *text;
+    }
+    credentials = grpc::SslCredentials(tls);
+  }
+  const std::shared_ptr<grpc::Channel> channel = grpc::CreateChannel(server, credentials);
   auto sessions = kvlingo::v1::SessionService::NewStub(channel);
   auto chat = kvlingo::v1::ChatService::NewStub(channel);
   {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A local kvlingo cluster on loopback: one Redis (the session store, with an
-# append-only file), N kvl-server replicas on it, and nginx in front as the gRPC
+# append-only file synced before each answer, so that an acknowledged turn
+# survives a crash of Redis too), N kvl-server replicas on it, and nginx in front as the gRPC
 # load balancer (consistent hashing on the x-kvl-session-id header, passive
 # health checks, a dead replica's calls retried on the next one).
 #
@@ -61,13 +62,13 @@ down() {
   # shellcheck disable=SC1090
   source "$env"
   stop_pid "${NGINX_PID:-}" QUIT 10
-  for i in $(seq "$REPLICAS"); do
+  for i in $(seq "${REPLICAS:-0}"); do
     local var="REPLICA_${i}_PID"
     stop_pid "${!var:-}" TERM 40
   done
   stop_pid "${REDIS_PID:-}" TERM 10
   rm -f "$env"
-  echo "cluster: stopped (nginx, $REPLICAS replica(s), redis) in $dir"
+  echo "cluster: stopped (nginx, ${REPLICAS:-0} replica(s), redis) in $dir"
 }
 
 up() {
@@ -95,19 +96,23 @@ up() {
 
   local redis_port
   redis_port=$(free_port)
+  # A reused directory keeps its data (appendonly.aof), not its logs or pids.
+  rm -f "$dir/redis.log" "$dir/redis.pid" "$dir/nginx.pid" "$dir/nginx-error.log"
   "$redis_server" --port "$redis_port" --bind 127.0.0.1 --dir "$dir" --appendonly yes \
-    --save "" --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log"
-  for _ in $(seq 100); do
-    [[ -s "$dir/redis.pid" ]] && grep -q "Ready to accept connections" "$dir/redis.log" 2>/dev/null && break
+    --appendfsync always --save "" --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log"
+  for _ in $(seq 100); do [[ -s "$dir/redis.pid" ]] && break; sleep 0.1; done
+  {
+    echo "REDIS_ADDR=127.0.0.1:$redis_port"
+    echo "REDIS_PID=$(cat "$dir/redis.pid" 2>/dev/null)"
+    echo "REPLICAS=$replicas"
+  } >> "$env"
+  # Ready once it has loaded its append-only file.
+  for _ in $(seq 300); do
+    grep -q "Ready to accept connections" "$dir/redis.log" 2>/dev/null && break
     sleep 0.1
   done
   grep -q "Ready to accept connections" "$dir/redis.log" ||
     { cat "$dir/redis.log" >&2; echo "cluster: redis did not start" >&2; false; }
-  {
-    echo "REDIS_ADDR=127.0.0.1:$redis_port"
-    echo "REDIS_PID=$(cat "$dir/redis.pid")"
-    echo "REPLICAS=$replicas"
-  } >> "$env"
 
   local upstreams=""
   for i in $(seq "$replicas"); do

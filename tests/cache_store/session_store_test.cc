@@ -43,6 +43,7 @@ SessionRecord Session(const std::string& id) {
   s.system_prompt = "You are terse.";
   s.preamble = {7, 8, 9};
   s.created_unix_seconds = 1000;
+  s.generation = "gen-" + id;
   return s;
 }
 
@@ -112,6 +113,8 @@ TEST_P(SessionStoreTest, KeepsEverythingNeededToRebuildASession) {
   EXPECT_EQ(r->session_id, "s1");
   EXPECT_EQ(r->system_prompt, "You are terse.");
   EXPECT_EQ(r->preamble, (std::vector<int64_t>{7, 8, 9}));
+  EXPECT_EQ(r->generation, "gen-s1");
+  EXPECT_EQ(store_->Check("s1", "")->generation, "gen-s1");
   EXPECT_EQ(r->last_active_unix_seconds, 5007);
   ASSERT_EQ(r->turns.size(), 2u);
   EXPECT_EQ(r->turns[0], t1);

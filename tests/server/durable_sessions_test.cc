@@ -347,6 +347,41 @@ TEST_F(DurableSessionsTest, BadInputToTheNewApiGetsItsCodeAndChangesNothing) {
   EXPECT_EQ(Transcript(a, "s")->turns_size(), 2);
 }
 
+TEST_F(DurableSessionsTest, AReplicasCopyOfADeletedAndRecreatedSessionIsNotUsed) {
+  Replica a = Start("redis");
+  Replica b = Start("redis");
+  auto remove = [](const Replica& r, const std::string& id) {
+    grpc::ClientContext ctx;
+    v1::DeleteSessionRequest del;
+    del.set_session_id(id);
+    v1::DeleteSessionResponse out;
+    return v1::SessionService::NewStub(r.channel)->DeleteSession(&ctx, del, &out);
+  };
+  ASSERT_TRUE(Create(a, "s").ok());
+  ExpectOk(Chat(a, "s", "Hello"), "a1");  // A holds a copy with one turn
+  // Through B: deleted, created again with another system prompt, one turn.
+  ASSERT_TRUE(remove(b, "s").ok());
+  {
+    grpc::ClientContext ctx;
+    v1::CreateSessionRequest req;
+    req.set_session_id("s");
+    req.set_system_prompt("Another prompt, a longer one than before.");
+    v1::Session out;
+    ASSERT_TRUE(v1::SessionService::NewStub(b.channel)->CreateSession(&ctx, req, &out).ok());
+  }
+  ExpectOk(Chat(b, "s", "Hello"), "b1");
+  // A's copy also has one turn, of the old session: it must not be used.
+  const Turn a2 = Chat(a, "s", "Again");
+  ExpectOk(a2, "a2");
+  EXPECT_EQ(a2.routing().path(), v1::CACHE_PATH_RESTORED);
+  EXPECT_EQ(Get(a, "s")->system_prompt(), "Another prompt, a longer one than before.");
+  EXPECT_EQ(Transcript(a, "s")->turns_size(), 2);
+  // Deleted through B again: A's copy does not block creating the id on A.
+  ASSERT_TRUE(remove(b, "s").ok());
+  EXPECT_TRUE(Create(a, "s").ok());
+  EXPECT_EQ(Get(a, "s")->turns(), 0u);
+}
+
 TEST_F(DurableSessionsTest, AnImportedTranscriptBecomesASessionThatGoesOn) {
   Replica a = Start("redis");
   ASSERT_TRUE(Create(a, "orig").ok());

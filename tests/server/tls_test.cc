@@ -1,0 +1,161 @@
+// TLS on the gRPC port (server.tls): a TLS server answers clients that trust
+// its CA and refuses plaintext and clients that trust another CA; with
+// client_ca_file it also refuses clients without a certificate or with one
+// another CA signed (mTLS). Certificates are made by the openssl command line
+// for each run; the server runs without models (sessions only), which is
+// enough for the transport.
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "base/files.h"
+#include "kvlingo/v1/session.grpc.pb.h"
+#include "tests/testing/grpc_probe.h"
+#include "tests/testing/net.h"
+#include "tests/testing/subprocess.h"
+#include "tests/testing/temp_dir.h"
+
+namespace kvl {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+using Json = nlohmann::json;
+
+class TlsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir("tls");
+    dir_->WriteFile("san.ext", "subjectAltName=IP:127.0.0.1,DNS:localhost\n");
+    // Two CAs: "ca" signs the server's and the good client's certificates,
+    // "rogue" signs a client certificate the server must not accept.
+    for (const char* ca : {"ca", "rogue"}) {
+      Openssl({"req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+               "-nodes", "-keyout", Path(std::string(ca) + ".key"), "-out",
+               Path(std::string(ca) + ".pem"), "-days", "2", "-subj",
+               std::string("/CN=kvl-test-") + ca});
+    }
+    Sign("server", "ca", "localhost");
+    Sign("client", "ca", "kvl-client");
+    Sign("rogue-client", "rogue", "kvl-client");
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static std::string Path(const std::string& name) { return dir_->path() + "/" + name; }
+
+  static void Openssl(std::vector<std::string> args) {
+    args.insert(args.begin(), "openssl");
+    auto run = testing::RunProcess(args, 60s, {dir_->path(), {}});
+    ASSERT_TRUE(run.ok()) << run.status();
+    ASSERT_EQ(run->exit_code, 0) << run->err;
+  }
+
+  // name.key / name.pem, signed by `ca`.
+  static void Sign(const std::string& name, const std::string& ca, const std::string& cn) {
+    Openssl({"req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", Path(name + ".key"), "-out", Path(name + ".csr"), "-subj", "/CN=" + cn});
+    Openssl({"x509", "-req", "-in", Path(name + ".csr"), "-CA", Path(ca + ".pem"), "-CAkey",
+             Path(ca + ".key"), "-CAcreateserial", "-out", Path(name + ".pem"), "-days", "2",
+             "-extfile", Path("san.ext")});
+  }
+
+  static std::string Read(const std::string& name) { return *ReadTextFile(Path(name)); }
+
+  struct Running {
+    std::unique_ptr<testing::Subprocess> process;
+    std::string address;
+  };
+
+  static Running Start(const Json& tls) {
+    const Json config = {{"server", {{"tls", tls}}}, {"models", Json::array()}};
+    const std::string file = dir_->WriteFile("server-" + std::to_string(++n_) + ".json", config.dump());
+    auto port = testing::FindFreeLoopbackPort();
+    EXPECT_TRUE(port.ok());
+    Running r;
+    r.address = "127.0.0.1:" + std::to_string(*port);
+    auto process = testing::Subprocess::Start({KVL_SERVER_BIN, "--config", file, "--listen",
+                                               r.address, "--metrics-address", "127.0.0.1:0"});
+    EXPECT_TRUE(process.ok()) << process.status();
+    auto line = (*process)->WaitForLine(testing::Stream::kStdout, "listening on", 30s);
+    EXPECT_TRUE(line.ok()) << line.status();
+    r.process = *std::move(process);
+    return r;
+  }
+
+  // CreateSession over `credentials`; its status.
+  static grpc::Status Call(const Running& r,
+                           const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
+    grpc::ChannelArguments args;
+    args.SetSslTargetNameOverride("localhost");
+    auto channel = grpc::CreateCustomChannel(r.address, credentials, args);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+    kvlingo::v1::CreateSessionRequest req;
+    kvlingo::v1::Session out;
+    return kvlingo::v1::SessionService::NewStub(channel)->CreateSession(&ctx, req, &out);
+  }
+
+  static std::shared_ptr<grpc::ChannelCredentials> Tls(const std::string& ca,
+                                                       const std::string& client = "") {
+    grpc::SslCredentialsOptions o;
+    o.pem_root_certs = Read(ca + ".pem");
+    if (!client.empty()) {
+      o.pem_cert_chain = Read(client + ".pem");
+      o.pem_private_key = Read(client + ".key");
+    }
+    return grpc::SslCredentials(o);
+  }
+
+  static testing::TempDir* dir_;
+  static int n_;
+};
+testing::TempDir* TlsTest::dir_ = nullptr;
+int TlsTest::n_ = 0;
+
+TEST_F(TlsTest, ATlsServerAnswersTlsClientsAndRefusesPlaintextAndStrangers) {
+  Running server = Start({{"cert_file", "server.pem"}, {"key_file", "server.key"}});
+  EXPECT_TRUE(Call(server, Tls("ca")).ok());
+  const grpc::Status plain = Call(server, grpc::InsecureChannelCredentials());
+  EXPECT_EQ(plain.error_code(), grpc::StatusCode::UNAVAILABLE) << plain.error_message();
+  // A client that trusts another CA does not accept the server.
+  EXPECT_EQ(Call(server, Tls("rogue")).error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_F(TlsTest, MutualTlsRefusesClientsWithoutACertificateOrWithAStrangersOne) {
+  Running server = Start(
+      {{"cert_file", "server.pem"}, {"key_file", "server.key"}, {"client_ca_file", "ca.pem"}});
+  EXPECT_TRUE(Call(server, Tls("ca", "client")).ok());
+  EXPECT_EQ(Call(server, Tls("ca")).error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(Call(server, Tls("ca", "rogue-client")).error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(Call(server, grpc::InsecureChannelCredentials()).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_F(TlsTest, AMissingKeyFileStopsTheStartNamingTheKey) {
+  const Json config = {{"server", {{"tls", {{"cert_file", "server.pem"}, {"key_file", "nope.key"}}}}},
+                       {"models", Json::array()}};
+  const std::string file = dir_->WriteFile("missing.json", config.dump());
+  auto run = testing::RunProcess({KVL_SERVER_BIN, "--config", file, "--listen", "127.0.0.1:0",
+                                  "--metrics-address", "127.0.0.1:0"},
+                                 30s);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_NE(run->exit_code, 0);
+  EXPECT_THAT(run->err, HasSubstr("server.tls.key_file"));
+  // Half a pair is a config error.
+  const Json half = {{"server", {{"tls", {{"cert_file", "server.pem"}}}}}, {"models", Json::array()}};
+  auto bad = testing::RunProcess({KVL_SERVER_BIN, "--config", dir_->WriteFile("half.json", half.dump())},
+                                 30s);
+  ASSERT_TRUE(bad.ok());
+  EXPECT_EQ(bad->exit_code, 2);
+  EXPECT_THAT(bad->err, HasSubstr("server.tls"));
+}
+
+}  // namespace
+}  // namespace kvl
