@@ -6,6 +6,7 @@
 #include <chrono>
 #include <utility>
 
+#include "absl/random/random.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -203,6 +204,25 @@ bool IsValidSessionId(std::string_view id) {
   });
 }
 
+bool IsValidStoreSessionId(std::string_view id) {
+  const size_t slash = id.find('/');
+  if (slash == std::string_view::npos) return IsValidSessionId(id);
+  const std::string_view tenant = id.substr(0, slash);
+  return !tenant.empty() && tenant.size() <= 64 &&
+         std::all_of(tenant.begin(), tenant.end(),
+                     [](char c) {
+                       return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' ||
+                              c == '_' || c == '-';
+                     }) &&
+         IsValidSessionId(id.substr(slash + 1));
+}
+
+std::string GenerateSessionId() {
+  thread_local absl::BitGen bits;
+  return absl::StrFormat("s-%016x%08x", absl::Uniform<uint64_t>(bits),
+                         absl::Uniform<uint32_t>(bits));
+}
+
 CacheStore::CacheStore(const CacheStoreOptions& options)
     : options_(options), rng_(std::random_device{}()), bytes_per_model_(options.n_models, 0) {
   TORCH_CHECK(options.n_models >= 0);
@@ -214,7 +234,7 @@ CacheStore::~CacheStore() = default;
 absl::StatusOr<SessionView> CacheStore::Create(std::string_view session_id,
                                                std::string system_prompt,
                                                std::vector<int64_t> preamble) {
-  if (!session_id.empty() && !IsValidSessionId(session_id)) {
+  if (!session_id.empty() && !IsValidStoreSessionId(session_id)) {
     return absl::InvalidArgumentError(
         "session_id: expected 1-128 characters of [A-Za-z0-9._:-] (or empty to have one "
         "generated)");
@@ -250,7 +270,7 @@ absl::StatusOr<SessionView> CacheStore::Adopt(const std::string& session_id,
                                               std::string system_prompt,
                                               ConversationState state,
                                               int64_t created_unix_seconds) {
-  if (!IsValidSessionId(session_id)) {
+  if (!IsValidStoreSessionId(session_id)) {
     return absl::InvalidArgumentError("session_id: expected 1-128 characters of [A-Za-z0-9._:-]");
   }
   auto entry = std::make_shared<Entry>(options_.n_models);
@@ -331,8 +351,8 @@ absl::StatusOr<SessionView> CacheStore::View(const std::string& session_id) cons
   return ViewOf(it->first, *it->second);
 }
 
-absl::StatusOr<SessionPage> CacheStore::List(uint32_t page_size,
-                                             std::string_view page_token) const {
+absl::StatusOr<SessionPage> CacheStore::List(uint32_t page_size, std::string_view page_token,
+                                             std::string_view id_prefix) const {
   if (page_size == 0) page_size = kDefaultPageSize;
   page_size = std::min(page_size, kMaxPageSize);
   uint64_t start = 0;
@@ -350,9 +370,21 @@ absl::StatusOr<SessionPage> CacheStore::List(uint32_t page_size,
       page.next_page_token = absl::StrCat(kPageTokenPrefix, it->first);
       break;
     }
+    if (!absl::StartsWith(it->second, absl::string_view(id_prefix.data(), id_prefix.size()))) {
+      continue;
+    }
     page.sessions.push_back(ViewOf(it->second, *sessions_.at(it->second)));
   }
   return page;
+}
+
+int64_t CacheStore::CountWithPrefix(std::string_view prefix) const {
+  absl::MutexLock lock(&mu_);
+  int64_t n = 0;
+  for (const auto& [id, entry] : sessions_) {
+    if (absl::StartsWith(id, absl::string_view(prefix.data(), prefix.size()))) ++n;
+  }
+  return n;
 }
 
 absl::Status CacheStore::Touch(const std::string& session_id) {

@@ -123,6 +123,12 @@ struct SessionPage {
 
 // 1-128 characters of [A-Za-z0-9._:-].
 bool IsValidSessionId(std::string_view id);
+// An id as the store keeps it: a client's id (IsValidSessionId), or one scoped
+// to a tenant, "<tenant>/<id>" with 1-64 characters of [A-Za-z0-9._-] before
+// the slash (server/auth.h).
+bool IsValidStoreSessionId(std::string_view id);
+// A new random session id ("s-" and 24 hex digits: 96 bits); thread-safe.
+std::string GenerateSessionId();
 
 struct CacheStoreStats {
   int64_t budget_bytes = 0;
@@ -253,7 +259,11 @@ class CacheStore {
   // than kMaxPageSize is clamped. `page_token` is empty or a previous
   // next_page_token; anything else is InvalidArgument. Sessions removed
   // between pages are skipped, never repeated.
-  absl::StatusOr<SessionPage> List(uint32_t page_size, std::string_view page_token) const;
+  // With `id_prefix`, only the sessions whose id begins with it (a tenant's).
+  absl::StatusOr<SessionPage> List(uint32_t page_size, std::string_view page_token,
+                                   std::string_view id_prefix = "") const;
+  // How many sessions have an id beginning with `prefix` (a tenant's); O(sessions).
+  int64_t CountWithPrefix(std::string_view prefix) const;
   // Marks the session used now (it does not expire); NotFound if unknown.
   // Begin and the end of a lease mark it too.
   absl::Status Touch(const std::string& session_id);

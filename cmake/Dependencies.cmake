@@ -2,7 +2,18 @@
 find_package(Threads REQUIRED)
 find_package(PkgConfig REQUIRED)
 
+# Debian's LibTorch (CPU) by default; another one, e.g. an upstream CUDA build,
+# with -DTorch_DIR=<libtorch>/share/cmake/Torch (deploy/README.md, "GPU").
 find_package(Torch REQUIRED)
+option(KVL_REQUIRE_CUDA "Fail the configure unless the LibTorch found has CUDA" OFF)
+if(CAFFE2_USE_CUDA)
+  message(STATUS "LibTorch ${Torch_VERSION} at ${Torch_DIR}: with CUDA (runtime.device cuda works)")
+elseif(KVL_REQUIRE_CUDA)
+  message(FATAL_ERROR "KVL_REQUIRE_CUDA: the LibTorch at ${Torch_DIR} has no CUDA; "
+                      "pass -DTorch_DIR=<a CUDA LibTorch>/share/cmake/Torch")
+else()
+  message(STATUS "LibTorch ${Torch_VERSION} at ${Torch_DIR}: CPU only")
+endif()
 # One interface target for LibTorch, with SYSTEM includes so that -Werror
 # applies to kvlingo's code only.
 add_library(kvl_torch INTERFACE)
@@ -20,6 +31,7 @@ if(NOT OpenMP_CXX_LIBRARIES MATCHES "gomp")
                       "LibTorch; CMake found: ${OpenMP_CXX_LIBRARIES}")
 endif()
 
+find_package(OpenSSL REQUIRED)  # libcrypto: random API keys (kvl hash-key --generate)
 find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)
 find_program(KVL_GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)
@@ -27,9 +39,13 @@ find_package(absl CONFIG REQUIRED)
 find_package(spdlog CONFIG REQUIRED)
 find_package(prometheus-cpp CONFIG REQUIRED)
 find_package(nlohmann_json CONFIG REQUIRED)
-find_package(GTest CONFIG REQUIRED)
-find_package(benchmark CONFIG REQUIRED)
-include(GoogleTest)
+if(KVL_BUILD_TESTS)
+  find_package(GTest CONFIG REQUIRED)
+  include(GoogleTest)
+endif()
+if(KVL_BUILD_BENCH)
+  find_package(benchmark CONFIG REQUIRED)
+endif()
 
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
@@ -40,6 +56,7 @@ pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)
 # one (scripts/setup.sh installs them), so a missing one stops the configure.
 if(KVL_BUILD_TESTS)
   find_program(KVL_PROMTOOL promtool REQUIRED)
+  find_program(KVL_PROMETHEUS prometheus REQUIRED)
   find_program(KVL_NODE node REQUIRED)
   find_program(KVL_SYSTEM_PYTHON python3 PATHS /usr/bin NO_DEFAULT_PATH REQUIRED)
   find_program(KVL_REDIS_SERVER redis-server REQUIRED)

@@ -52,6 +52,7 @@ absl::StatusOr<std::unique_ptr<Router>> LoadRouter(const std::vector<ModelSource
     const std::string where = absl::StrCat("models[", i, "] (", e.name, ")");
     RuntimeOptions options;
     options.dtype = e.dtype;
+    options.device = e.device;
     options.n_threads = n_threads;
     absl::StatusOr<ModelDir> loaded = LoadModelDir(e.path, options);
     if (!loaded.ok()) return Annotate(loaded.status(), where);
@@ -64,7 +65,8 @@ absl::StatusOr<std::unique_ptr<Router>> LoadRouter(const std::vector<ModelSource
     identities.push_back(loaded->identity);
     tokenizer_hashes.push_back(loaded->tokenizer->content_hash());
     spdlog::info("loaded model {} from {} ({} layers, hidden {}, {})", e.name, e.path,
-                 loaded->config().n_layer, loaded->config().hidden_size, DTypeName(options.dtype));
+                 loaded->config().n_layer, loaded->config().hidden_size,
+                 absl::StrCat(DTypeName(options.dtype), " on ", options.device));
     if (shared_tokenizer == nullptr) shared_tokenizer = std::move(loaded->tokenizer);
     models.push_back({e.name, e.path, std::move(loaded->engine)});
   }

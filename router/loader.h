@@ -24,6 +24,7 @@ struct ModelSource {
   // A model directory (Hugging Face layout, model/model_dir.h).
   std::string path;
   DType dtype = DType::kFloat32;  // of the weights and KV cache
+  std::string device = "cpu";     // of the weights and KV cache (model/device.h)
 };
 
 struct TranslatorSource {

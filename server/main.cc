@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "base/flags.h"
+#include "model/device.h"
 #include "model/engine.h"
 #include "model/omp_wait.h"
 #include "server/config.h"
@@ -36,6 +37,7 @@ struct Flags {
   std::optional<std::string> listen;
   std::optional<std::string> metrics_address;
   std::optional<std::string> redis;
+  std::optional<std::string> device;
 };
 
 spdlog::level::level_enum ToSpdlog(kvl::server::LogLevel level) {
@@ -71,6 +73,12 @@ std::string ApplyOverrides(const Flags& flags, kvl::server::ServerConfig* config
         kvl::server::ParseHostPort(*flags.metrics_address);
     if (!address.ok()) return absl::StrCat("--metrics-address: ", address.status().message());
     config->server.metrics_address = *address;
+  }
+  if (flags.device) {
+    if (absl::Status s = kvl::ParseDeviceName(*flags.device); !s.ok()) {
+      return absl::StrCat("--device: ", s.message());
+    }
+    config->runtime.device = *flags.device;
   }
   if (flags.redis) {
     absl::StatusOr<kvl::server::HostPort> address = kvl::server::ParseHostPort(*flags.redis);
@@ -135,6 +143,7 @@ int main(int argc, char** argv) {
   flag_set.Add("listen", &flags.listen, "HOST:PORT", "overrides server.listen_address");
   flag_set.Add("metrics-address", &flags.metrics_address, "HOST:PORT",
                "overrides server.metrics_address");
+  flag_set.Add("device", &flags.device, "cpu|cuda|cuda:N", "overrides runtime.device");
   flag_set.Add("redis", &flags.redis, "HOST:PORT",
                "keeps sessions in this Redis (sessions.store backend \"redis\" at HOST:PORT)");
   if (std::optional<int> exit = flag_set.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc))) {
@@ -156,6 +165,15 @@ int main(int argc, char** argv) {
   if (std::string error = ApplyOverrides(flags, &*config); !error.empty()) {
     std::cerr << "kvl-server: " << error << "\n";
     return kExitBadConfig;
+  }
+
+  // A device the build or the machine lacks stops the start before anything
+  // loads (also checked by Server::Load, for embedders).
+  if (!config->models.empty()) {
+    if (absl::Status s = kvl::CheckDeviceAvailable(config->runtime.device); !s.ok()) {
+      std::cerr << "kvl-server: config: runtime." << s.message() << "\n";
+      return kExitBadConfig;
+    }
   }
 
   // Logs go to stderr; stdout carries only the one "listening" line.

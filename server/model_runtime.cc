@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "model/device.h"
 #include "router/loader.h"
 
 namespace kvl::server {
@@ -40,8 +42,13 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> LoadModelRuntime(const ServerConfi
   runtime->sessions =
       std::make_unique<Sessions>(runtime->store.get(), *std::move(opened), std::move(names));
   if (config.models.empty()) return runtime;
+  if (absl::Status s = CheckDeviceAvailable(config.runtime.device); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("runtime.", s.message()));  // "runtime.device cuda: ..."
+  }
+  std::vector<ModelEntry> models = config.models;
+  for (ModelEntry& m : models) m.device = config.runtime.device;
   absl::StatusOr<std::unique_ptr<router::Router>> router =
-      router::LoadRouter(config.models, config.translators, RoutingWithLimits(config),
+      router::LoadRouter(models, config.translators, RoutingWithLimits(config),
                          config.runtime.threads, runtime->store.get(), observer);
   if (!router.ok()) return router.status();
   runtime->router = *std::move(router);

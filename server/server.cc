@@ -7,6 +7,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
+#include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -69,6 +72,20 @@ constexpr const char* kServiceNames[] = {
 // Head-room over the largest allowed turn for the rest of a ChatRequest.
 constexpr int64_t kRequestOverheadBytes = 1 << 20;
 
+// Removes the reflection plugin from one server's builder.
+class WithoutReflection final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments* /*args*/) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    const std::string reflection = grpc::reflection::ProtoServerReflectionPlugin().name();
+    plugins->erase(std::remove_if(plugins->begin(), plugins->end(),
+                                  [&](const std::unique_ptr<grpc::ServerBuilderPlugin>& p) {
+                                    return p->name() == reflection;
+                                  }),
+                   plugins->end());
+  }
+};
+
 }  // namespace
 
 const char* Version() { return KVL_VERSION; }
@@ -119,7 +136,19 @@ absl::Status Server::Serve() {
         4 * n_models + (config.batching.enabled ? static_cast<int>(config.batching.max_running) : 0);
     turn_pool_ = std::make_unique<TurnPool>(std::max(4, n_threads), PrepareIntraOpThread);
   }
+  auth_ = std::make_unique<Authenticator>(config.auth);
+  if (auth_->enabled()) {
+    std::set<std::string> tenants;
+    for (const ApiKeyEntry& key : config.auth.keys) tenants.insert(key.tenant);
+    spdlog::info("authentication on: {} API key(s) of {} tenant(s); each tenant sees only its "
+                 "own sessions",
+                 config.auth.keys.size(), tenants.size());
+  } else {
+    spdlog::warn("authentication is off: no auth.keys are configured, so any client that can "
+                 "reach the port can use every session (server/README.md, \"auth\")");
+  }
   ServiceDeps deps;
+  deps.auth = auth_.get();
   deps.store = runtime_->store.get();
   deps.sessions = runtime_->sessions.get();
   deps.metrics = &self->metrics_;
@@ -143,10 +172,16 @@ absl::Status Server::Serve() {
   if (!http.ok()) return http.status();
   self->metrics_http_ = *std::move(http);
 
-  // Both must be called before the builder is created.
+  // Both must be called before the builder is created. Reflection is a
+  // process-wide plugin (linking it registers it, too); a server without it
+  // drops it from its own builder.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  if (!config.server.reflection) {
+    builder.SetOption(std::make_unique<WithoutReflection>());
+    spdlog::info("gRPC reflection is off (server.reflection)");
+  }
   // gRPC sets SO_REUSEPORT by default, which would let a second server bind an
   // address already in use without an error.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

@@ -61,6 +61,7 @@ class Server {
   DrainGate chat_gate_;
   std::unique_ptr<ModelRuntime> runtime_;
   std::unique_ptr<TurnPool> turn_pool_;
+  std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<SessionServiceImpl> session_service_;
   std::unique_ptr<ChatServiceImpl> chat_service_;
   std::unique_ptr<ModelServiceImpl> model_service_;

@@ -29,6 +29,45 @@ grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context, Serv
   return reactor;
 }
 
+// The caller of `rpc`, if it may call it (server/auth.h).
+absl::StatusOr<Caller> Authorize(const ServiceDeps& deps,
+                                 const grpc::CallbackServerContext* context, Right right,
+                                 absl::string_view rpc) {
+  std::optional<std::string> authorization;
+  const auto& metadata = context->client_metadata();
+  if (auto it = metadata.find("authorization"); it != metadata.end()) {
+    authorization = std::string(it->second.data(), it->second.size());
+  }
+  absl::StatusOr<Caller> caller = deps.auth->Authenticate(authorization);
+  if (!caller.ok()) return caller.status();
+  if (absl::Status s = Authenticator::Require(*caller, right, rpc); !s.ok()) return s;
+  return caller;
+}
+
+// The store's id of the session a client names in a new session: its own id,
+// checked, or a generated one; scoped to its tenant. A tenant at its
+// max_sessions gets RESOURCE_EXHAUSTED.
+absl::StatusOr<std::string> NewSessionId(const ServiceDeps& deps, const Caller& caller,
+                                         const std::string& requested) {
+  if (caller.tenant.empty()) return requested;  // open: the store checks and generates
+  if (!requested.empty() && !IsValidSessionId(requested)) {
+    return absl::InvalidArgumentError(
+        "session_id: expected 1-128 characters of [A-Za-z0-9._:-] (or empty to have one "
+        "generated)");
+  }
+  const int64_t limit = deps.auth->LimitsOf(caller.tenant).max_sessions;
+  if (limit > 0) {
+    const int64_t held = deps.store->CountWithPrefix(absl::StrCat(caller.tenant, "/"));
+    if (held >= limit) {
+      deps.metrics->OnRejected("tenant_max_sessions");
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "tenant '", caller.tenant, "' holds ", held, " sessions (auth.tenants.", caller.tenant,
+          ".max_sessions = ", limit, "); delete sessions or wait for idle ones to expire"));
+    }
+  }
+  return ScopedSessionId(caller, requested.empty() ? GenerateSessionId() : requested);
+}
+
 // The header a load balancer routes a session's calls by (x-kvl-session-id,
 // deploy/cluster): when a call carries it, it must name the call's session,
 // or the call may have been routed to a replica by another session's key.
@@ -272,8 +311,15 @@ class ChatReactor final : public grpc::ServerWriteReactor<ChatResponse> {
 
   void OnCancel() override { cancelled_ = true; }
 
+  // The stream holds one of `tenant`'s concurrent turns until it is done.
+  void HoldTenantTurn(std::string tenant) {
+    tenant_turn_ = true;
+    tenant_ = std::move(tenant);
+  }
+
   void OnDone() override {
     if (admitted_) deps_.chat_gate->Exit();
+    if (tenant_turn_) deps_.auth->EndTurn(tenant_);
     delete this;
   }
 
@@ -289,6 +335,8 @@ class ChatReactor final : public grpc::ServerWriteReactor<ChatResponse> {
 
   ServiceDeps deps_;
   bool admitted_;
+  bool tenant_turn_ = false;
+  std::string tenant_;
   std::atomic<bool> cancelled_{false};
   absl::Mutex mu_;
   std::deque<ChatResponse> queue_ ABSL_GUARDED_BY(mu_);
@@ -304,17 +352,21 @@ class ChatReactor final : public grpc::ServerWriteReactor<ChatResponse> {
 grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(
     grpc::CallbackServerContext* context, const kvlingo::v1::CreateSessionRequest* request,
     kvlingo::v1::Session* response) {
+  absl::StatusOr<Caller> caller = Authorize(deps_, context, Right::kChat, "CreateSession");
   std::vector<int64_t> preamble;
-  absl::Status valid = PreambleOf(deps_, request->system_prompt(), &preamble);
+  absl::Status valid = caller.status();
+  if (valid.ok()) valid = PreambleOf(deps_, request->system_prompt(), &preamble);
   if (valid.ok() && !request->session_id().empty()) {
     valid = CheckSessionHeader(context, request->session_id());
   }
+  absl::StatusOr<std::string> id =
+      valid.ok() ? NewSessionId(deps_, *caller, request->session_id()) : valid;
   absl::StatusOr<SessionView> created =
-      valid.ok() ? deps_.sessions->Create(request->session_id(), request->system_prompt(),
-                                          std::move(preamble))
-                 : absl::StatusOr<SessionView>(valid);
+      id.ok() ? deps_.sessions->Create(*id, request->system_prompt(), std::move(preamble))
+              : absl::StatusOr<SessionView>(id.status());
   if (created.ok()) {
     ToProto(deps_, *created, response);
+    response->set_session_id(ClientSessionId(*caller, created->session_id));
     deps_.metrics->SetCacheStats(deps_.store->Stats());
     SPDLOG_DEBUG("session {} created", created->session_id);
   } else if (absl::IsResourceExhausted(created.status())) {
@@ -326,20 +378,33 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(
 grpc::ServerUnaryReactor* SessionServiceImpl::GetSession(
     grpc::CallbackServerContext* context, const kvlingo::v1::GetSessionRequest* request,
     kvlingo::v1::Session* response) {
-  absl::Status header = CheckSessionHeader(context, request->session_id());
+  absl::StatusOr<Caller> caller = Authorize(deps_, context, Right::kChat, "GetSession");
+  absl::Status header = caller.ok() ? CheckSessionHeader(context, request->session_id())
+                                    : caller.status();
   absl::StatusOr<SessionView> view =
-      header.ok() ? deps_.sessions->View(request->session_id()) : header;
-  if (view.ok()) ToProto(deps_, *view, response);
+      header.ok() ? deps_.sessions->View(ScopedSessionId(*caller, request->session_id())) : header;
+  if (view.ok()) {
+    ToProto(deps_, *view, response);
+    response->set_session_id(request->session_id());
+  }
   return FinishUnary(context, deps_.metrics, RpcMethod::kGetSession, view.status());
 }
 
 grpc::ServerUnaryReactor* SessionServiceImpl::ListSessions(
     grpc::CallbackServerContext* context, const kvlingo::v1::ListSessionsRequest* request,
     kvlingo::v1::ListSessionsResponse* response) {
+  absl::StatusOr<Caller> caller = Authorize(deps_, context, Right::kChat, "ListSessions");
+  // The caller's tenant's sessions; with auth off, every session.
   absl::StatusOr<SessionPage> page =
-      deps_.store->List(request->page_size(), request->page_token());
+      caller.ok() ? deps_.store->List(request->page_size(), request->page_token(),
+                                      caller->tenant.empty() ? "" : caller->tenant + "/")
+                  : absl::StatusOr<SessionPage>(caller.status());
   if (page.ok()) {
-    for (const SessionView& view : page->sessions) ToProto(deps_, view, response->add_sessions());
+    for (const SessionView& view : page->sessions) {
+      kvlingo::v1::Session* session = response->add_sessions();
+      ToProto(deps_, view, session);
+      session->set_session_id(ClientSessionId(*caller, view.session_id));
+    }
     response->set_next_page_token(page->next_page_token);
   }
   return FinishUnary(context, deps_.metrics, RpcMethod::kListSessions, page.status());
@@ -348,8 +413,10 @@ grpc::ServerUnaryReactor* SessionServiceImpl::ListSessions(
 grpc::ServerUnaryReactor* SessionServiceImpl::DeleteSession(
     grpc::CallbackServerContext* context, const kvlingo::v1::DeleteSessionRequest* request,
     kvlingo::v1::DeleteSessionResponse* /*response*/) {
-  absl::Status status = CheckSessionHeader(context, request->session_id());
-  if (status.ok()) status = deps_.sessions->Remove(request->session_id());
+  absl::StatusOr<Caller> caller = Authorize(deps_, context, Right::kChat, "DeleteSession");
+  absl::Status status = caller.status();
+  if (status.ok()) status = CheckSessionHeader(context, request->session_id());
+  if (status.ok()) status = deps_.sessions->Remove(ScopedSessionId(*caller, request->session_id()));
   if (status.ok()) {
     deps_.metrics->SetCacheStats(deps_.store->Stats());
     SPDLOG_DEBUG("session {} deleted", request->session_id());
@@ -360,12 +427,14 @@ grpc::ServerUnaryReactor* SessionServiceImpl::DeleteSession(
 grpc::ServerUnaryReactor* SessionServiceImpl::GetTranscript(
     grpc::CallbackServerContext* context, const kvlingo::v1::GetTranscriptRequest* request,
     kvlingo::v1::Transcript* response) {
-  absl::Status status = CheckSessionHeader(context, request->session_id());
+  absl::StatusOr<Caller> caller = Authorize(deps_, context, Right::kChat, "GetTranscript");
+  absl::Status status = caller.status();
+  if (status.ok()) status = CheckSessionHeader(context, request->session_id());
   absl::StatusOr<SessionRecord> record =
-      status.ok() ? deps_.sessions->Transcript(request->session_id())
+      status.ok() ? deps_.sessions->Transcript(ScopedSessionId(*caller, request->session_id()))
                   : absl::StatusOr<SessionRecord>(status);
   if (record.ok()) {
-    response->set_session_id(record->session_id);
+    response->set_session_id(request->session_id());
     response->set_system_prompt(record->system_prompt);
     response->set_created_unix_seconds(record->created_unix_seconds);
     for (const TurnRecord& t : record->turns) {
@@ -393,6 +462,11 @@ grpc::ServerUnaryReactor* SessionServiceImpl::ImportSession(
     metrics->CountRpc(RpcMethod::kImportSession, result.error_code());
     reactor->Finish(std::move(result));
   };
+  absl::StatusOr<Caller> caller = Authorize(deps_, context, Right::kImport, "ImportSession");
+  if (!caller.ok()) {
+    finish(caller.status());
+    return reactor;
+  }
   if (deps_.router == nullptr) {
     finish(absl::UnimplementedError(
         "no models are loaded: the server was started without models, so it cannot read an "
@@ -408,11 +482,13 @@ grpc::ServerUnaryReactor* SessionServiceImpl::ImportSession(
       valid.ok() ? ParseImportTurns(*request, deps_.limits, deps_.router->model_names(),
                                     deps_.router->routing().default_model)
                  : absl::StatusOr<std::vector<ImportTurn>>(valid);
-  if (!turns.ok()) {
-    finish(turns.status());
+  absl::StatusOr<std::string> id =
+      turns.ok() ? NewSessionId(deps_, *caller, request->session_id()) : turns.status();
+  if (!id.ok()) {
+    finish(id.status());
     return reactor;
   }
-  deps_.pool->Submit([deps = deps_, finish, response, context, id = request->session_id(),
+  deps_.pool->Submit([deps = deps_, finish, response, context, id = *id, caller = *caller,
                       prompt = request->system_prompt(), preamble = std::move(preamble),
                       turns = *std::move(turns)]() mutable {
     absl::StatusOr<SessionView> created = deps.sessions->Create(id, prompt, std::move(preamble));
@@ -451,7 +527,10 @@ grpc::ServerUnaryReactor* SessionServiceImpl::ImportSession(
       }
     }
     absl::StatusOr<SessionView> view = deps.sessions->View(session_id);
-    if (view.ok()) ToProto(deps, *view, response);
+    if (view.ok()) {
+      ToProto(deps, *view, response);
+      response->set_session_id(ClientSessionId(caller, session_id));
+    }
     deps.metrics->SetCacheStats(deps.store->Stats());
     SPDLOG_DEBUG("session {} imported ({} turns)", session_id, turns.size());
     finish(view.status());
@@ -477,6 +556,11 @@ grpc::ServerWriteReactor<ChatResponse>* ChatServiceImpl::Chat(
         "another replica")));
     return reactor;
   }
+  absl::StatusOr<Caller> caller = Authorize(deps_, context, Right::kChat, "Chat");
+  if (!caller.ok()) {
+    reactor->FinishWith(caller.status());
+    return reactor;
+  }
   static const std::vector<std::string> kNoModels;
   absl::StatusOr<TurnRequest> turn = ParseChatRequest(
       *request, deps_.limits, deps_.router != nullptr ? deps_.router->model_names() : kNoModels);
@@ -488,6 +572,13 @@ grpc::ServerWriteReactor<ChatResponse>* ChatServiceImpl::Chat(
     reactor->FinishWith(s);
     return reactor;
   }
+  turn->session_id = ScopedSessionId(*caller, turn->session_id);
+  if (absl::Status s = deps_.auth->BeginTurn(caller->tenant); !s.ok()) {
+    deps_.metrics->OnRejected("tenant_max_concurrent_turns");
+    reactor->FinishWith(s);
+    return reactor;
+  }
+  reactor->HoldTenantTurn(caller->tenant);
   if (deps_.router == nullptr) {
     // An unknown session is still NOT_FOUND.
     if (absl::Status s = deps_.sessions->store().Check(turn->session_id, "").status(); !s.ok()) {
@@ -612,6 +703,10 @@ grpc::ServerWriteReactor<ChatResponse>* ChatServiceImpl::Chat(
 grpc::ServerUnaryReactor* ModelServiceImpl::ListModels(
     grpc::CallbackServerContext* context, const kvlingo::v1::ListModelsRequest* /*request*/,
     kvlingo::v1::ListModelsResponse* response) {
+  absl::StatusOr<Caller> caller = Authorize(deps_, context, Right::kModels, "ListModels");
+  if (!caller.ok()) {
+    return FinishUnary(context, deps_.metrics, RpcMethod::kListModels, caller.status());
+  }
   if (deps_.router != nullptr) {
     for (int i = 0; i < deps_.router->n_models(); ++i) {
       const router::LoadedModel& m = deps_.router->model(i);
@@ -637,6 +732,10 @@ grpc::ServerUnaryReactor* ModelServiceImpl::ListModels(
 grpc::ServerUnaryReactor* ModelServiceImpl::ListTranslators(
     grpc::CallbackServerContext* context, const kvlingo::v1::ListTranslatorsRequest* /*request*/,
     kvlingo::v1::ListTranslatorsResponse* response) {
+  absl::StatusOr<Caller> caller = Authorize(deps_, context, Right::kModels, "ListTranslators");
+  if (!caller.ok()) {
+    return FinishUnary(context, deps_.metrics, RpcMethod::kListTranslators, caller.status());
+  }
   if (deps_.router != nullptr) {
     for (const router::LoadedTranslator& t : deps_.router->translators()) {
       kvlingo::v1::TranslatorInfo* info = response->add_translators();

@@ -3,6 +3,11 @@
 //
 // Every RPC is counted once, with its final code, in
 // kvlingo_grpc_requests_total.
+//
+// Every RPC first authenticates the caller (server/auth.h: UNAUTHENTICATED,
+// PERMISSION_DENIED) and works on the caller's tenant's sessions only: the
+// ids a client sends and receives are its own, the store's are scoped
+// ("<tenant>/<id>"), and another tenant's session is NOT_FOUND.
 #pragma once
 
 #include "kvlingo/v1/chat.grpc.pb.h"
@@ -10,6 +15,7 @@
 #include "kvlingo/v1/session.grpc.pb.h"
 #include "cache_store/cache_store.h"
 #include "router/router.h"
+#include "server/auth.h"
 #include "server/chat_request.h"
 #include "server/drain_gate.h"
 #include "server/metrics.h"
@@ -32,6 +38,9 @@ struct ServiceDeps {
   TurnPool* pool = nullptr;
   // Model dtypes as configured, by model index (for ListModels).
   std::vector<std::string> model_dtypes;
+  // API keys and tenants; never null (it lets everyone in when no keys are
+  // configured).
+  Authenticator* auth = nullptr;
 };
 
 class SessionServiceImpl final : public kvlingo::v1::SessionService::CallbackService {

@@ -18,10 +18,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
-#include "base/files.h"
 #include "base/flags.h"
 #include "kvlingo/v1/chat.grpc.pb.h"
 #include "kvlingo/v1/session.grpc.pb.h"
+#include "tools/client_credentials.h"
 #include "tools/commands.h"
 
 namespace kvl::tools {
@@ -71,6 +71,7 @@ grpc::Status TryTurn(kvlingo::v1::ChatService::Stub& chat,
   grpc::ClientContext context;
   // Load balancers in front of several replicas route a session by it.
   context.AddMetadata("x-kvl-session-id", request.session_id());
+  AddApiKey(&context);
   std::unique_ptr<grpc::ClientReader<kvlingo::v1::ChatResponse>> reader =
       chat.Chat(&context, request);
   kvlingo::v1::ChatResponse response;
@@ -133,7 +134,7 @@ bool RunTurn(kvlingo::v1::ChatService::Stub& chat, kvlingo::v1::ChatRequest requ
 
 int RunChat(const Args& args) {
   std::string server = "127.0.0.1:50051", session_id, system_prompt;
-  std::string ca_file, cert_file, key_file;
+  ClientTlsFiles tls;
   std::string policy, model, strategy;
   uint32_t max_tokens = 0;
   float temperature = 0;
@@ -147,12 +148,13 @@ int RunChat(const Args& args) {
       "translated and the time to first token. The routing and sampling flags go with\n"
       "every turn; those not given are left to the server.\n"
       "In the conversation: '/model NAME' pins later turns to a model (explicit policy),\n"
-      "'/policy NAME' sets the policy ('' = the server's), '/quit' ends.");
+      "'/policy NAME' sets the policy ('' = the server's), '/quit' ends.\n"
+      "With the environment variable KVL_API_KEY set, every call carries that API key.");
   flags.Add("server", &server, "HOST:PORT", "the kvl-server's gRPC address");
-  flags.Add("ca", &ca_file, "FILE",
+  flags.Add("ca", &tls.ca_file, "FILE",
             "connect with TLS, trusting the server certificate this CA (PEM) signed");
-  flags.Add("cert", &cert_file, "FILE", "with --key: the client certificate (PEM) for mTLS");
-  flags.Add("key", &key_file, "FILE", "the client certificate's private key (PEM)");
+  flags.Add("cert", &tls.cert_file, "FILE", "with --key: the client certificate (PEM) for mTLS");
+  flags.Add("key", &tls.key_file, "FILE", "the client certificate's private key (PEM)");
   flags.Add("session", &session_id, "ID", "continue this session instead of creating one");
   flags.Add("system", &system_prompt, "TEXT", "system prompt of the session created");
   flags.Add("policy", &policy, "NAME",
@@ -175,7 +177,6 @@ int RunChat(const Args& args) {
                  return absl::OkStatus();
                });
   if (std::optional<int> exit = flags.ParseOrExit(args)) return *exit;
-  if (cert_file.empty() != key_file.empty()) return Fail("--cert and --key go together");
   // Only what was given goes into the request: the routing and sampling
   // messages stay absent otherwise, and the server applies its defaults.
   if (flags.Given("policy")) request.mutable_routing()->set_policy(policy);
@@ -184,24 +185,15 @@ int RunChat(const Args& args) {
   if (flags.Given("max-tokens")) request.mutable_sampling()->set_max_tokens(max_tokens);
   if (flags.Given("temperature")) request.mutable_sampling()->set_temperature(temperature);
 
-  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
-  if (!ca_file.empty() || !cert_file.empty()) {
-    grpc::SslCredentialsOptions tls;
-    for (const auto& [file, out] : {std::pair<const std::string&, std::string*>{ca_file, &tls.pem_root_certs},
-                                    {cert_file, &tls.pem_cert_chain},
-                                    {key_file, &tls.pem_private_key}}) {
-      if (file.empty()) continue;
-      absl::StatusOr<std::string> text = ReadTextFile(file);
-      if (!text.ok()) return Fail(std::string(text.status().message()));
-      *out = *text;
-    }
-    credentials = grpc::SslCredentials(tls);
-  }
-  const std::shared_ptr<grpc::Channel> channel = grpc::CreateChannel(server, credentials);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeClientCredentials(tls);
+  if (!credentials.ok()) return Fail(std::string(credentials.status().message()));
+  const std::shared_ptr<grpc::Channel> channel = grpc::CreateChannel(server, *credentials);
   auto sessions = kvlingo::v1::SessionService::NewStub(channel);
   auto chat = kvlingo::v1::ChatService::NewStub(channel);
   {
     grpc::ClientContext context;
+    AddApiKey(&context);
     kvlingo::v1::Session session;
     grpc::Status status;
     if (session_id.empty()) {

@@ -25,5 +25,7 @@ int RunEvalConversation(const Args& args);  // tools/eval_conversation_cmd.cc
 int RunStampTranslator(const Args& args);   // tools/stamp_translator_cmd.cc
 int RunAblateTranslator(const Args& args);  // tools/ablate_translator_cmd.cc
 int RunChat(const Args& args);       // tools/chat_cmd.cc
+int RunHealth(const Args& args);     // tools/health_cmd.cc
+int RunHashKey(const Args& args);    // tools/hash_key_cmd.cc
 
 }  // namespace kvl::tools

@@ -34,6 +34,8 @@ constexpr Command kCommands[] = {
     {"eval-conversation", "lookups over conversations alternating two models, per turn", kvl::tools::RunEvalConversation},
     {"ablate-translator", "which target layers' translated keys/values cost the most", kvl::tools::RunAblateTranslator},
     {"chat", "talk to a running kvl-server, one turn per line, showing switches and TTFT", kvl::tools::RunChat},
+    {"health", "ask a running kvl-server whether it serves (grpc.health.v1; exit 0 = serving)", kvl::tools::RunHealth},
+    {"hash-key", "print the SHA-256 of an API key (stdin) for auth.keys, or --generate one", kvl::tools::RunHashKey},
 };
 
 void PrintUsage(FILE* out) {

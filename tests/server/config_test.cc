@@ -38,6 +38,7 @@ TEST(ConfigTest, EmptyObjectGivesDocumentedDefaults) {
   EXPECT_EQ(c->log.level, LogLevel::kInfo);
   EXPECT_EQ(c->runtime.threads, 0);
   EXPECT_EQ(c->runtime.dtype, DType::kFloat32);
+  EXPECT_EQ(c->runtime.device, "cpu");
   EXPECT_TRUE(c->models.empty());
   EXPECT_TRUE(c->translators.empty());
   EXPECT_EQ(c->routing.policy, router::Policy::kFixed);
@@ -67,7 +68,7 @@ TEST(ConfigTest, FullConfigWithCommentsAndRelativePaths) {
     "server": {"listen_address": "0.0.0.0:6000", "metrics_address": "[::1]:0",
                "drain_timeout_seconds": 2.5, "max_turn_bytes": 1000, "max_new_tokens_limit": 64},
     "log": {"level": "debug"},
-    "runtime": {"threads": 4, "dtype": "bfloat16"},
+    "runtime": {"threads": 4, "dtype": "bfloat16", "device": "cuda:1"},
     "models": [{"name": "small", "path": "models/small"},
                {"name": "large", "path": "models/large", "dtype": "float32"}],
     "translators": [{"source": "small", "target": "large", "path": "translators/s2l.kvlt",
@@ -94,6 +95,7 @@ TEST(ConfigTest, FullConfigWithCommentsAndRelativePaths) {
   EXPECT_EQ(c->server.max_new_tokens_limit, 64);
   EXPECT_EQ(c->log.level, LogLevel::kDebug);
   EXPECT_EQ(c->runtime.threads, 4);
+  EXPECT_EQ(c->runtime.device, "cuda:1");  // parsed; whether it exists is checked at load
   ASSERT_EQ(c->models.size(), 2u);
   EXPECT_EQ(c->models[0].path, dir.Path("models/small"));
   EXPECT_EQ(c->models[0].dtype, DType::kBFloat16);  // inherits runtime.dtype
@@ -161,6 +163,10 @@ TEST(ConfigTest, BadValuesNameTheKeyAndTheValue) {
           "config: log.level: expected one of trace, debug, info, warn, error, got 'verbose'"));
   EXPECT_THAT(ParseError(R"({"runtime": {"threads": 1.5}})").message(),
               HasSubstr("config: runtime.threads: expected an integer, got 1.5"));
+  EXPECT_THAT(ParseError(R"({"runtime": {"device": "cuda:x"}})").message(),
+              HasSubstr("config: runtime.device: unknown device 'cuda:x'; expected cpu, cuda or cuda:N"));
+  EXPECT_THAT(ParseError(R"({"runtime": {"device": 0}})").message(),
+              HasSubstr("config: runtime.device: expected a string"));
   EXPECT_THAT(ParseError(R"({"runtime": {"dtype": "int8"}})").message(),
               HasSubstr("config: runtime.dtype: expected one of float32, bfloat16, float16"));
   EXPECT_THAT(

@@ -480,10 +480,28 @@ INSTANTIATE_TEST_SUITE_P(
             {},
             "kvl-server: config: models[0].path: '/nonexistent/kvlingo-model' is not a directory"},
         BadConfigCase{"SyntaxError", "{\"server\": {", {}, "kvl-server: config: invalid JSON"},
+        BadConfigCase{"UnknownDevice",
+                      R"({"runtime": {"device": "tpu"}})",
+                      {},
+                      "kvl-server: config: runtime.device: unknown device 'tpu'; expected cpu, "
+                      "cuda or cuda:N"},
+        // Debian's LibTorch is CPU-only: a CUDA device stops the start, before
+        // any model loads, saying why and what to do.
+        BadConfigCase{"CudaDeviceOnACpuOnlyBuild",
+                      R"({"runtime": {"device": "cuda:0"},
+                          "models": [{"name": "m", "path": ")" KVL_SOURCE_DIR R"(/models/kvl-small"}],
+                          "routing": {"default_model": "m"}})",
+                      {},
+                      "kvl-server: config: runtime.device cuda:0: this binary's LibTorch has no "
+                      "CUDA (a CPU-only build, such as Debian's); build against a CUDA LibTorch"},
         BadConfigCase{"BadListenFlag",
                       "{}",
                       {"--listen", "nowhere"},
                       "kvl-server: --listen: expected host:port, got 'nowhere'"},
+        BadConfigCase{"BadDeviceFlag",
+                      "{}",
+                      {"--device", "gpu"},
+                      "kvl-server: --device: unknown device 'gpu'; expected cpu, cuda or cuda:N"},
         BadConfigCase{"BadLogLevelFlag",
                       "{}",
                       {"--log-level", "chatty"},
