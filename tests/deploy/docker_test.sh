@@ -4,10 +4,11 @@
 # 1. a private Docker daemon and the base image local/debian:12 made by
 #    debootstrap (scripts/docker_daemon.sh; nothing is pulled from a registry);
 # 2. deploy/Dockerfile.cpu's runtime stage with the binaries BUILD_DIR holds
-#    (--target prebuilt): non-root, no build or test tools inside, OpenBLAS;
+#    (deploy/Dockerfile.cpu's runtime-base stage, then the binaries copied in):
+#    non-root, no build or test tools inside, OpenBLAS;
 #    with --from-source, the whole multi-stage build instead (the build stage
 #    compiles kvl-server and kvl from the repository: ~30 min on 2 cores, so CI
-#    runs the prebuilt form; docs/results/docker_from_source.txt is the last
+#    runs the other form; docs/results/docker_from_source.txt is the last
 #    run of this one);
 # 3. the container with the repository's models/ mounted at /models: healthy
 #    through `kvl health`, a chat turn with a translated switch answered on its
@@ -77,9 +78,12 @@ else
   cp "$build_dir/server/kvl-server" "$build_dir/tools/kvl" "$ctx/bin/"
   strip "$ctx/bin/kvl-server" "$ctx/bin/kvl"
   cp "$repo/deploy/docker/server.json" "$ctx/deploy/docker/"
-  "$docker" build -q --force-rm --network=host --build-arg BASE_IMAGE=local/debian:12 --target prebuilt \
-    -t "$tag" -f "$repo/deploy/Dockerfile.cpu" "$ctx" >"$work/build.log" 2>&1 ||
-    { tail -20 "$work/build.log"; fail "docker build"; }
+  "$docker" build -q --force-rm --network=host --build-arg BASE_IMAGE=local/debian:12 \
+    --target runtime-base -t kvlingo-runtime-base:test -f "$repo/deploy/Dockerfile.cpu" "$ctx" \
+    >"$work/build.log" 2>&1 || { tail -20 "$work/build.log"; fail "docker build (runtime-base)"; }
+  printf 'FROM kvlingo-runtime-base:test\nCOPY bin/kvl-server bin/kvl /usr/local/bin/\n' |
+    "$docker" build -q --force-rm -t "$tag" -f - "$ctx" >>"$work/build.log" 2>&1 ||
+    { tail -20 "$work/build.log"; fail "docker build (binaries)"; }
 fi
 user=$("$docker" image inspect -f '{{.Config.User}}' "$tag")
 [ "$user" = kvlingo ] || fail "the image runs as '$user', not kvlingo"
