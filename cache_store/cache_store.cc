@@ -366,12 +366,14 @@ absl::StatusOr<SessionPage> CacheStore::List(uint32_t page_size, std::string_vie
   SessionPage page;
   absl::MutexLock lock(&mu_);
   for (auto it = by_seq_.lower_bound(start); it != by_seq_.end(); ++it) {
+    // Others' sessions are skipped before the page-full check, so that a
+    // token is handed out only when one of the prefix's own follows.
+    if (!absl::StartsWith(it->second, absl::string_view(id_prefix.data(), id_prefix.size()))) {
+      continue;
+    }
     if (page.sessions.size() == page_size) {
       page.next_page_token = absl::StrCat(kPageTokenPrefix, it->first);
       break;
-    }
-    if (!absl::StartsWith(it->second, absl::string_view(id_prefix.data(), id_prefix.size()))) {
-      continue;
     }
     page.sessions.push_back(ViewOf(it->second, *sessions_.at(it->second)));
   }

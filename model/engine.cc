@@ -174,9 +174,10 @@ absl::StatusOr<Engine::ContinuationScore> Engine::ScoreContinuation(
   {
     c10::InferenceMode guard;
     // Row i predicts ids[i + 1].
+    // Scored on the host: the logits may live on a GPU (runtime.device).
     const at::Tensor next =
         at::from_blob(const_cast<int64_t*>(ids.data()) + 1, {score.n_scored}, at::kLong);
-    const at::Tensor all = at::log_softmax(logits->to(at::kFloat), -1);
+    const at::Tensor all = at::log_softmax(logits->to(at::kCPU, at::kFloat), -1);
     const at::Tensor is_argmax = all.argmax(-1).eq(next).contiguous();
     score.greedy.assign(is_argmax.data_ptr<bool>(), is_argmax.data_ptr<bool>() + score.n_scored);
     const at::Tensor lp = all.gather(1, next.unsqueeze(1))

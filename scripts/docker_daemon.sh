@@ -54,7 +54,7 @@ case "$cmd" in
     tarball="$dir/debian-12-minbase.tar"
     if [ ! -s "$tarball" ]; then
       mirror=$(grep -rhoE '^(deb|URIs:) +(\[[^]]*\] +)?https?://[^ ]+' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null \
-                 | grep -v security | head -1 | grep -oE 'https?://[^ ]+')
+                 | grep -v security | head -1 | grep -oE 'https?://[^ ]+' || true)
       mirror=${mirror:-http://deb.debian.org/debian}
       rootfs="$dir/rootfs"
       rm -rf "$rootfs"

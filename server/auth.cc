@@ -48,12 +48,19 @@ std::string ClientSessionId(const Caller& caller, absl::string_view scoped) {
 }
 
 Authenticator::Authenticator(AuthSection config) : config_(std::move(config)) {
+  creation_[""] = std::make_unique<std::mutex>();
   for (const ApiKeyEntry& key : config_.keys) {
     by_hash_[key.sha256] = &key;
     if (turns_.count(key.tenant) == 0) {
       turns_[key.tenant] = std::make_unique<std::atomic<int64_t>>(0);
+      creation_[key.tenant] = std::make_unique<std::mutex>();
     }
   }
+}
+
+std::mutex& Authenticator::CreationMutex(const std::string& tenant) {
+  auto it = creation_.find(tenant);
+  return *(it != creation_.end() ? it : creation_.find(""))->second;
 }
 
 absl::StatusOr<Caller> Authenticator::Authenticate(
@@ -102,15 +109,15 @@ absl::Status Authenticator::BeginTurn(const std::string& tenant) {
   auto it = turns_.find(tenant);
   if (it == turns_.end()) return absl::OkStatus();
   const int64_t limit = LimitsOf(tenant).max_concurrent_turns;
-  const int64_t now = it->second->fetch_add(1) + 1;
-  if (limit > 0 && now > limit) {
-    it->second->fetch_sub(1);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "tenant '", tenant, "' has ", limit,
-        " chat turns in progress (auth.tenants.", tenant,
-        ".max_concurrent_turns); retry when one finishes"));
+  int64_t now = it->second->load();
+  // Take a slot only while one is free, so that two racing calls at the limit
+  // cannot both be refused.
+  while (limit <= 0 || now < limit) {
+    if (it->second->compare_exchange_weak(now, now + 1)) return absl::OkStatus();
   }
-  return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "tenant '", tenant, "' has ", limit, " chat turns in progress (auth.tenants.", tenant,
+      ".max_concurrent_turns); retry when one finishes"));
 }
 
 void Authenticator::EndTurn(const std::string& tenant) {

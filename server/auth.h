@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -98,11 +99,16 @@ class Authenticator {
   absl::Status BeginTurn(const std::string& tenant);
   void EndTurn(const std::string& tenant);
 
+  // Held while a session of `tenant` is counted and created, so that
+  // concurrent creations cannot pass max_sessions together.
+  std::mutex& CreationMutex(const std::string& tenant);
+
  private:
   AuthSection config_;
   std::map<std::string, const ApiKeyEntry*> by_hash_;
   // Turns in flight per configured tenant (the map is fixed after construction).
   std::map<std::string, std::unique_ptr<std::atomic<int64_t>>> turns_;
+  std::map<std::string, std::unique_ptr<std::mutex>> creation_;  // same keys; "" for open mode
 };
 
 }  // namespace kvl::server

@@ -7,7 +7,9 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/util/delimited_message_util.h"
 #include "server/model_runtime.h"
@@ -47,25 +49,53 @@ absl::StatusOr<Caller> Authorize(const ServiceDeps& deps,
 // The store's id of the session a client names in a new session: its own id,
 // checked, or a generated one; scoped to its tenant. A tenant at its
 // max_sessions gets RESOURCE_EXHAUSTED.
-absl::StatusOr<std::string> NewSessionId(const ServiceDeps& deps, const Caller& caller,
-                                         const std::string& requested) {
-  if (caller.tenant.empty()) return requested;  // open: the store checks and generates
+absl::StatusOr<std::string> NewSessionId(const Caller& caller, const std::string& requested) {
   if (!requested.empty() && !IsValidSessionId(requested)) {
     return absl::InvalidArgumentError(
         "session_id: expected 1-128 characters of [A-Za-z0-9._:-] (or empty to have one "
         "generated)");
   }
-  const int64_t limit = deps.auth->LimitsOf(caller.tenant).max_sessions;
-  if (limit > 0) {
-    const int64_t held = deps.store->CountWithPrefix(absl::StrCat(caller.tenant, "/"));
-    if (held >= limit) {
-      deps.metrics->OnRejected("tenant_max_sessions");
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "tenant '", caller.tenant, "' holds ", held, " sessions (auth.tenants.", caller.tenant,
-          ".max_sessions = ", limit, "); delete sessions or wait for idle ones to expire"));
-    }
-  }
+  if (caller.tenant.empty()) return requested;  // open: the store generates one
   return ScopedSessionId(caller, requested.empty() ? GenerateSessionId() : requested);
+}
+
+// The store's id of an existing session a client names. An id with a '/' is
+// no client's (it would name another tenant's namespace): NOT_FOUND.
+absl::StatusOr<std::string> StoreIdOf(const Caller& caller, const std::string& session_id) {
+  if (session_id.find('/') != std::string::npos) {
+    return absl::NotFoundError(absl::StrCat("session '", session_id, "' not found"));
+  }
+  return ScopedSessionId(caller, session_id);
+}
+
+// Creates the session `store_id` of the caller's tenant, within the tenant's
+// max_sessions (counted and created under the tenant's creation mutex).
+absl::StatusOr<SessionView> CreateForCaller(const ServiceDeps& deps, const Caller& caller,
+                                            const std::string& store_id, std::string prompt,
+                                            std::vector<int64_t> preamble) {
+  const int64_t limit =
+      caller.tenant.empty() ? 0 : deps.auth->LimitsOf(caller.tenant).max_sessions;
+  if (limit <= 0) return deps.sessions->Create(store_id, std::move(prompt), std::move(preamble));
+  std::lock_guard<std::mutex> lock(deps.auth->CreationMutex(caller.tenant));
+  const int64_t held = deps.store->CountWithPrefix(absl::StrCat(caller.tenant, "/"));
+  if (held >= limit) {
+    deps.metrics->OnRejected("tenant_max_sessions");
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tenant '", caller.tenant, "' holds ", held, " sessions (auth.tenants.", caller.tenant,
+        ".max_sessions = ", limit, "); delete sessions or wait for idle ones to expire"));
+  }
+  return deps.sessions->Create(store_id, std::move(prompt), std::move(preamble));
+}
+
+// `status` as the caller sees it: store ids ("<tenant>/<id>") in its message
+// become the client's own ids.
+absl::Status ForClient(const std::string& tenant, const absl::Status& status) {
+  if (tenant.empty() || status.ok()) return status;
+  return absl::Status(status.code(),
+                      absl::StrReplaceAll(status.message(), {{absl::StrCat(tenant, "/"), ""}}));
+}
+absl::Status ForClient(const absl::StatusOr<Caller>& caller, const absl::Status& status) {
+  return caller.ok() ? ForClient(caller->tenant, status) : status;
 }
 
 // The header a load balancer routes a session's calls by (x-kvl-session-id,
@@ -253,7 +283,7 @@ class ChatReactor final : public grpc::ServerWriteReactor<ChatResponse> {
   // Ends the stream with `status` when nothing is queued; call once, instead
   // of Complete, before any Enqueue.
   void FinishWith(const absl::Status& status) {
-    grpc::Status result = ToGrpcStatus(status);
+    grpc::Status result = ToGrpcStatus(ForClient(tenant_, status));
     deps_.metrics->CountRpc(RpcMethod::kChat, result.error_code());
     Finish(std::move(result));
   }
@@ -360,19 +390,21 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(
     valid = CheckSessionHeader(context, request->session_id());
   }
   absl::StatusOr<std::string> id =
-      valid.ok() ? NewSessionId(deps_, *caller, request->session_id()) : valid;
+      valid.ok() ? NewSessionId(*caller, request->session_id()) : valid;
   absl::StatusOr<SessionView> created =
-      id.ok() ? deps_.sessions->Create(*id, request->system_prompt(), std::move(preamble))
+      id.ok() ? CreateForCaller(deps_, *caller, *id, request->system_prompt(), std::move(preamble))
               : absl::StatusOr<SessionView>(id.status());
   if (created.ok()) {
     ToProto(deps_, *created, response);
     response->set_session_id(ClientSessionId(*caller, created->session_id));
     deps_.metrics->SetCacheStats(deps_.store->Stats());
     SPDLOG_DEBUG("session {} created", created->session_id);
-  } else if (absl::IsResourceExhausted(created.status())) {
-    deps_.metrics->OnRejected("max_sessions");
+  } else if (absl::IsResourceExhausted(created.status()) &&
+             !absl::StrContains(created.status().message(), "auth.tenants.")) {
+    deps_.metrics->OnRejected("max_sessions");  // the tenant's limit counted itself
   }
-  return FinishUnary(context, deps_.metrics, RpcMethod::kCreateSession, created.status());
+  return FinishUnary(context, deps_.metrics, RpcMethod::kCreateSession,
+                     ForClient(caller, created.status()));
 }
 
 grpc::ServerUnaryReactor* SessionServiceImpl::GetSession(
@@ -381,13 +413,15 @@ grpc::ServerUnaryReactor* SessionServiceImpl::GetSession(
   absl::StatusOr<Caller> caller = Authorize(deps_, context, Right::kChat, "GetSession");
   absl::Status header = caller.ok() ? CheckSessionHeader(context, request->session_id())
                                     : caller.status();
+  absl::StatusOr<std::string> id = header.ok() ? StoreIdOf(*caller, request->session_id()) : header;
   absl::StatusOr<SessionView> view =
-      header.ok() ? deps_.sessions->View(ScopedSessionId(*caller, request->session_id())) : header;
+      id.ok() ? deps_.sessions->View(*id) : absl::StatusOr<SessionView>(id.status());
   if (view.ok()) {
     ToProto(deps_, *view, response);
     response->set_session_id(request->session_id());
   }
-  return FinishUnary(context, deps_.metrics, RpcMethod::kGetSession, view.status());
+  return FinishUnary(context, deps_.metrics, RpcMethod::kGetSession,
+                     ForClient(caller, view.status()));
 }
 
 grpc::ServerUnaryReactor* SessionServiceImpl::ListSessions(
@@ -416,12 +450,13 @@ grpc::ServerUnaryReactor* SessionServiceImpl::DeleteSession(
   absl::StatusOr<Caller> caller = Authorize(deps_, context, Right::kChat, "DeleteSession");
   absl::Status status = caller.status();
   if (status.ok()) status = CheckSessionHeader(context, request->session_id());
-  if (status.ok()) status = deps_.sessions->Remove(ScopedSessionId(*caller, request->session_id()));
+  absl::StatusOr<std::string> id = status.ok() ? StoreIdOf(*caller, request->session_id()) : status;
+  status = id.ok() ? deps_.sessions->Remove(*id) : id.status();
   if (status.ok()) {
     deps_.metrics->SetCacheStats(deps_.store->Stats());
     SPDLOG_DEBUG("session {} deleted", request->session_id());
   }
-  return FinishUnary(context, deps_.metrics, RpcMethod::kDeleteSession, status);
+  return FinishUnary(context, deps_.metrics, RpcMethod::kDeleteSession, ForClient(caller, status));
 }
 
 grpc::ServerUnaryReactor* SessionServiceImpl::GetTranscript(
@@ -430,9 +465,9 @@ grpc::ServerUnaryReactor* SessionServiceImpl::GetTranscript(
   absl::StatusOr<Caller> caller = Authorize(deps_, context, Right::kChat, "GetTranscript");
   absl::Status status = caller.status();
   if (status.ok()) status = CheckSessionHeader(context, request->session_id());
+  absl::StatusOr<std::string> id = status.ok() ? StoreIdOf(*caller, request->session_id()) : status;
   absl::StatusOr<SessionRecord> record =
-      status.ok() ? deps_.sessions->Transcript(ScopedSessionId(*caller, request->session_id()))
-                  : absl::StatusOr<SessionRecord>(status);
+      id.ok() ? deps_.sessions->Transcript(*id) : absl::StatusOr<SessionRecord>(id.status());
   if (record.ok()) {
     response->set_session_id(request->session_id());
     response->set_system_prompt(record->system_prompt);
@@ -450,19 +485,21 @@ grpc::ServerUnaryReactor* SessionServiceImpl::GetTranscript(
       turn->set_history_tokens(static_cast<uint32_t>(t.history_begin + t.tokens.size()));
     }
   }
-  return FinishUnary(context, deps_.metrics, RpcMethod::kGetTranscript, record.status());
+  return FinishUnary(context, deps_.metrics, RpcMethod::kGetTranscript,
+                     ForClient(caller, record.status()));
 }
 
 grpc::ServerUnaryReactor* SessionServiceImpl::ImportSession(
     grpc::CallbackServerContext* context, const kvlingo::v1::ImportSessionRequest* request,
     kvlingo::v1::Session* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  auto finish = [metrics = deps_.metrics, reactor](const absl::Status& status) {
-    grpc::Status result = ToGrpcStatus(status);
+  absl::StatusOr<Caller> caller = Authorize(deps_, context, Right::kImport, "ImportSession");
+  auto finish = [metrics = deps_.metrics, reactor,
+                 tenant = caller.ok() ? caller->tenant : std::string()](const absl::Status& status) {
+    grpc::Status result = ToGrpcStatus(ForClient(tenant, status));
     metrics->CountRpc(RpcMethod::kImportSession, result.error_code());
     reactor->Finish(std::move(result));
   };
-  absl::StatusOr<Caller> caller = Authorize(deps_, context, Right::kImport, "ImportSession");
   if (!caller.ok()) {
     finish(caller.status());
     return reactor;
@@ -483,7 +520,7 @@ grpc::ServerUnaryReactor* SessionServiceImpl::ImportSession(
                                     deps_.router->routing().default_model)
                  : absl::StatusOr<std::vector<ImportTurn>>(valid);
   absl::StatusOr<std::string> id =
-      turns.ok() ? NewSessionId(deps_, *caller, request->session_id()) : turns.status();
+      turns.ok() ? NewSessionId(*caller, request->session_id()) : turns.status();
   if (!id.ok()) {
     finish(id.status());
     return reactor;
@@ -491,9 +528,13 @@ grpc::ServerUnaryReactor* SessionServiceImpl::ImportSession(
   deps_.pool->Submit([deps = deps_, finish, response, context, id = *id, caller = *caller,
                       prompt = request->system_prompt(), preamble = std::move(preamble),
                       turns = *std::move(turns)]() mutable {
-    absl::StatusOr<SessionView> created = deps.sessions->Create(id, prompt, std::move(preamble));
+    absl::StatusOr<SessionView> created =
+        CreateForCaller(deps, caller, id, prompt, std::move(preamble));
     if (!created.ok()) {
-      if (absl::IsResourceExhausted(created.status())) deps.metrics->OnRejected("max_sessions");
+      if (absl::IsResourceExhausted(created.status()) &&
+          !absl::StrContains(created.status().message(), "auth.tenants.")) {
+        deps.metrics->OnRejected("max_sessions");
+      }
       finish(created.status());
       return;
     }

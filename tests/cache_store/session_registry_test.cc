@@ -103,6 +103,28 @@ TEST(SessionRegistryTest, ListPagesInCreationOrderAcrossDeletions) {
   EXPECT_TRUE(all->next_page_token.empty());
 }
 
+// Tenant-scoped ids (server/auth.h): a prefix lists only its own sessions,
+// pages count only them, and a token is handed out only when another of its
+// own follows, so the pages say nothing about other tenants' sessions.
+TEST(SessionRegistryTest, ListWithAPrefixSeesOnlyItsOwnSessions) {
+  CacheStore table(Options());
+  for (const char* id : {"a/1", "b/1", "a/2", "b/2", "b/3"}) ASSERT_TRUE(table.Create(id, "", {}).ok());
+  EXPECT_EQ(table.Create("a/../x", "", {}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(table.Create("a b/x", "", {}).status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<SessionPage> a = table.List(2, "", "a/");
+  ASSERT_TRUE(a.ok());
+  EXPECT_THAT(Ids(a->sessions), ElementsAre("a/1", "a/2"));
+  EXPECT_TRUE(a->next_page_token.empty());  // b's later sessions give no token
+  absl::StatusOr<SessionPage> b1 = table.List(2, "", "b/");
+  ASSERT_TRUE(b1.ok());
+  EXPECT_THAT(Ids(b1->sessions), ElementsAre("b/1", "b/2"));
+  ASSERT_FALSE(b1->next_page_token.empty());
+  absl::StatusOr<SessionPage> b2 = table.List(2, b1->next_page_token, "b/");
+  EXPECT_THAT(Ids(b2->sessions), ElementsAre("b/3"));
+  EXPECT_EQ(table.CountWithPrefix("a/"), 2);
+  EXPECT_EQ(table.CountWithPrefix("b/"), 3);
+}
+
 TEST(SessionRegistryTest, PageSizeDefaultsAndClamps) {
   CacheStore table(Options());
   for (int i = 0; i < 1005; ++i) ASSERT_TRUE(table.Create("", "", {}).ok());

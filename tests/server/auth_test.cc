@@ -317,6 +317,19 @@ TEST_F(AuthServerTest, AnotherTenantsSessionIsNotFoundInEveryRpc) {
   ASSERT_TRUE(Chat("key-a", "shared-name").ok());
 
   EXPECT_EQ(Get("key-b", "shared-name").error_code(), Code::NOT_FOUND);
+  // Naming the store's form of A's id does not reach it either.
+  EXPECT_EQ(Get("key-b", "acme/shared-name").error_code(), Code::NOT_FOUND);
+  EXPECT_EQ(Transcript("key-b", "acme/shared-name").error_code(), Code::NOT_FOUND);
+  EXPECT_EQ(Delete("key-b", "acme/shared-name").error_code(), Code::NOT_FOUND);
+  EXPECT_EQ(Create("key-b", "acme/other").error_code(), Code::INVALID_ARGUMENT);
+  // Errors speak of the client's own ids, never the store's "<tenant>/<id>".
+  const grpc::Status missing = Get("key-a", "no-such-session");
+  EXPECT_EQ(missing.error_code(), Code::NOT_FOUND);
+  EXPECT_THAT(missing.error_message(), HasSubstr("'no-such-session'"));
+  EXPECT_THAT(missing.error_message(), Not(HasSubstr("acme/")));
+  const grpc::Status taken = Create("key-a", "shared-name");
+  EXPECT_EQ(taken.error_code(), Code::ALREADY_EXISTS);
+  EXPECT_THAT(taken.error_message(), Not(HasSubstr("acme/")));
   EXPECT_EQ(Transcript("key-b", "shared-name").error_code(), Code::NOT_FOUND);
   EXPECT_EQ(Chat("key-b", "shared-name").error_code(), Code::NOT_FOUND);
   EXPECT_EQ(Delete("key-b", "shared-name").error_code(), Code::NOT_FOUND);
