@@ -53,8 +53,17 @@ case "$cmd" in
     if "$docker_cli" image inspect local/debian:12 >/dev/null 2>&1; then exit 0; fi
     tarball="$dir/debian-12-minbase.tar"
     if [ ! -s "$tarball" ]; then
-      mirror=$(grep -rhoE '^(deb|URIs:) +(\[[^]]*\] +)?https?://[^ ]+' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null \
-                 | grep -v security | head -1 | grep -oE 'https?://[^ ]+' || true)
+      # The Debian archive among the sources apt reads (not third-party
+      # repositories, nor files apt ignores such as *.disabled).
+      sources=()
+      for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
+        [ -f "$f" ] && sources+=("$f")
+      done
+      mirror=""
+      if [ ${#sources[@]} -gt 0 ]; then
+        mirror=$(grep -hoE '^(deb|URIs:) +(\[[^]]*\] +)?https?://[^ ]+' "${sources[@]}" 2>/dev/null |
+                   grep -oE 'https?://[^ ]+' | grep -E '/debian/?$' | head -1 || true)
+      fi
       mirror=${mirror:-http://deb.debian.org/debian}
       rootfs="$dir/rootfs"
       rm -rf "$rootfs"
