@@ -25,6 +25,14 @@ target_compile_options(kvl_torch INTERFACE ${_kvl_torch_flags})
 # OpenMP thread count directly (SerialIntraOpScope). It links the runtime only:
 # no -fopenmp, so that ATen's inline parallel_for compiles the same way in
 # every folder.
+# Clang's FindOpenMP result would be LLVM's libomp: point it at libgomp.
+if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang" AND NOT OpenMP_CXX_FLAGS)
+  execute_process(COMMAND gcc -print-file-name=libgomp.so
+                  OUTPUT_VARIABLE _kvl_gomp OUTPUT_STRIP_TRAILING_WHITESPACE)
+  set(OpenMP_CXX_FLAGS "-fopenmp=libgomp" CACHE STRING "")
+  set(OpenMP_CXX_LIB_NAMES "gomp" CACHE STRING "")
+  set(OpenMP_gomp_LIBRARY "${_kvl_gomp}" CACHE FILEPATH "")
+endif()
 find_package(OpenMP REQUIRED COMPONENTS CXX)
 if(NOT OpenMP_CXX_LIBRARIES MATCHES "gomp")
   message(FATAL_ERROR "kvlingo expects GNU libgomp, the OpenMP runtime of Debian's "

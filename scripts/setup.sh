@@ -20,12 +20,15 @@ BUILD_PACKAGES=(
 )
 # ...and what the tests and benchmarks add: their libraries, the servers and
 # tools they run as peers and oracles (Redis, nginx, Prometheus, Docker with
-# debootstrap for the base image, Python's gRPC), gnuplot for the plots.
+# debootstrap for the base image, Python's gRPC), gnuplot for the plots, and
+# clang 14 with its sanitizer and libFuzzer runtimes and llvm-symbolizer for
+# the fuzz and ASan checks (scripts/fuzz.sh, scripts/asan_check.sh).
 TEST_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   redis-server nginx docker.io docker-compose debootstrap
   prometheus python3-grpcio python3-protobuf curl
   gnuplot-nox bc
+  clang-14 libclang-rt-14-dev llvm-14
 )
 PACKAGES=("${BUILD_PACKAGES[@]}")
 [ "${KVL_SETUP:-all}" = build ] || PACKAGES+=("${TEST_PACKAGES[@]}")

@@ -15,18 +15,7 @@ JOBS=${KVL_TSAN_JOBS:-$(nproc)}
 TARGET=tests/model_scheduler_test
 SUPP=$PWD/experiments/tsan_scheduler/tsan.supp
 
-if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
-  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DKVL_SANITIZE=thread -DKVL_BUILD_BENCH=OFF >/dev/null
-elif ! grep -qx 'KVL_SANITIZE:STRING=thread' "$BUILD/CMakeCache.txt"; then
-  echo "tsan_check: FAIL ($BUILD is configured without KVL_SANITIZE=thread)" >&2
-  exit 2
-fi
-if ! ninja -C "$BUILD" -j"$JOBS" "$TARGET" >"$BUILD/tsan_check_build.log" 2>&1; then
-  grep -A30 '^FAILED' "$BUILD/tsan_check_build.log" | head -60 >&2 || tail -40 "$BUILD/tsan_check_build.log" >&2
-  echo "tsan_check: FAIL (building $TARGET; log $BUILD/tsan_check_build.log)" >&2
-  exit 1
-fi
+scripts/sanitizer_build.sh "$BUILD" thread tsan_check "$JOBS" "$TARGET"
 
 log=$BUILD/tsan_check.log
 start=$(date +%s)

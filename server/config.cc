@@ -238,10 +238,15 @@ absl::Status ParseServer(const Json& j, const std::string& path, ServerSection* 
   if (const Json* tls = Find(j, "tls"); s.ok() && tls != nullptr) {
     const std::string at = Child(path, "tls");
     s = ExpectObject(*tls, at);
-    if (s.ok()) s = CheckKeys(*tls, at, {"cert_file", "key_file", "client_ca_file"});
+    if (s.ok()) {
+      s = CheckKeys(*tls, at, {"cert_file", "key_file", "client_ca_file", "reload_interval_seconds"});
+    }
     if (s.ok()) s = ReadString(*tls, "cert_file", at, &out->tls.cert_file);
     if (s.ok()) s = ReadString(*tls, "key_file", at, &out->tls.key_file);
     if (s.ok()) s = ReadString(*tls, "client_ca_file", at, &out->tls.client_ca_file);
+    if (s.ok()) {
+      s = ReadInt(*tls, "reload_interval_seconds", at, 1, 86400, &out->tls.reload_interval_seconds);
+    }
     if (s.ok() && (out->tls.cert_file.empty() || out->tls.key_file.empty())) {
       s = Invalid(at, "cert_file and key_file are both required for TLS");
     }
@@ -727,8 +732,10 @@ absl::StatusOr<ServerConfig> ParseConfig(absl::string_view text, const std::stri
   try {
     root = Json::parse(text.begin(), text.end(), /*cb=*/nullptr, /*allow_exceptions=*/true,
                        /*ignore_comments=*/true);
-  } catch (const Json::parse_error& e) {
-    // e.what() begins with "[json.exception.parse_error.101] "; keep the rest.
+  } catch (const Json::exception& e) {
+    // A syntax error (parse_error) or a number too large for a double
+    // (out_of_range.406, found by tests/fuzz). e.what() begins with
+    // "[json.exception.parse_error.101] "; keep the rest.
     std::string what = e.what();
     const size_t bracket = what.find("] ");
     if (bracket != std::string::npos) what = what.substr(bracket + 2);

@@ -45,11 +45,14 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view text);
 // server.tls: the gRPC port serves TLS with this certificate; with
 // client_ca_file, clients must present a certificate that CA signed (mTLS).
 // Paths are resolved against the config file's directory; empty cert_file:
-// plaintext.
+// plaintext. The files are read again every reload_interval_seconds and a
+// changed certificate, key or CA serves new handshakes from then on;
+// connections already open keep theirs (server/README.md, "tls").
 struct TlsSection {
   std::string cert_file;       // PEM certificate chain
   std::string key_file;        // PEM private key
   std::string client_ca_file;  // PEM; empty: no client certificates asked
+  int64_t reload_interval_seconds = 60;
   bool enabled() const { return !cert_file.empty(); }
 };
 

@@ -4,6 +4,9 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
 
 #include <algorithm>
 #include <chrono>
@@ -44,23 +47,42 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
     }
     return text;
   };
-  absl::StatusOr<std::string> cert = read(tls.cert_file, "cert_file");
-  if (!cert.ok()) return cert.status();
-  absl::StatusOr<std::string> key = read(tls.key_file, "key_file");
-  if (!key.ok()) return key.status();
-  grpc::SslServerCredentialsOptions options(
-      tls.client_ca_file.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
-                                 : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  if (!tls.client_ca_file.empty()) {
-    absl::StatusOr<std::string> ca = read(tls.client_ca_file, "client_ca_file");
-    if (!ca.ok()) return ca.status();
-    options.pem_root_certs = *ca;
+  if (absl::StatusOr<std::string> cert = read(tls.cert_file, "cert_file"); !cert.ok()) {
+    return cert.status();
   }
-  options.pem_key_cert_pairs.push_back({*key, *cert});
-  spdlog::info("TLS on the gRPC port ({}){}", tls.cert_file,
+  if (absl::StatusOr<std::string> key = read(tls.key_file, "key_file"); !key.ok()) {
+    return key.status();
+  }
+  if (!tls.client_ca_file.empty()) {
+    if (absl::StatusOr<std::string> ca = read(tls.client_ca_file, "client_ca_file"); !ca.ok()) {
+      return ca.status();
+    }
+  }
+  // The files were readable now; gRPC's file watcher reads them again every
+  // reload_interval_seconds and swaps in a changed certificate, key or CA for
+  // the handshakes after it, without touching open connections (a rotated
+  // certificate needs no restart; gRPC's C++ API offers no call to swap a
+  // running server's credentials on a signal). Replace the files by rename,
+  // so that no read sees half of a new file.
+  const auto interval = static_cast<unsigned int>(tls.reload_interval_seconds);
+  auto provider =
+      tls.client_ca_file.empty()
+          ? std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+                tls.key_file, tls.cert_file, interval)
+          : std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+                tls.key_file, tls.cert_file, tls.client_ca_file, interval);
+  grpc::experimental::TlsServerCredentialsOptions options(provider);
+  options.watch_identity_key_cert_pairs();
+  if (tls.client_ca_file.empty()) {
+    options.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  } else {
+    options.watch_root_certs();
+    options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  }
+  spdlog::info("TLS on the gRPC port ({}, re-read every {} s){}", tls.cert_file, interval,
                tls.client_ca_file.empty() ? "" : "; clients need a certificate signed by " +
                                                      tls.client_ca_file);
-  return grpc::SslServerCredentials(options);
+  return grpc::experimental::TlsServerCredentials(options);
 }
 
 constexpr const char* kServiceNames[] = {

@@ -188,6 +188,11 @@ int RunChat(const Args& args) {
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       MakeClientCredentials(tls);
   if (!credentials.ok()) return Fail(std::string(credentials.status().message()));
+  if (HasApiKey() && tls.ca_file.empty() && tls.cert_file.empty()) {
+    std::fprintf(stderr,
+                 "kvl chat: warning: sending KVL_API_KEY over plaintext (no --ca); anyone on "
+                 "the network path can read it\n");
+  }
   const std::shared_ptr<grpc::Channel> channel = grpc::CreateChannel(server, *credentials);
   auto sessions = kvlingo::v1::SessionService::NewStub(channel);
   auto chat = kvlingo::v1::ChatService::NewStub(channel);

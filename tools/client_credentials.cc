@@ -27,9 +27,15 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeClientCredentials(
   return grpc::SslCredentials(tls);
 }
 
-void AddApiKey(grpc::ClientContext* context) {
+bool HasApiKey() {
   const char* key = std::getenv("KVL_API_KEY");
-  if (key != nullptr && *key != '\0') context->AddMetadata("authorization", std::string("Bearer ") + key);
+  return key != nullptr && *key != '\0';
+}
+
+void AddApiKey(grpc::ClientContext* context) {
+  if (HasApiKey()) {
+    context->AddMetadata("authorization", std::string("Bearer ") + std::getenv("KVL_API_KEY"));
+  }
 }
 
 }  // namespace kvl::tools

@@ -27,5 +27,7 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeClientCredentials(
 // KVL_API_KEY holds a key (kvl-server's auth.keys; an environment variable,
 // not a flag, so that `ps` and shell history do not show it).
 void AddApiKey(grpc::ClientContext* context);
+// Whether KVL_API_KEY holds a key.
+bool HasApiKey();
 
 }  // namespace kvl::tools

@@ -1,6 +1,9 @@
 #include "translator/translator.h"
 
 #include <ATen/ATen.h>
+#if defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
+#include <cpuid.h>
+#endif
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
@@ -369,8 +372,9 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Create(TranslatorSpec sp
          {std::tuple{&t->blocks_.keys, &t->keys_, &t->prepared_keys_},
           {&t->blocks_.values, &t->values_, &t->prepared_values_}}) {
       Stacked& stacked = prepared->stacked;
+      const auto& first = lists->front();  // a structured binding cannot be captured (C++17)
       stacked.shared = std::all_of(lists->begin(), lists->end(),
-                                   [&](const auto& l) { return l == lists->front(); });
+                                   [&first](const auto& l) { return l == first; });
       if (stacked.shared) {
         // Rows of layer il's map land at columns [il*out, (il+1)*out).
         stacked.shared_weight_t = in_compute(at::cat(maps->weight, 0).t().contiguous());
@@ -452,7 +456,14 @@ at::Tensor Translator::Apply(const at::Tensor& x,
 }
 
 DType FastestTranslateDtype() {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#if defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
+  // clang 14 (the sanitizer and fuzz builds) knows no "amx-bf16" feature
+  // name: AMX-BF16 is CPUID leaf 7, EDX bit 22.
+  __builtin_cpu_init();
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool amx_bf16 = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx >> 22) & 1;
+  if (__builtin_cpu_supports("avx512bf16") || amx_bf16) return DType::kBFloat16;
+#elif defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512bf16") || __builtin_cpu_supports("amx-bf16")) {
     return DType::kBFloat16;

@@ -188,6 +188,11 @@ TEST(ConfigTest, SyntaxErrorsAndNonObjectsAreInvalidArgument) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("config: invalid JSON"));
   EXPECT_THAT(ParseError("[1]").message(), HasSubstr("expected a JSON object at the top level"));
+  // A number beyond a double's range used to escape as an exception and end
+  // the process (found by tests/fuzz/server_config_fuzz.cc).
+  s = ParseError(R"({"limits": {"max_sessions": 1E999999}})");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("config: invalid JSON: number overflow"));
 }
 
 TEST(ConfigTest, HostPortForms) {
@@ -327,6 +332,24 @@ TEST(ConfigTest, LoadConfigFileResolvesPathsAgainstTheFilesDirectory) {
   absl::Status missing = LoadConfigFile(dir.Path("nope.json")).status();
   EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(missing.message(), HasSubstr("config: cannot read '" + dir.Path("nope.json") + "'"));
+}
+
+TEST(ConfigTest, TlsFilesAndTheirReloadInterval) {
+  absl::StatusOr<ServerConfig> c = ParseConfig(
+      R"({"server": {"tls": {"cert_file": "s.pem", "key_file": "s.key", "client_ca_file": "ca.pem",
+                             "reload_interval_seconds": 5}}})",
+      "/etc/kvl");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->server.tls.cert_file, "/etc/kvl/s.pem");
+  EXPECT_EQ(c->server.tls.client_ca_file, "/etc/kvl/ca.pem");
+  EXPECT_EQ(c->server.tls.reload_interval_seconds, 5);
+  c = ParseConfig(R"({"server": {"tls": {"cert_file": "s.pem", "key_file": "s.key"}}})", "/");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->server.tls.reload_interval_seconds, 60);
+  EXPECT_THAT(ParseError(R"({"server": {"tls": {"cert_file": "a", "key_file": "b",
+                                                 "reload_interval_seconds": 0}}})")
+                  .message(),
+              HasSubstr("config: server.tls.reload_interval_seconds: expected an integer in [1,"));
 }
 
 // The shipped config names the house models, which are trained separately;

@@ -336,6 +336,12 @@ TEST_F(RouterE2eTest, BadInputsGetTheirCodeAndChangeNothing) {
   EXPECT_THAT(seen["long_system_prompt"]["details"].get<std::string>(),
               HasSubstr("system_prompt: 3000 bytes is over the server's limit of 2000"));
   EXPECT_FALSE(seen["long_system_prompt"]["created"].get<bool>());
+  // The server counts the expired deadline as such, not as a cancellation
+  // (gRPC reports both through OnCancel).
+  auto metrics = testing::HttpGet("127.0.0.1", server.metrics_port, "/metrics");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_THAT(metrics->body, HasSubstr(
+      R"(kvlingo_grpc_requests_total{code="DEADLINE_EXCEEDED",method="kvlingo.v1.ChatService/Chat"} 1)"));
   Stop(server);
 }
 

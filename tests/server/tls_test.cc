@@ -10,9 +10,11 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/files.h"
@@ -89,17 +91,36 @@ class TlsTest : public ::testing::Test {
     return r;
   }
 
-  // CreateSession over `credentials`; its status.
-  static grpc::Status Call(const Running& r,
-                           const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
+  // A channel of its own (no connection shared with other channels), so that
+  // its first call makes a new TLS handshake.
+  static std::shared_ptr<grpc::Channel> Channel(
+      const Running& r, const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
     grpc::ChannelArguments args;
     args.SetSslTargetNameOverride("localhost");
-    auto channel = grpc::CreateCustomChannel(r.address, credentials, args);
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    return grpc::CreateCustomChannel(r.address, credentials, args);
+  }
+
+  // CreateSession on `channel`; its status.
+  static grpc::Status CallOn(const std::shared_ptr<grpc::Channel>& channel) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + 5s);
     kvlingo::v1::CreateSessionRequest req;
     kvlingo::v1::Session out;
     return kvlingo::v1::SessionService::NewStub(channel)->CreateSession(&ctx, req, &out);
+  }
+
+  // CreateSession over a new connection with `credentials`; its status.
+  static grpc::Status Call(const Running& r,
+                           const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
+    return CallOn(Channel(r, credentials));
+  }
+
+  // Replaces `to` by `from` the way an operator rotating a certificate should:
+  // a copy next to it, renamed over it.
+  static void Replace(const std::string& from, const std::string& to) {
+    dir_->WriteFile(to + ".tmp", Read(from));
+    ASSERT_EQ(std::rename(Path(to + ".tmp").c_str(), Path(to).c_str()), 0);
   }
 
   static std::shared_ptr<grpc::ChannelCredentials> Tls(const std::string& ca,
@@ -136,6 +157,39 @@ TEST_F(TlsTest, MutualTlsRefusesClientsWithoutACertificateOrWithAStrangersOne) {
   EXPECT_EQ(Call(server, Tls("ca", "rogue-client")).error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(Call(server, grpc::InsecureChannelCredentials()).error_code(),
             grpc::StatusCode::UNAVAILABLE);
+}
+
+// Certificate rotation without a restart: the server re-reads its files every
+// reload_interval_seconds; a new certificate (here from another CA) serves the
+// handshakes after that, while a connection opened before keeps working.
+TEST_F(TlsTest, ARotatedCertificateServesNewHandshakesAndOpenConnectionsStay) {
+  Openssl({"req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+           "-keyout", Path("ca2.key"), "-out", Path("ca2.pem"), "-days", "2", "-subj",
+           "/CN=kvl-test-ca2"});
+  Sign("server2", "ca2", "localhost");
+  Replace("server.pem", "live.pem");
+  Replace("server.key", "live.key");
+  Running server = Start(
+      {{"cert_file", "live.pem"}, {"key_file", "live.key"}, {"reload_interval_seconds", 1}});
+  const std::shared_ptr<grpc::Channel> before = Channel(server, Tls("ca"));
+  ASSERT_TRUE(CallOn(before).ok());
+  EXPECT_EQ(Call(server, Tls("ca2")).error_code(), grpc::StatusCode::UNAVAILABLE);
+
+  Replace("server2.key", "live.key");
+  Replace("server2.pem", "live.pem");
+  // The watcher runs every second; give a loaded machine ample time.
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  grpc::Status rotated;
+  while (!(rotated = Call(server, Tls("ca2"))).ok() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(200ms);
+  }
+  EXPECT_TRUE(rotated.ok()) << "the new certificate was not served within 30 s: "
+                            << rotated.error_message();
+  EXPECT_EQ(Call(server, Tls("ca")).error_code(), grpc::StatusCode::UNAVAILABLE)
+      << "new handshakes still get the old certificate";
+  // The connection made before the rotation is still up and answering.
+  EXPECT_TRUE(CallOn(before).ok());
+  EXPECT_EQ(before->GetState(/*try_to_connect=*/false), GRPC_CHANNEL_READY);
 }
 
 TEST_F(TlsTest, AMissingKeyFileStopsTheStartNamingTheKey) {

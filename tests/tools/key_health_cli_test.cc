@@ -1,5 +1,6 @@
-// kvl hash-key (checked against coreutils' sha256sum) and kvl health (against
-// a kvl-server without models, and against a port nobody listens on).
+// kvl hash-key (checked against coreutils' sha256sum), kvl chat's warning for
+// a key sent over plaintext, and kvl health (against a kvl-server without
+// models, and against a port nobody listens on).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -43,6 +44,28 @@ TEST(HashKeyCliTest, GenerateGivesAFreshKeyOnStderrAndItsHashOnStdout) {
       {"bash", "-c", std::string(KVL_CLI_BIN) + " hash-key </dev/null"}, 30s);
   ASSERT_TRUE(empty.ok());
   EXPECT_EQ(empty->exit_code, 2);  // no key on stdin
+}
+
+// kvl chat sends $KVL_API_KEY with every call; over plaintext it says so on
+// stderr first (the key is readable on the path). Nobody listens on the port:
+// the call fails fast, and the warning comes before it.
+TEST(ChatKeyCliTest, AKeySentOverPlaintextIsWarnedAbout) {
+  testing::TempDir dir("chat-key");
+  absl::StatusOr<int> port = testing::FindFreeLoopbackPort();
+  ASSERT_TRUE(port.ok());
+  const std::string chat = std::string(KVL_CLI_BIN) + " chat --server 127.0.0.1:" +
+                           std::to_string(*port) + " --session s </dev/null";
+  const std::string warning = "warning: sending KVL_API_KEY over plaintext";
+  auto run = [](const std::string& script) {
+    absl::StatusOr<testing::RunResult> r = testing::RunProcess({"bash", "-c", script}, 60s);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->err : std::string();
+  };
+  EXPECT_THAT(run("KVL_API_KEY=k-1 " + chat), ::testing::HasSubstr(warning));
+  EXPECT_THAT(run(chat), ::testing::Not(::testing::HasSubstr(warning)));
+  const std::string ca = dir.WriteFile("ca.pem", "not checked before the handshake\n");
+  EXPECT_THAT(run("KVL_API_KEY=k-1 " + chat + " --ca " + ca),
+              ::testing::Not(::testing::HasSubstr(warning)));
 }
 
 TEST(HealthCliTest, ServingIsExitZeroAndNoServerIsExitOne) {
