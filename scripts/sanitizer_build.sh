@@ -23,7 +23,9 @@ case $KIND in
                      -DKVL_BUILD_BENCH=OFF) ;;
   *) echo "sanitizer_build.sh: KIND must be thread or fuzz, got '$KIND'" >&2; exit 2 ;;
 esac
-if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
+# Configured means build.ninja exists (a failed configure leaves a cache but
+# no build.ninja, and is run again).
+if [[ ! -f "$BUILD/build.ninja" ]]; then
   mkdir -p "$BUILD"
   if ! "${configure[@]}" >"$BUILD/configure.log" 2>&1; then
     tail -30 "$BUILD/configure.log" >&2

@@ -34,7 +34,7 @@ Expected statuses (anything else is an "unexpected error" and fails the run):
       busy session's lines cannot be evicted; the turn pool has 4 threads per
       model + batching.max_running 4 = 16, so up to 16 sessions are pinned at
       once). Not an error under this load, so counted and reported (1 of 524
-      turns with 16 sessions, none with 64 in the runs below); the end checks
+      turns with 16 sessions, none with 64, in the development runs); the end checks
       (a final turn alone per session, cache bytes at rest) catch a leak of
       budget.
   Admission limits (limits.*) are set far above this load: their

@@ -7,6 +7,11 @@
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 
 #include <algorithm>
 #include <chrono>
@@ -29,6 +34,44 @@
 namespace kvl::server {
 namespace {
 
+// The TLS files as PEM: a certificate (chain), a private key that matches it,
+// and a CA certificate when one is set. gRPC's file watcher would start the
+// server with unusable files and fail every handshake; this stops the start
+// instead (FailedPrecondition naming the key).
+absl::Status CheckTlsFiles(const TlsSection& tls, const std::string& cert_pem,
+                           const std::string& key_pem, const std::string& ca_pem) {
+  using Bio = std::unique_ptr<BIO, decltype(&BIO_free)>;
+  auto bio = [](const std::string& text) {
+    return Bio(BIO_new_mem_buf(text.data(), static_cast<int>(text.size())), &BIO_free);
+  };
+  auto bad = [](const char* key, const std::string& file, const char* what) {
+    ERR_clear_error();
+    return absl::FailedPreconditionError(
+        absl::StrCat("config: server.tls.", key, ": ", file, " ", what));
+  };
+  Bio cert_bio = bio(cert_pem);
+  std::unique_ptr<X509, decltype(&X509_free)> cert(
+      PEM_read_bio_X509(cert_bio.get(), nullptr, nullptr, nullptr), &X509_free);
+  if (!cert) return bad("cert_file", tls.cert_file, "holds no PEM certificate");
+  Bio key_bio = bio(key_pem);
+  // No passphrase: OpenSSL's default callback would prompt on the terminal.
+  pem_password_cb* no_passphrase = [](char*, int, int, void*) { return 0; };
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(
+      PEM_read_bio_PrivateKey(key_bio.get(), nullptr, no_passphrase, nullptr), &EVP_PKEY_free);
+  if (!key) return bad("key_file", tls.key_file, "holds no PEM private key (or one with a passphrase)");
+  if (X509_check_private_key(cert.get(), key.get()) != 1) {
+    return bad("key_file", tls.key_file,
+               ("is not the private key of the certificate in " + tls.cert_file).c_str());
+  }
+  if (!tls.client_ca_file.empty()) {
+    Bio ca_bio = bio(ca_pem);
+    std::unique_ptr<X509, decltype(&X509_free)> ca(
+        PEM_read_bio_X509(ca_bio.get(), nullptr, nullptr, nullptr), &X509_free);
+    if (!ca) return bad("client_ca_file", tls.client_ca_file, "holds no PEM certificate");
+  }
+  return absl::OkStatus();
+}
+
 // The gRPC port's credentials: plaintext, TLS, or TLS requiring a client
 // certificate signed by tls.client_ca_file. FailedPrecondition naming the key
 // when a file cannot be read.
@@ -47,18 +90,17 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
     }
     return text;
   };
-  if (absl::StatusOr<std::string> cert = read(tls.cert_file, "cert_file"); !cert.ok()) {
-    return cert.status();
-  }
-  if (absl::StatusOr<std::string> key = read(tls.key_file, "key_file"); !key.ok()) {
-    return key.status();
-  }
+  absl::StatusOr<std::string> cert = read(tls.cert_file, "cert_file");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = read(tls.key_file, "key_file");
+  if (!key.ok()) return key.status();
+  absl::StatusOr<std::string> ca = std::string();
   if (!tls.client_ca_file.empty()) {
-    if (absl::StatusOr<std::string> ca = read(tls.client_ca_file, "client_ca_file"); !ca.ok()) {
-      return ca.status();
-    }
+    ca = read(tls.client_ca_file, "client_ca_file");
+    if (!ca.ok()) return ca.status();
   }
-  // The files were readable now; gRPC's file watcher reads them again every
+  if (absl::Status s = CheckTlsFiles(tls, *cert, *key, *ca); !s.ok()) return s;
+  // The files are valid now; gRPC's file watcher reads them again every
   // reload_interval_seconds and swaps in a changed certificate, key or CA for
   // the handshakes after it, without touching open connections (a rotated
   // certificate needs no restart; gRPC's C++ API offers no call to swap a

@@ -35,6 +35,11 @@ int main(int argc, char** argv) {
     }
   }
   std::sort(inputs.begin(), inputs.end());
+  // The seed corpus is never empty: none found means a wrong path.
+  if (inputs.empty()) {
+    std::fprintf(stderr, "replay: no inputs\n");
+    return 2;
+  }
   for (const fs::path& p : inputs) {
     std::ifstream in(p, std::ios::binary);
     const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -1,8 +1,7 @@
 // Translator files (Translator::Load) on arbitrary contents: the safetensors
 // container plus kvlingo's metadata and map tensors. Property: a file that is
-// not a valid translator is InvalidArgument (never a crash or another code);
-// a file that loads translates a span of its source's shape into one of its
-// target's shape with finite values when its maps are finite.
+// not a valid translator is InvalidArgument, or FailedPrecondition for one
+// built for other models (never a crash, a sanitizer report or another code).
 #include <ATen/ATen.h>
 
 #include <cstdint>
@@ -30,9 +29,5 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                        t.status().ToString());
     return 0;
   }
-  // Loaded: the spec's shapes are what Create validated; keep the fuzz input
-  // small enough that translating a few tokens is cheap.
-  const kvl::TranslatorSpec& spec = (*t)->spec();
-  KVL_FUZZ_CHECK(spec.target.n_layer > 0 && spec.source.n_layer > 0, "loaded with no layers");
   return 0;
 }

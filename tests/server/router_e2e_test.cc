@@ -341,7 +341,8 @@ TEST_F(RouterE2eTest, BadInputsGetTheirCodeAndChangeNothing) {
   auto metrics = testing::HttpGet("127.0.0.1", server.metrics_port, "/metrics");
   ASSERT_TRUE(metrics.ok()) << metrics.status();
   EXPECT_THAT(metrics->body, HasSubstr(
-      R"(kvlingo_grpc_requests_total{code="DEADLINE_EXCEEDED",method="kvlingo.v1.ChatService/Chat"} 1)"));
+      R"(kvlingo_grpc_requests_total{code="DEADLINE_EXCEEDED",method="kvlingo.v1.ChatService/Chat"} 1)"
+      "\n"));
   Stop(server);
 }
 

@@ -192,6 +192,32 @@ TEST_F(TlsTest, ARotatedCertificateServesNewHandshakesAndOpenConnectionsStay) {
   EXPECT_EQ(before->GetState(/*try_to_connect=*/false), GRPC_CHANNEL_READY);
 }
 
+// Readable files that are not usable PEM stop the start too, naming the key
+// (gRPC's certificate watcher would start and fail every handshake).
+TEST_F(TlsTest, AGarbageCertificateOrAStrangersKeyStopsTheStart) {
+  dir_->WriteFile("garbage.pem", "not a certificate\n");
+  const std::vector<std::pair<Json, std::string>> cases = {
+      {{{"cert_file", "garbage.pem"}, {"key_file", "server.key"}},
+       "server.tls.cert_file: " + Path("garbage.pem") + " holds no PEM certificate"},
+      {{{"cert_file", "server.pem"}, {"key_file", "garbage.pem"}},
+       "server.tls.key_file: " + Path("garbage.pem") + " holds no PEM private key"},
+      {{{"cert_file", "server.pem"}, {"key_file", "client.key"}},
+       "server.tls.key_file: " + Path("client.key") + " is not the private key of the certificate"},
+      {{{"cert_file", "server.pem"}, {"key_file", "server.key"}, {"client_ca_file", "garbage.pem"}},
+       "server.tls.client_ca_file: " + Path("garbage.pem") + " holds no PEM certificate"},
+  };
+  for (const auto& [tls, message] : cases) {
+    const Json config = {{"server", {{"tls", tls}}}, {"models", Json::array()}};
+    const std::string file = dir_->WriteFile("bad-pem-" + std::to_string(++n_) + ".json", config.dump());
+    auto run = testing::RunProcess({KVL_SERVER_BIN, "--config", file, "--listen", "127.0.0.1:0",
+                                    "--metrics-address", "127.0.0.1:0"},
+                                   30s);
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_NE(run->exit_code, 0) << message;
+    EXPECT_THAT(run->err, HasSubstr(message));
+  }
+}
+
 TEST_F(TlsTest, AMissingKeyFileStopsTheStartNamingTheKey) {
   const Json config = {{"server", {{"tls", {{"cert_file", "server.pem"}, {"key_file", "nope.key"}}}}},
                        {"models", Json::array()}};
