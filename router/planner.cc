@@ -85,8 +85,11 @@ HandoverPlan PlanHandover(const PlannerInput& in) {
       plan.tokens_reprefilled += e - translated_end;
     }
   }
+  // A prefill on top of a kept start is a native tail, one from token 0 a
+  // full re-prefill: their TTFTs differ by the length of the history.
   plan.path = plan.tokens_translated > 0    ? CachePath::kTranslated
-              : plan.tokens_reprefilled > 0 ? CachePath::kReprefill
+              : plan.tokens_reprefilled > 0 ? (plan.keep > 0 ? CachePath::kNativeTail
+                                                             : CachePath::kReprefill)
                                             : CachePath::kNative;
   return plan;
 }

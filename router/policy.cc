@@ -59,6 +59,8 @@ const char* CachePathName(CachePath path) {
       return "reprefill";
     case CachePath::kRestored:
       return "restored";
+    case CachePath::kNativeTail:
+      return "native-tail";
   }
   return "?";
 }

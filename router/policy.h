@@ -20,10 +20,17 @@ namespace kvl::router {
 enum class Policy { kFixed, kExplicit, kRules, kCascade, kAlternate };
 // How a model that lacks part of the history gets it (see planner.h).
 enum class Strategy { kTranslate, kReprefill, kReprefillMissing };
-// Which path produced the answering model's cache of the history; kRestored:
-// the session came from the durable store (server/sessions.h) without cache
-// lines, and the model prefilled the history.
-enum class CachePath { kNative, kTranslated, kReprefill, kRestored };
+// Which path produced the answering model's cache of the history:
+//   kNative      the model held all of it (its own unrun tail aside);
+//   kTranslated  at least one missing span was translated;
+//   kReprefill   the model prefilled the whole history (it held none of it,
+//                or strategy "reprefill" dropped its line);
+//   kRestored    the session came from the durable store (server/sessions.h)
+//                without cache lines, and the model prefilled the history;
+//   kNativeTail  the model kept its line's start and prefilled only the tail
+//                it lacked (strategy "reprefill-missing", or a span nothing
+//                could translate), nothing translated.
+enum class CachePath { kNative, kTranslated, kReprefill, kRestored, kNativeTail };
 // Background repair of translated lines (router/repair.cc): off; after-turn
 // (each line a turn left with translated spans is recomputed natively as soon
 // as the turn ends, giving way to turns waiting for its model between chunks);
@@ -31,12 +38,13 @@ enum class CachePath { kNative, kTranslated, kReprefill, kRestored };
 // model).
 enum class RepairMode { kOff, kAfterTurn, kIdleOnly };
 inline constexpr int kNumPolicies = 5;
-inline constexpr int kNumCachePaths = 4;
+inline constexpr int kNumCachePaths = 5;
 inline constexpr int kNumStrategies = 3;
 
 const char* PolicyName(Policy policy);        // "fixed", "explicit", ..., as configured
 const char* StrategyName(Strategy strategy);  // "translate", "reprefill", "reprefill-missing"
-const char* CachePathName(CachePath path);  // "native", "translated", "reprefill", "restored"
+// "native", "translated", "reprefill", "restored", "native-tail"
+const char* CachePathName(CachePath path);
 const char* RepairModeName(RepairMode mode);  // "off", "after-turn", "idle-only"
 // The inverses of PolicyName and StrategyName; InvalidArgument listing the
 // names otherwise ("expected one of fixed, explicit, ..., got 'x'").

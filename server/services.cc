@@ -201,6 +201,8 @@ kvlingo::v1::CachePath ToProto(router::CachePath p) {
       return kvlingo::v1::CACHE_PATH_REPREFILL;
     case router::CachePath::kRestored:
       return kvlingo::v1::CACHE_PATH_RESTORED;
+    case router::CachePath::kNativeTail:
+      return kvlingo::v1::CACHE_PATH_NATIVE_TAIL;
   }
   return kvlingo::v1::CACHE_PATH_UNSPECIFIED;
 }

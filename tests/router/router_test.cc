@@ -152,6 +152,15 @@ TEST(PlannerTest, StrategiesReprefillAndReprefillMissing) {
   EXPECT_EQ(missing.keep, 9);
   EXPECT_EQ(missing.tokens_reprefilled, 11);
   EXPECT_EQ(missing.tokens_translated, 0);
+  // The TTFT label tells the two apart: a prefill on a kept start is a
+  // native tail, one from token 0 a full re-prefill.
+  EXPECT_EQ(missing.path, CachePath::kNativeTail);
+  lines[0] = {};
+  HandoverPlan from_nothing =
+      PlanHandover(Input(0, Strategy::kReprefillMissing, ledger, lines, 1, 19));
+  EXPECT_EQ(from_nothing.keep, 0);
+  EXPECT_EQ(from_nothing.tokens_reprefilled, 20);
+  EXPECT_EQ(from_nothing.path, CachePath::kReprefill);
 }
 
 // ---- orchestrator ----------------------------------------------------------

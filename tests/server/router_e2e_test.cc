@@ -214,11 +214,16 @@ TEST_F(RouterE2eTest, EveryPolicyAndStrategyAcrossThreeModelsThenMetrics) {
   // cascade: escalates from small (random models are never confident at -5).
   EXPECT_THAT(runs["cascade"][0]["routing"]["reason"].get<std::string>(), HasSubstr("escalated"));
   EXPECT_EQ(runs["cascade"][2]["routing"]["model"], "large");
-  // Strategies, A -> B -> C -> A.
+  // Strategies, A -> B -> C -> A. B and C hold nothing when they switch in;
+  // A holds turn 1, so "reprefill-missing" prefills only the rest on its
+  // return (a native tail) where "reprefill" starts it over.
   for (const char* s : {"translate", "reprefill", "reprefill-missing"}) {
     const Json& t = runs[std::string("explicit-") + s];
-    const char* want = std::string(s) == "translate" ? "CACHE_PATH_TRANSLATED" : "CACHE_PATH_REPREFILL";
     for (int i = 1; i < 4; ++i) {
+      const std::string want = std::string(s) == "translate"   ? "CACHE_PATH_TRANSLATED"
+                               : std::string(s) == "reprefill" ? "CACHE_PATH_REPREFILL"
+                               : i == 3                        ? "CACHE_PATH_NATIVE_TAIL"
+                                                               : "CACHE_PATH_REPREFILL";
       EXPECT_TRUE(t[i]["routing"]["switched"].get<bool>()) << s << i;
       EXPECT_EQ(t[i]["routing"]["path"], want) << s << i;
     }
@@ -280,7 +285,7 @@ TEST_F(RouterE2eTest, EveryPolicyAndStrategyAcrossThreeModelsThenMetrics) {
       std::regex(R"(kvlingo_request_success_total\{finished_reason="[a-z_]+",model="large"\} [1-9])")));
   EXPECT_TRUE(std::regex_search(
       metrics->body, std::regex(R"(kvlingo_e2e_request_latency_seconds_count\{model="small"\} [1-9])")));
-  for (const char* path : {"native", "translated", "reprefill"}) {
+  for (const char* path : {"native", "translated", "reprefill", "native-tail"}) {
     const std::regex count(std::string(R"(kvlingo_time_to_first_token_seconds_count\{model="[^"]+",path=")") +
                            path + R"("\} [1-9])");
     EXPECT_TRUE(std::regex_search(metrics->body, count)) << path;
