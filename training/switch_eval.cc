@@ -681,7 +681,11 @@ std::string ConversationEvalTable(const ConversationEvalReport& r) {
       "token differs.\n\n",
       r.model_names[0], r.model_names[1]);
   const std::vector<std::string>& names = r.strategies;
-  for (const auto& [start, by_strategy] : r.cells) {
+  for (const auto& cell : r.cells) {
+    // Named references, not a structured binding: the lambda below captures
+    // them (C++20 for a binding; clang 14 refuses it).
+    const auto& start = cell.first;
+    const auto& by_strategy = cell.second;
     const size_t turns = by_strategy.at(names[0]).size();
     const size_t n = by_strategy.at(names[0])[0].correct.size();
     absl::StrAppendFormat(&out, "### Starting on %s (%d conversations)\n\n",
