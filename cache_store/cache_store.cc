@@ -157,12 +157,12 @@ absl::StatusOr<std::unique_ptr<ByteReservation>> TurnLease::ReserveDetached(int6
 }
 
 ByteReservation::~ByteReservation() {
-  absl::MutexLock lock(&store_->mu_);
+  std::lock_guard<std::mutex> lock(store_->mu_);
   store_->reserved_bytes_ -= bytes_;
 }
 
 absl::Status CacheStore::ReserveBytes(const Entry* except, int64_t bytes, const char* what) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   const int64_t budget = budget_bytes();
   while (total_bytes_ + reserved_bytes_ + bytes > budget) {
     if (!EvictOne(except)) {
@@ -188,7 +188,7 @@ void TurnLease::Commit(ConversationState next) {
   TORCH_CHECK(!committed_);
   {
     // View and List copy the state of a session in a turn under the mutex.
-    absl::MutexLock lock(&store_->mu_);
+    std::lock_guard<std::mutex> lock(store_->mu_);
     std::swap(entry_->state, next);  // the old state is freed after unlocking
     for (size_t m = 0; m < repaired_.size(); ++m) entry_->repaired[m] += repaired_[m];
   }
@@ -243,7 +243,7 @@ absl::StatusOr<SessionView> CacheStore::Create(std::string_view session_id,
   entry->state.preamble = std::move(preamble);
   entry->system_prompt = std::move(system_prompt);
   entry->created_unix_seconds = entry->last_active_unix_seconds = options_.clock();
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   std::string id(session_id);
   if (id.empty()) {
     // 96 random bits: collisions are not a practical concern, but a taken id is
@@ -280,7 +280,7 @@ absl::StatusOr<SessionView> CacheStore::Adopt(const std::string& session_id,
   entry->created_unix_seconds = created_unix_seconds;
   entry->last_active_unix_seconds = options_.clock();
   std::shared_ptr<Entry> replaced;  // its lines are freed after the lock is released
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session_id);
   if (it != sessions_.end()) {
     if (it->second->busy) {
@@ -317,7 +317,7 @@ std::shared_ptr<TurnLease::Entry> CacheStore::Erase(
 
 absl::Status CacheStore::Remove(const std::string& session_id) {
   std::shared_ptr<Entry> erased;  // its lines are freed after the lock is released
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) {
     return absl::NotFoundError(absl::StrCat("session '", session_id, "' not found"));
@@ -343,7 +343,7 @@ SessionView CacheStore::ViewOf(const std::string& id, const Entry& e) const {
 }
 
 absl::StatusOr<SessionView> CacheStore::View(const std::string& session_id) const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) {
     return absl::NotFoundError(absl::StrCat("session '", session_id, "' not found"));
@@ -364,7 +364,7 @@ absl::StatusOr<SessionPage> CacheStore::List(uint32_t page_size, std::string_vie
     }
   }
   SessionPage page;
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   for (auto it = by_seq_.lower_bound(start); it != by_seq_.end(); ++it) {
     // Others' sessions are skipped before the page-full check, so that a
     // token is handed out only when one of the prefix's own follows.
@@ -381,7 +381,7 @@ absl::StatusOr<SessionPage> CacheStore::List(uint32_t page_size, std::string_vie
 }
 
 int64_t CacheStore::CountWithPrefix(std::string_view prefix) const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   int64_t n = 0;
   for (const auto& [id, entry] : sessions_) {
     if (absl::StartsWith(id, absl::string_view(prefix.data(), prefix.size()))) ++n;
@@ -391,7 +391,7 @@ int64_t CacheStore::CountWithPrefix(std::string_view prefix) const {
 
 absl::Status CacheStore::Touch(const std::string& session_id) {
   const int64_t now = options_.clock();
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) {
     return absl::NotFoundError(absl::StrCat("session '", session_id, "' not found"));
@@ -404,7 +404,7 @@ std::vector<std::string> CacheStore::RemoveIdle(int64_t idle_seconds) {
   const int64_t now = options_.clock();
   std::vector<std::string> removed;
   std::vector<std::shared_ptr<Entry>> erased;  // freed after the lock is released
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   for (auto seq = by_seq_.begin(); seq != by_seq_.end();) {
     auto it = sessions_.find(seq->second);
     ++seq;  // Erase drops this entry of by_seq_
@@ -421,7 +421,7 @@ absl::StatusOr<std::unique_ptr<TurnLease>> CacheStore::Begin(const std::string& 
                                                              LeaseUse use) {
   std::shared_ptr<Entry> entry;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     auto it = sessions_.find(session_id);
     if (it == sessions_.end()) {
       return absl::NotFoundError(absl::StrCat("session '", session_id, "' not found"));
@@ -459,7 +459,7 @@ void CacheStore::Release(TurnLease* lease) {
     }
     spans[m] = LineProvenance(e.lines[m]->Spans(), e.state.ledger);
   }
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   reserved_bytes_ -= lease->reserved_;
   const uint64_t now = ++tick_;
   for (int m = 0; m < options_.n_models; ++m) {
@@ -508,7 +508,7 @@ bool CacheStore::EvictOne(const Entry* except) {
 }
 
 CacheStoreStats CacheStore::Stats() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   CacheStoreStats s;
   s.budget_bytes = options_.memory_budget_bytes;
   s.total_bytes = total_bytes_;

@@ -24,6 +24,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <string_view>
@@ -33,7 +34,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "model/kv_cache.h"
 
 namespace kvl {
@@ -304,7 +304,7 @@ class CacheStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   CacheStoreOptions options_;
-  mutable absl::Mutex mu_;
+  mutable std::mutex mu_;
   std::unordered_map<std::string, std::shared_ptr<Entry>> sessions_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::string> by_seq_ ABSL_GUARDED_BY(mu_);  // creation order
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;

@@ -17,13 +17,14 @@
 
 #include <sys/time.h>
 
+#include <mutex>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "cache_store/session_store_backends.h"
 #include "nlohmann/json.hpp"
 
@@ -292,7 +293,7 @@ class RedisSessionStore final : public SessionStore {
       // The connection is broken (and, after a Redis restart, so is every
       // idle one): drop them all, so that the next call connects afresh.
       {
-        absl::MutexLock lock(&mu_);
+        std::lock_guard<std::mutex> lock(mu_);
         idle_.clear();
       }
       return absl::UnavailableError(absl::StrCat("session store ", Describe(), ": ",
@@ -312,7 +313,7 @@ class RedisSessionStore final : public SessionStore {
   // A pooled connection (*reused = true) or a new one.
   absl::StatusOr<Context> Acquire(bool* reused) {
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       if (!idle_.empty()) {
         Context c = std::move(idle_.back());
         idle_.pop_back();
@@ -338,7 +339,7 @@ class RedisSessionStore final : public SessionStore {
   }
 
   void Release(Context c) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (idle_.size() < kMaxIdle) idle_.push_back(std::move(c));
   }
 
@@ -346,7 +347,7 @@ class RedisSessionStore final : public SessionStore {
   SessionStoreOptions options_;
   std::string host_;
   int port_;
-  absl::Mutex mu_;
+  std::mutex mu_;
   std::vector<Context> idle_ ABSL_GUARDED_BY(mu_);
 };
 

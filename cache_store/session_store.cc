@@ -2,12 +2,13 @@
 
 #include <chrono>
 #include <map>
+#include <mutex>
 #include <unordered_map>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "cache_store/session_store_backends.h"
 #include "nlohmann/json.hpp"
 
@@ -37,7 +38,7 @@ class MemorySessionStore final : public SessionStore {
   bool shared() const override { return false; }
 
   absl::Status Create(const SessionRecord& session) override {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     Expire(session.session_id);
     if (sessions_.count(session.session_id) > 0) {
       return absl::AlreadyExistsError(
@@ -51,7 +52,7 @@ class MemorySessionStore final : public SessionStore {
   }
 
   absl::StatusOr<SessionRecord> Load(const std::string& session_id) override {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     Entry* e = Find(session_id);
     if (e == nullptr) return NotFound(session_id);
     return e->record;
@@ -59,7 +60,7 @@ class MemorySessionStore final : public SessionStore {
 
   absl::StatusOr<TurnCheck> Check(const std::string& session_id,
                                   const std::string& request_id) override {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     Entry* e = Find(session_id);
     if (e == nullptr) return NotFound(session_id);
     e->record.last_active_unix_seconds = options_.clock();
@@ -75,7 +76,7 @@ class MemorySessionStore final : public SessionStore {
 
   absl::Status AppendTurn(const std::string& session_id, int64_t expected_turns,
                           const TurnRecord& turn) override {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     Entry* e = Find(session_id);
     if (e == nullptr) return NotFound(session_id);
     if (!turn.request_id.empty() && e->requests.count(turn.request_id) > 0) {
@@ -90,7 +91,7 @@ class MemorySessionStore final : public SessionStore {
   }
 
   absl::Status Remove(const std::string& session_id) override {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (Find(session_id) == nullptr) return NotFound(session_id);
     sessions_.erase(session_id);
     return absl::OkStatus();
@@ -118,7 +119,7 @@ class MemorySessionStore final : public SessionStore {
   }
 
   SessionStoreOptions options_;
-  absl::Mutex mu_;
+  std::mutex mu_;
   std::unordered_map<std::string, Entry> sessions_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -1,11 +1,15 @@
 #include "router/policy.h"
 
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
 #include <algorithm>
 #include <cmath>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "spdlog/spdlog.h"
 
 namespace kvl::router {
 
@@ -111,14 +115,65 @@ CascadeVerdict JudgeCascade(const RoutingConfig& config, double next_entropy, do
   return verdict;
 }
 
-absl::Status CompileRule(Rule* rule) {
-  if (rule->pattern.empty()) return absl::OkStatus();
-  try {
-    rule->compiled = std::regex(rule->pattern, std::regex::ECMAScript);
-  } catch (const std::regex_error& e) {
+absl::StatusOr<std::shared_ptr<const RulePattern>> RulePattern::Compile(
+    const std::string& pattern) {
+  int error = 0;
+  PCRE2_SIZE offset = 0;
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                   PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
+  if (code == nullptr) {
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(error, message, sizeof message);
     return absl::InvalidArgumentError(
-        absl::StrCat("'", rule->pattern, "' is not a valid ECMAScript regular expression: ", e.what()));
+        absl::StrCat("'", pattern, "' is not a valid PCRE2 regular expression: ",
+                     reinterpret_cast<const char*>(message), " at offset ", offset));
   }
+  // JIT is an optimisation only; without it pcre2_match interprets.
+  pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
+  return std::shared_ptr<const RulePattern>(new RulePattern(code));
+}
+
+RulePattern::~RulePattern() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
+
+bool RulePattern::Search(absl::string_view text, bool* gave_up) const {
+  if (gave_up != nullptr) *gave_up = false;
+  // Bounds on one search: backtracking steps, and the interpreter's heap (in
+  // KiB). A 64 KiB turn against an ordinary pattern stays far below.
+  constexpr uint32_t kMatchLimit = 10'000'000;
+  constexpr uint32_t kHeapLimitKiB = 16 * 1024;
+  // The JIT's stack, one per thread: 8 MiB reserved, pages taken as used
+  // (a repetition costs tens of bytes a character: 64 KiB turns fit).
+  struct JitStack {
+    pcre2_jit_stack* stack = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, nullptr);
+    ~JitStack() { pcre2_jit_stack_free(stack); }
+  };
+  thread_local JitStack jit;
+  const auto* code = static_cast<const pcre2_code*>(code_);
+  pcre2_match_data* data = pcre2_match_data_create_from_pattern(code, nullptr);
+  pcre2_match_context* context = pcre2_match_context_create(nullptr);
+  pcre2_jit_stack_assign(context, nullptr, jit.stack);
+  pcre2_set_match_limit(context, kMatchLimit);
+  pcre2_set_heap_limit(context, kHeapLimitKiB);
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  int rc = pcre2_match(code, subject, text.size(), 0, 0, data, context);
+  // Past the JIT's stack, the interpreter keeps its backtracking frames on
+  // the heap, within its limit.
+  if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {
+    rc = pcre2_match(code, subject, text.size(), 0, PCRE2_NO_JIT, data, context);
+  }
+  pcre2_match_context_free(context);
+  pcre2_match_data_free(data);
+  if (rc >= 0) return true;
+  if (rc != PCRE2_ERROR_NOMATCH && gave_up != nullptr) *gave_up = true;
+  return false;
+}
+
+absl::Status CompileRule(Rule* rule) {
+  rule->compiled = nullptr;
+  if (rule->pattern.empty()) return absl::OkStatus();
+  absl::StatusOr<std::shared_ptr<const RulePattern>> compiled = RulePattern::Compile(rule->pattern);
+  if (!compiled.ok()) return compiled.status();
+  rule->compiled = *std::move(compiled);
   return absl::OkStatus();
 }
 
@@ -137,7 +192,16 @@ std::string Matches(const Rule& r, absl::string_view turn, int64_t turn_number) 
     absl::StrAppend(&why, ", contains '", *hit, "'");
   }
   if (!r.pattern.empty()) {
-    if (!std::regex_search(turn.begin(), turn.end(), r.compiled)) return "";
+    bool gave_up = false;
+    if (r.compiled == nullptr) return "";  // not compiled (CompileRule): never matches
+    if (!r.compiled->Search(turn, &gave_up)) {
+      if (gave_up) {
+        spdlog::warn("routing rule /{}/ gave up on a {}-byte turn (PCRE2's match limits, or not "
+                     "UTF-8): taken as no match",
+                     r.pattern, n);
+      }
+      return "";
+    }
     absl::StrAppend(&why, ", matches /", r.pattern, "/");
   }
   return why;

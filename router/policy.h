@@ -7,7 +7,7 @@
 
 #include <cstdint>
 #include <limits>
-#include <regex>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -51,14 +51,36 @@ const char* RepairModeName(RepairMode mode);  // "off", "after-turn", "idle-only
 absl::StatusOr<Policy> ParsePolicy(absl::string_view name);
 absl::StatusOr<Strategy> ParseStrategy(absl::string_view name);
 
+// A rule's compiled pattern: a PCRE2 regular expression (UTF-8, Unicode
+// properties) searched with bounded work, so that no turn can make the search
+// run away or exhaust a stack (std::regex's recursive matcher does on long
+// turns). Immutable; thread-safe.
+class RulePattern {
+ public:
+  // InvalidArgument with PCRE2's message and the offset when it is bad.
+  static absl::StatusOr<std::shared_ptr<const RulePattern>> Compile(const std::string& pattern);
+  ~RulePattern();
+  RulePattern(const RulePattern&) = delete;
+  RulePattern& operator=(const RulePattern&) = delete;
+
+  // Whether the pattern matches somewhere in `text`. A search that reaches
+  // PCRE2's match, heap or JIT stack limits, or a `text` that is not UTF-8,
+  // does not match; `gave_up` (when given) says so.
+  bool Search(absl::string_view text, bool* gave_up = nullptr) const;
+
+ private:
+  explicit RulePattern(void* code) : code_(code) {}
+  void* code_;  // pcre2_code*
+};
+
 // One rule of the "rules" policy; every condition set must hold.
 struct Rule {
   int model = 0;
   std::vector<std::string> contains;  // any of them is a substring of the turn
   int64_t min_bytes = 0, max_bytes = 0;  // max_bytes 0: unbounded
   int64_t min_turn = 0, max_turn = 0;    // 1-based turn number; max_turn 0: unbounded
-  std::string pattern;                   // ECMAScript regex searched in the turn; empty: none
-  std::regex compiled;                   // of pattern
+  std::string pattern;                   // PCRE2 regex searched in the turn; empty: none
+  std::shared_ptr<const RulePattern> compiled;  // of pattern (CompileRule)
 };
 
 // Builds a Rule's regex; InvalidArgument naming the pattern when it is bad.

@@ -27,6 +27,8 @@ using Clock = std::chrono::steady_clock;
 // attempts to take a session that a turn holds.
 constexpr absl::Duration kYield = absl::Milliseconds(1);
 constexpr absl::Duration kSessionBusyRetry = absl::Milliseconds(5);
+// A wait's timeout is cut to this: the condition variable adds it to now().
+constexpr absl::Duration kLongestWait = absl::Hours(24 * 365);
 
 }  // namespace
 
@@ -70,7 +72,7 @@ void Router::ReportFidelity(const std::vector<FidelityProbe>& probes) {
 bool Router::GateOpen(int source, int target, std::string* why) const {
   bool reopened = false;
   {
-    absl::MutexLock lock(&gate_mu_);
+    std::lock_guard<std::mutex> lock(gate_mu_);
     Gate& gate = gates_[static_cast<size_t>(source) * n_models() + target];
     if (!gate.closed) return true;
     if (Clock::now() < gate.closed_until) {
@@ -94,7 +96,7 @@ void Router::FeedGate(int source, int target, double nats_per_token) {
   if (!(routing_.gate_max_divergence < std::numeric_limits<double>::infinity())) return;
   std::string reason;
   {
-    absl::MutexLock lock(&gate_mu_);
+    std::lock_guard<std::mutex> lock(gate_mu_);
     Gate& gate = gates_[static_cast<size_t>(source) * n_models() + target];
     if (gate.closed) return;
     gate.window.push_back(nats_per_token);
@@ -127,9 +129,10 @@ void Router::StartRepairThread() {
 
 void Router::StopRepairThread() {
   {
-    absl::MutexLock lock(&repair_mu_);
+    std::lock_guard<std::mutex> lock(repair_mu_);
     repair_stop_ = true;
   }
+  repair_changed_.notify_all();
   if (repair_thread_.joinable()) repair_thread_.join();
 }
 
@@ -137,7 +140,7 @@ void Router::QueueRepairs(const std::string& session_id, const std::vector<int>&
                           std::optional<FidelityProbe> probe) {
   int64_t backlog = 0;
   {
-    absl::MutexLock lock(&repair_mu_);
+    std::lock_guard<std::mutex> lock(repair_mu_);
     if (repair_stop_) return;
     if (probe) {
       probe->session_id = session_id;
@@ -153,31 +156,28 @@ void Router::QueueRepairs(const std::string& session_id, const std::vector<int>&
     }
     backlog = static_cast<int64_t>(repair_queue_.size()) + repairs_in_progress_;
   }
+  repair_changed_.notify_all();
   observer_->OnRepairBacklog(backlog);
 }
 
 int64_t Router::RepairBacklog() const {
-  absl::MutexLock lock(&repair_mu_);
+  std::lock_guard<std::mutex> lock(repair_mu_);
   return static_cast<int64_t>(repair_queue_.size()) + repairs_in_progress_;
 }
 
 bool Router::WaitForRepairs(absl::Duration timeout) {
-  absl::MutexLock lock(&repair_mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(repair_mu_) {
+  std::unique_lock<std::mutex> lock(repair_mu_);
+  return repair_changed_.wait_for(lock, absl::ToChronoNanoseconds(std::min(timeout, kLongestWait)), [this] {
     return repair_queue_.empty() && repairs_in_progress_ == 0;
-  };
-  return repair_mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
+  });
 }
 
 void Router::RepairLoop() {
   while (true) {
     RepairJob job;
     {
-      absl::MutexLock lock(&repair_mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(repair_mu_) {
-        return repair_stop_ || !repair_queue_.empty();
-      };
-      repair_mu_.Await(absl::Condition(&ready));
+      std::unique_lock<std::mutex> lock(repair_mu_);
+      repair_changed_.wait(lock, [this] { return repair_stop_ || !repair_queue_.empty(); });
       if (repair_stop_) return;
       job = std::move(repair_queue_.front());
       repair_queue_.pop_front();
@@ -189,10 +189,11 @@ void Router::RepairLoop() {
     }
     int64_t backlog = 0;
     {
-      absl::MutexLock lock(&repair_mu_);
+      std::lock_guard<std::mutex> lock(repair_mu_);
       --repairs_in_progress_;
       backlog = static_cast<int64_t>(repair_queue_.size()) + repairs_in_progress_;
     }
+    repair_changed_.notify_all();
     observer_->OnRepairBacklog(backlog);
   }
 }
@@ -200,7 +201,7 @@ void Router::RepairLoop() {
 bool Router::WaitForRepairTurn(Slot& slot) {
   while (true) {
     {
-      absl::MutexLock lock(&repair_mu_);
+      std::lock_guard<std::mutex> lock(repair_mu_);
       if (repair_stop_) return false;
     }
     const bool model_wanted = slot.turns_waiting.load() > 0;
@@ -221,7 +222,7 @@ absl::Status Router::RepairLine(const RepairJob& job) {
   // The translated replies this line's repair will score.
   std::vector<FidelityProbe> probes;
   {
-    absl::MutexLock lock(&repair_mu_);
+    std::lock_guard<std::mutex> lock(repair_mu_);
     for (auto it = probes_.begin(); it != probes_.end();) {
       if (it->session_id == job.session_id && it->target == job.model) {
         probes.push_back(std::move(*it));
@@ -235,7 +236,7 @@ absl::Status Router::RepairLine(const RepairJob& job) {
     // Take the session for a moment: read what to repair, or swap the repaired
     // copy in once it has caught up with the line.
     {
-      absl::MutexLock swap(&swap_mu_);
+      std::lock_guard<std::mutex> swap(swap_mu_);
       // A background lease: the repair does not restart the session's idle timer.
       absl::StatusOr<std::unique_ptr<TurnLease>> lease =
           store_->Begin(job.session_id, LeaseUse::kBackground);
@@ -293,7 +294,7 @@ absl::Status Router::RepairLine(const RepairJob& job) {
     if (copy == nullptr || done == target) {
       // The session was busy before anything was copied, or at the swap.
       {
-        absl::MutexLock lock(&repair_mu_);
+        std::lock_guard<std::mutex> lock(repair_mu_);
         if (repair_stop_) return absl::OkStatus();
       }
       absl::SleepFor(kSessionBusyRetry);
@@ -314,7 +315,7 @@ absl::Status Router::RepairLine(const RepairJob& job) {
         // waits or prefills on the model.
         BatchScheduler::Hooks hooks;
         hooks.cancelled = [this] {
-          absl::MutexLock lock(&repair_mu_);
+          std::lock_guard<std::mutex> lock(repair_mu_);
           return repair_stop_;
         };
         absl::StatusOr<at::Tensor> logits =
@@ -323,7 +324,7 @@ absl::Status Router::RepairLine(const RepairJob& job) {
         if (!logits.ok()) return logits.status();
         if (scoring) ScoreProbes(*logits, done, history, &probes);
       } else {
-        absl::MutexLock lock(&slot.mu);
+        std::lock_guard<std::mutex> lock(slot.mu);
         absl::StatusOr<at::Tensor> logits = engine.Prefill(*copy, ids, scoring);
         if (!logits.ok()) return logits.status();
         if (scoring) ScoreProbes(*logits, done, history, &probes);

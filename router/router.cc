@@ -96,18 +96,16 @@ class Router::ModelLock {
     Report();
     int64_t ticket = 0;
     {
-      absl::MutexLock lock(&slot_.queue_mu);
+      std::unique_lock<std::mutex> lock(slot_.queue_mu);
       ticket = slot_.next_ticket++;
-      auto mine = [this, ticket]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot_.queue_mu) {
-        return slot_.serving == ticket;
-      };
-      slot_.queue_mu.Await(absl::Condition(&mine));
+      slot_.served.wait(lock, [this, ticket] { return slot_.serving == ticket; });
     }
-    slot_.mu.Lock();
+    slot_.mu.lock();
     {
-      absl::MutexLock lock(&slot_.queue_mu);
+      std::lock_guard<std::mutex> lock(slot_.queue_mu);
       ++slot_.serving;  // the next ticket may contend for mu now
     }
+    slot_.served.notify_all();
     slot_.turns_waiting.fetch_sub(1);
     slot_.turns_running.fetch_add(1);
     locked_ = true;
@@ -117,7 +115,7 @@ class Router::ModelLock {
   ~ModelLock() {
     if (!locked_) return;
     slot_.turns_running.fetch_sub(1);
-    slot_.mu.Unlock();
+    slot_.mu.unlock();
     Report();
   }
   ModelLock(const ModelLock&) = delete;
@@ -192,7 +190,7 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(std::vector<LoadedModel> 
   r->store_ = store;
   r->observer_ = observer != nullptr ? observer : &r->null_observer_;
   {
-    absl::MutexLock lock(&r->gate_mu_);
+    std::lock_guard<std::mutex> lock(r->gate_mu_);
     r->gates_.resize(static_cast<size_t>(n) * n);
     for (const LoadedTranslator& t : r->translators_) {
       if (t.refused.empty()) continue;
@@ -414,7 +412,7 @@ absl::StatusOr<TurnResult> Router::RunTurn(const std::string& session_id,
   if (absl::IsAborted(lease.status())) {
     // The repair thread may hold the session for a swap, a moment: wait for
     // it and try once more (another turn of the session stays Aborted).
-    { absl::MutexLock swap(&swap_mu_); }
+    { std::lock_guard<std::mutex> swap(swap_mu_); }
     lease = store_->Begin(session_id);
   }
   if (!lease.ok()) return lease.status();

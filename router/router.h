@@ -50,19 +50,21 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <deque>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cache_store/cache_store.h"
 #include "model/engine.h"
@@ -254,12 +256,14 @@ class Router {
   struct Slot {
     LoadedModel loaded;
     int64_t bytes_per_token = 0;
-    absl::Mutex mu;  // one thread drives the engine at a time
+    std::mutex mu;  // one thread drives the engine at a time
     std::atomic<int> turns_waiting{0};  // turns blocked on (or about to take) mu
     std::atomic<int> turns_running{0};  // 0 or 1: a turn holds mu
     // Turns take mu in arrival order: each draws a ticket and waits for it
     // to be served before it contends for mu (with the repair thread only).
-    absl::Mutex queue_mu;
+    // served wakes the waiting turns when serving moves on.
+    std::mutex queue_mu;
+    std::condition_variable served;
     int64_t next_ticket ABSL_GUARDED_BY(queue_mu) = 0;
     int64_t serving ABSL_GUARDED_BY(queue_mu) = 0;
     // routing.batching: the model's engine loop (destroyed before the engine).
@@ -355,8 +359,11 @@ class Router {
   std::atomic<int> turns_running_{0};
   // Held while the repair thread holds a session's lease, so that a turn
   // refused as Aborted during that moment can wait for it and retry.
-  absl::Mutex swap_mu_;
-  mutable absl::Mutex repair_mu_;
+  std::mutex swap_mu_;
+  // repair_mu_ guards the repair queue, probes and counters; repair_changed_
+  // wakes the repair thread and WaitForRepairs when any of them changes.
+  mutable std::mutex repair_mu_;
+  std::condition_variable repair_changed_;
   std::deque<RepairJob> repair_queue_ ABSL_GUARDED_BY(repair_mu_);
   std::vector<FidelityProbe> probes_ ABSL_GUARDED_BY(repair_mu_);
   // The live quality gate, per (source, target) pair.
@@ -366,7 +373,7 @@ class Router {
     bool closed = false;
     std::string reason;
   };
-  mutable absl::Mutex gate_mu_;
+  mutable std::mutex gate_mu_;
   // [source * n + target]; mutable: GateOpen reopens a pair whose cool-down is over.
   mutable std::vector<Gate> gates_ ABSL_GUARDED_BY(gate_mu_);
   // Whether the pair's translator may be used now (reopens it after its

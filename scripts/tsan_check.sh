@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 BUILD=${KVL_TSAN_BUILD_DIR:-build-tsan}
 JOBS=${KVL_TSAN_JOBS:-$(nproc)}
 TARGET=tests/model_scheduler_test
-SUPP=$PWD/experiments/tsan_scheduler/tsan.supp
+SUPP=$PWD/tests/tsan.supp
 
 scripts/sanitizer_build.sh "$BUILD" thread tsan_check "$JOBS" "$TARGET"
 

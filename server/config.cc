@@ -6,7 +6,6 @@
 #include <initializer_list>
 #include <limits>
 #include <optional>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -214,8 +213,8 @@ absl::Status ParseServer(const Json& j, const std::string& path, ServerSection* 
   if (absl::Status s = CheckKeys(j, path,
                                  {"listen_address", "metrics_address", "drain_timeout_seconds",
                                   "max_turn_bytes", "max_new_tokens_limit",
-                                  "max_system_prompt_bytes", "max_import_bytes", "tls",
-                                  "reflection"});
+                                  "max_system_prompt_bytes", "max_import_bytes",
+                                  "max_metadata_bytes", "tls", "reflection"});
       !s.ok()) {
     return s;
   }
@@ -234,12 +233,16 @@ absl::Status ParseServer(const Json& j, const std::string& path, ServerSection* 
   if (s.ok()) {
     s = ReadInt(j, "max_import_bytes", path, 1, int64_t{256} << 20, &out->max_import_bytes);
   }
+  if (s.ok()) {
+    s = ReadInt(j, "max_metadata_bytes", path, 256, 1 << 20, &out->max_metadata_bytes);
+  }
   if (s.ok()) s = ReadBool(j, "reflection", path, &out->reflection);
   if (const Json* tls = Find(j, "tls"); s.ok() && tls != nullptr) {
     const std::string at = Child(path, "tls");
     s = ExpectObject(*tls, at);
     if (s.ok()) {
-      s = CheckKeys(*tls, at, {"cert_file", "key_file", "client_ca_file", "reload_interval_seconds"});
+      s = CheckKeys(*tls, at,
+                    {"cert_file", "key_file", "client_ca_file", "reload_interval_seconds", "metrics"});
     }
     if (s.ok()) s = ReadString(*tls, "cert_file", at, &out->tls.cert_file);
     if (s.ok()) s = ReadString(*tls, "key_file", at, &out->tls.key_file);
@@ -247,6 +250,7 @@ absl::Status ParseServer(const Json& j, const std::string& path, ServerSection* 
     if (s.ok()) {
       s = ReadInt(*tls, "reload_interval_seconds", at, 1, 86400, &out->tls.reload_interval_seconds);
     }
+    if (s.ok()) s = ReadBool(*tls, "metrics", at, &out->tls.metrics);
     if (s.ok() && (out->tls.cert_file.empty() || out->tls.key_file.empty())) {
       s = Invalid(at, "cert_file and key_file are both required for TLS");
     }

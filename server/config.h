@@ -53,6 +53,10 @@ struct TlsSection {
   std::string key_file;        // PEM private key
   std::string client_ca_file;  // PEM; empty: no client certificates asked
   int64_t reload_interval_seconds = 60;
+  // Also serve GET /metrics over HTTPS with the same files (and with
+  // client_ca_file, only to clients with a certificate that CA signed). Read
+  // once at start: a rotated certificate reaches /metrics on a restart.
+  bool metrics = false;
   bool enabled() const { return !cert_file.empty(); }
 };
 
@@ -69,6 +73,9 @@ struct ServerSection {
   int64_t max_system_prompt_bytes = 65536;
   // Upper bound on an ImportSessionRequest's messages and replies together.
   int64_t max_import_bytes = int64_t{4} << 20;
+  // Upper bound on a call's metadata (its headers but gRPC's own), in bytes:
+  // each entry counts its name, its value and 32 (HTTP/2's accounting).
+  int64_t max_metadata_bytes = 8192;
   TlsSection tls;
   // gRPC server reflection (grpcurl, Postman list the API). It reveals only
   // the API's schema; turn it off where that is unwanted.

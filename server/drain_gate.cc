@@ -1,9 +1,17 @@
 #include "server/drain_gate.h"
 
+#include <algorithm>
+
 namespace kvl::server {
+namespace {
+
+// A wait's timeout is cut to this: the condition variable adds it to now().
+constexpr absl::Duration kLongestWait = absl::Hours(24 * 365);
+
+}  // namespace
 
 DrainGate::Admission DrainGate::TryEnter(int64_t max_in_flight) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (draining_) return Admission::kDraining;
   if (max_in_flight > 0 && in_flight_ >= max_in_flight) return Admission::kFull;
   ++in_flight_;
@@ -11,29 +19,28 @@ DrainGate::Admission DrainGate::TryEnter(int64_t max_in_flight) {
 }
 
 void DrainGate::Exit() {
-  absl::MutexLock lock(&mu_);
-  --in_flight_;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--in_flight_ == 0) idle_.notify_all();
 }
 
 void DrainGate::BeginDrain() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   draining_ = true;
 }
 
 bool DrainGate::draining() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return draining_;
 }
 
 bool DrainGate::WaitIdle(absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
-  return mu_.AwaitWithTimeout(absl::Condition(this, &DrainGate::IdleLocked), timeout);
+  std::unique_lock<std::mutex> lock(mu_);
+  return idle_.wait_for(lock, absl::ToChronoNanoseconds(std::min(timeout, kLongestWait)),
+                        [this] { return in_flight_ == 0; });
 }
 
-bool DrainGate::IdleLocked() const { return in_flight_ == 0; }
-
 int64_t DrainGate::in_flight() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return in_flight_;
 }
 

@@ -1,11 +1,15 @@
 // Admission of long-running calls (Chat streams) and waiting for them at
 // shutdown. Thread-safe.
+//
+// The server's classes synchronise with std::mutex / std::condition_variable,
+// not absl::Mutex: ThreadSanitizer sees pthread, but not the uninstrumented
+// shared libabsl (docs/testing.md, experiments/tsan_scheduler/README.md).
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace kvl::server {
@@ -27,11 +31,11 @@ class DrainGate {
   int64_t in_flight() const;
 
  private:
-  bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  mutable absl::Mutex mu_;
-  bool draining_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // mu_ guards draining_ and in_flight_; idle_ wakes WaitIdle when a call exits.
+  mutable std::mutex mu_;
+  std::condition_variable idle_;
+  bool draining_ = false;
+  int64_t in_flight_ = 0;
 };
 
 }  // namespace kvl::server

@@ -11,9 +11,22 @@
 namespace kvl::server {
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
-    const HostPort& address, std::function<std::string()> render) {
+    const HostPort& address, std::function<std::string()> render, const TlsSection* tls) {
   std::unique_ptr<MetricsHttpServer> self(new MetricsHttpServer());
-  self->http_ = std::make_unique<httplib::Server>();
+  if (tls != nullptr && tls->enabled()) {
+    auto https = std::make_unique<httplib::SSLServer>(
+        tls->cert_file.c_str(), tls->key_file.c_str(),
+        tls->client_ca_file.empty() ? nullptr : tls->client_ca_file.c_str());
+    if (!https->is_valid()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "server.tls.metrics: cannot serve /metrics over TLS with cert_file '", tls->cert_file,
+          "', key_file '", tls->key_file, "'",
+          tls->client_ca_file.empty() ? "" : absl::StrCat(", client_ca_file '", tls->client_ca_file, "'")));
+    }
+    self->http_ = std::move(https);
+  } else {
+    self->http_ = std::make_unique<httplib::Server>();
+  }
   // httplib's default also sets SO_REUSEPORT, which would let a second process
   // bind the same port silently; SO_REUSEADDR alone still allows a quick restart.
   self->http_->set_socket_options([](socket_t sock) {

@@ -1,4 +1,4 @@
-// Serves GET /metrics over plain HTTP with cpp-httplib.
+// Serves GET /metrics over HTTP, or HTTPS (server.tls.metrics), with cpp-httplib.
 //
 // prometheus-cpp's own exposer (civetweb) is deliberately not used: it fails to
 // start its threads in a process that also links LibTorch and OpenBLAS.
@@ -22,9 +22,13 @@ class MetricsHttpServer {
  public:
   // Binds `address` (port 0: any free port) and starts serving on its own
   // thread; `render` produces the exposition text and must be thread-safe.
-  // Unavailable when the address cannot be bound.
+  // With `tls` (non-null and enabled), HTTPS with its certificate and key,
+  // and its client_ca_file when set (clients without a certificate that CA
+  // signed fail the handshake). Unavailable when the address cannot be bound;
+  // InvalidArgument when the TLS files cannot be used.
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
-      const HostPort& address, std::function<std::string()> render);
+      const HostPort& address, std::function<std::string()> render,
+      const TlsSection* tls = nullptr);
   ~MetricsHttpServer();  // Stop()s
 
   // The bound address, with the real port when 0 was asked for.

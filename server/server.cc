@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "base/files.h"
+#include "base/notification.h"
 #include "model/engine.h"
 #include "spdlog/spdlog.h"
 
@@ -135,6 +135,8 @@ constexpr const char* kServiceNames[] = {
 
 // Head-room over the largest allowed turn for the rest of a ChatRequest.
 constexpr int64_t kRequestOverheadBytes = 1 << 20;
+// Head-room over twice server.max_metadata_bytes for gRPC's own headers.
+constexpr int64_t kTransportMetadataSlackBytes = 4096;
 
 // Removes the reflection plugin from one server's builder.
 class WithoutReflection final : public grpc::ServerBuilderOption {
@@ -218,6 +220,7 @@ absl::Status Server::Serve() {
   deps.metrics = &self->metrics_;
   deps.chat_gate = &self->chat_gate_;
   deps.max_concurrent_streams = config.limits.max_concurrent_streams;
+  deps.max_metadata_bytes = config.server.max_metadata_bytes;
   deps.limits.max_turn_bytes = config.server.max_turn_bytes;
   deps.limits.max_system_prompt_bytes = config.server.max_system_prompt_bytes;
   deps.limits.max_import_bytes = config.server.max_import_bytes;
@@ -232,9 +235,16 @@ absl::Status Server::Serve() {
       config.server.metrics_address, [self] {
         self->metrics_.SetCacheStats(self->runtime_->store->Stats());
         return self->metrics_.RenderText();
-      });
+      },
+      config.server.tls.metrics ? &config.server.tls : nullptr);
   if (!http.ok()) return http.status();
   self->metrics_http_ = *std::move(http);
+  if (config.server.tls.metrics) {
+    spdlog::info("GET /metrics is served over HTTPS{} (server.tls.metrics)",
+                 config.server.tls.client_ca_file.empty() ? "" : ", to clients with a certificate");
+  } else if (config.server.tls.enabled()) {
+    spdlog::info("GET /metrics is served over plain HTTP (set server.tls.metrics for HTTPS)");
+  }
 
   // Both must be called before the builder is created. Reflection is a
   // process-wide plugin (linking it registers it, too); a server without it
@@ -249,6 +259,13 @@ absl::Status Server::Serve() {
   // gRPC sets SO_REUSEPORT by default, which would let a second server bind an
   // address already in use without an error.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // gRPC's own limit on a call's headers sits above server.max_metadata_bytes
+  // (with room for its own headers), so that a call over ours reaches the
+  // service and is told which limit it broke; one far over it is refused by
+  // the transport (RESOURCE_EXHAUSTED) before it is read.
+  builder.AddChannelArgument(
+      GRPC_ARG_MAX_METADATA_SIZE,
+      static_cast<int>(2 * config.server.max_metadata_bytes + kTransportMetadataSlackBytes));
   builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(
       std::max(config.server.max_turn_bytes, config.server.max_import_bytes) +
           kRequestOverheadBytes,
@@ -290,22 +307,22 @@ absl::Status Server::Serve() {
 // A health check over the in-process channel every kHeartbeat gives those
 // threads events more often than their timeout, so they never reach the sleep.
 void Server::KeepCallbackThreadsPolling() {
-  constexpr absl::Duration kHeartbeat = absl::Milliseconds(250);
+  constexpr std::chrono::milliseconds kHeartbeat(250);
   std::shared_ptr<grpc::Channel> channel = grpc_server_->InProcessChannel(grpc::ChannelArguments());
   grpc::GenericStub stub(channel);
   grpc::Slice empty;  // HealthCheckRequest{} is empty on the wire
   const grpc::ByteBuffer request(&empty, 1);
-  absl::MutexLock lock(&sweeper_mu_);
-  while (!sweeper_mu_.AwaitWithTimeout(absl::Condition(&stopping_), kHeartbeat)) {
-    sweeper_mu_.Unlock();
+  std::unique_lock<std::mutex> lock(sweeper_mu_);
+  while (!stop_.wait_for(lock, kHeartbeat, [this] { return stopping_; })) {
+    lock.unlock();
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     grpc::ByteBuffer response;
-    absl::Notification done;
+    Notification done;
     stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
                    &response, [&done](const grpc::Status&) { done.Notify(); });
     done.WaitForNotification();
-    sweeper_mu_.Lock();
+    lock.lock();
   }
 }
 
@@ -314,16 +331,16 @@ Server::~Server() { Shutdown(); }
 void Server::SweepIdleSessions() {
   const int64_t idle = config_.sessions.idle_timeout_seconds;
   // Expiry is late by at most a tenth of the timeout (bounded to [1 s, 60 s]).
-  const absl::Duration period = absl::Seconds(std::clamp<int64_t>(idle / 10, 1, 60));
-  absl::MutexLock lock(&sweeper_mu_);
-  while (!sweeper_mu_.AwaitWithTimeout(absl::Condition(&stopping_), period)) {
-    sweeper_mu_.Unlock();
+  const std::chrono::seconds period(std::clamp<int64_t>(idle / 10, 1, 60));
+  std::unique_lock<std::mutex> lock(sweeper_mu_);
+  while (!stop_.wait_for(lock, period, [this] { return stopping_; })) {
+    lock.unlock();
     std::vector<std::string> removed = runtime_->sessions->RemoveIdle(idle);
     if (!removed.empty()) {
       metrics_.SetCacheStats(runtime_->store->Stats());
       spdlog::info("expired {} idle session(s)", removed.size());
     }
-    sweeper_mu_.Lock();
+    lock.lock();
   }
 }
 
@@ -341,9 +358,10 @@ int64_t Server::Shutdown() {
                  config_.server.drain_timeout_seconds, cut);
   }
   {
-    absl::MutexLock lock(&sweeper_mu_);
+    std::lock_guard<std::mutex> lock(sweeper_mu_);
     stopping_ = true;
   }
+  stop_.notify_all();
   if (heartbeat_.joinable()) heartbeat_.join();
   if (grpc_server_ != nullptr) {
     // Calls still running now are cancelled at once.
@@ -352,9 +370,10 @@ int64_t Server::Shutdown() {
   }
   turn_pool_.reset();  // runs what is queued (cancelled turns end at once)
   {
-    absl::MutexLock lock(&sweeper_mu_);
+    std::lock_guard<std::mutex> lock(sweeper_mu_);
     stopping_ = true;
   }
+  stop_.notify_all();
   if (sweeper_.joinable()) sweeper_.join();
   if (metrics_http_ != nullptr) metrics_http_->Stop();
   return cut;

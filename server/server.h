@@ -7,13 +7,13 @@
 
 #include <grpcpp/server.h>
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "server/config.h"
 #include "server/drain_gate.h"
 #include "server/metrics.h"
@@ -69,8 +69,10 @@ class Server {
   std::unique_ptr<MetricsHttpServer> metrics_http_;
   HostPort listen_address_;
 
-  absl::Mutex sweeper_mu_;
-  bool stopping_ ABSL_GUARDED_BY(sweeper_mu_) = false;
+  // sweeper_mu_ guards stopping_; stop_ wakes the sweeper and the heartbeat.
+  std::mutex sweeper_mu_;
+  std::condition_variable stop_;
+  bool stopping_ = false;
   std::thread sweeper_;
   std::thread heartbeat_;  // KeepCallbackThreadsPolling; stops with stopping_
   bool shut_down_ = false;

@@ -3,10 +3,12 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -31,10 +33,25 @@ grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context, Serv
   return reactor;
 }
 
-// The caller of `rpc`, if it may call it (server/auth.h).
+// INVALID_ARGUMENT when the call's metadata is over server.max_metadata_bytes,
+// counted as HTTP/2 counts a header list: each entry's name and value and 32.
+absl::Status CheckMetadataSize(const grpc::CallbackServerContext* context, int64_t limit) {
+  int64_t bytes = 0;
+  for (const auto& [name, value] : context->client_metadata()) {
+    bytes += static_cast<int64_t>(name.size() + value.size()) + 32;
+  }
+  if (bytes <= limit) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "metadata: the call's headers take ", bytes, " bytes (names, values and 32 per entry), over ",
+      "server.max_metadata_bytes = ", limit, "; send fewer or shorter headers"));
+}
+
+// The caller of `rpc`, if it may call it (server/auth.h), and if its metadata
+// is within bounds.
 absl::StatusOr<Caller> Authorize(const ServiceDeps& deps,
                                  const grpc::CallbackServerContext* context, Right right,
                                  absl::string_view rpc) {
+  if (absl::Status s = CheckMetadataSize(context, deps.max_metadata_bytes); !s.ok()) return s;
   std::optional<std::string> authorization;
   const auto& metadata = context->client_metadata();
   if (auto it = metadata.find("authorization"); it != metadata.end()) {
@@ -299,7 +316,7 @@ class ChatReactor final : public grpc::ServerWriteReactor<ChatResponse> {
   void Enqueue(ChatResponse response) {
     bool start = false;
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       if (broken_) return;
       queue_.push_back(std::move(response));
       start = !writing_;
@@ -312,7 +329,7 @@ class ChatReactor final : public grpc::ServerWriteReactor<ChatResponse> {
   void Complete(const absl::Status& status) {
     bool finish = false;
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       final_ = status;
       completed_ = true;
       finish = !writing_;
@@ -324,7 +341,7 @@ class ChatReactor final : public grpc::ServerWriteReactor<ChatResponse> {
     bool finish = false, next = false;
     absl::Status status;
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       if (!ok) {
         broken_ = true;
         cancelled_ = true;
@@ -362,7 +379,7 @@ class ChatReactor final : public grpc::ServerWriteReactor<ChatResponse> {
  private:
   void WriteNext() {
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       current_ = std::move(queue_.front());
       queue_.pop_front();
     }
@@ -374,7 +391,7 @@ class ChatReactor final : public grpc::ServerWriteReactor<ChatResponse> {
   bool tenant_turn_ = false;
   std::string tenant_;
   std::atomic<bool> cancelled_{false};
-  absl::Mutex mu_;
+  std::mutex mu_;
   std::deque<ChatResponse> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool completed_ ABSL_GUARDED_BY(mu_) = false;

@@ -32,6 +32,7 @@ struct ServiceDeps {
   DrainGate* chat_gate = nullptr;
   TurnLimits limits;
   int64_t max_concurrent_streams = 0;  // limits.max_concurrent_streams; 0: none
+  int64_t max_metadata_bytes = 8192;   // server.max_metadata_bytes
   // Null when the server was started without models: Chat then answers
   // UNIMPLEMENTED and sessions hold no history.
   router::Router* router = nullptr;

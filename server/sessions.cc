@@ -84,7 +84,7 @@ absl::StatusOr<SessionView> Sessions::Create(std::string_view session_id,
   record.preamble = std::move(preamble);
   record.created_unix_seconds = view->created_unix_seconds;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     record.generation = absl::StrCat(absl::Hex(rng_(), absl::kZeroPad16));
   }
   if (absl::Status s = store_->Create(record); !s.ok()) {
@@ -105,7 +105,7 @@ absl::Status Sessions::Remove(const std::string& session_id) {
 
 bool Sessions::LocalIsCurrent(const std::string& session_id, const TurnCheck& check) {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     auto it = generations_.find(session_id);
     if (it == generations_.end() || it->second != check.generation) return false;
   }
@@ -114,12 +114,12 @@ bool Sessions::LocalIsCurrent(const std::string& session_id, const TurnCheck& ch
 }
 
 void Sessions::SetGeneration(const std::string& session_id, std::string generation) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   generations_[session_id] = std::move(generation);
 }
 
 void Sessions::ForgetGeneration(const std::string& session_id) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   generations_.erase(session_id);
 }
 

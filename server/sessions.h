@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
@@ -27,7 +28,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "cache_store/cache_store.h"
 #include "cache_store/session_store.h"
 
@@ -90,7 +90,7 @@ class Sessions {
   CacheStore* cache_;
   std::unique_ptr<SessionStore> store_;
   std::vector<std::string> model_names_;
-  absl::Mutex mu_;
+  std::mutex mu_;
   // The generation of each session this replica holds a copy of.
   std::unordered_map<std::string, std::string> generations_ ABSL_GUARDED_BY(mu_);
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_){std::random_device{}()};

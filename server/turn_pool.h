@@ -5,13 +5,14 @@
 // is queued, then joins.
 #pragma once
 
+#include <condition_variable>
 #include <deque>
 #include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 
 namespace kvl::server {
 
@@ -30,7 +31,11 @@ class TurnPool {
  private:
   void Loop(const std::function<void()>& thread_init);
 
-  absl::Mutex mu_;
+  // work_ wakes the threads when a job queues or stopping_ is set;
+  // started_ wakes the constructor as each thread has run thread_init.
+  std::mutex mu_;
+  std::condition_variable work_;
+  std::condition_variable started_;
   std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int n_started_ ABSL_GUARDED_BY(mu_) = 0;

@@ -4,14 +4,15 @@
 #include <cmath>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <tuple>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "cache_store/cache_store.h"
 #include "datagen/chat_data.h"
 #include "router/loader.h"
@@ -467,16 +468,16 @@ class FidelityLog : public router::TurnObserver {
  public:
   void OnSwitchFidelity(int source, int target, double nats_per_token, int64_t tokens,
                         bool first_token_differs) override {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     reports_.push_back({nats_per_token, first_token_differs});
   }
   std::vector<std::pair<double, bool>> Take() {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return std::exchange(reports_, {});
   }
 
  private:
-  absl::Mutex mu_;
+  std::mutex mu_;
   std::vector<std::pair<double, bool>> reports_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -477,7 +477,9 @@ namespace {
 // o[c] += row[c] for c < d: the inner loop of AddAnchorRows, compiled for
 // AVX-512, AVX2 and the baseline, the best chosen at load (the build targets
 // generic x86-64, whose SSE2 makes this memory-bound sum compute-bound).
-#if defined(__x86_64__) && defined(__GNUC__)
+// Not under ThreadSanitizer: gcc instruments the clones' resolver, which the
+// dynamic loader runs before TSan's runtime is up (the binary crashes at load).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_THREAD__)
 #define KVL_ANCHOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define KVL_ANCHOR_CLONES

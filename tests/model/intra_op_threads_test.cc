@@ -8,7 +8,7 @@
 #include <atomic>
 #include <thread>
 
-#include "absl/synchronization/notification.h"
+#include "base/notification.h"
 #include "model/engine.h"
 
 namespace kvl {
@@ -35,7 +35,7 @@ TEST(SerialIntraOpScopeTest, OnlyTheCallingThreadRunsSeriallyAndOnlyWhileTheScop
   ASSERT_EQ(at::get_num_threads(), kThreads);
 
   // Another thread, already set up and mid-"turn" while the scope is open.
-  absl::Notification other_ready, scope_open, other_checked;
+  Notification other_ready, scope_open, other_checked;
   int other_inside = 0;
   std::thread other([&] {
     PrepareIntraOpThread();

@@ -8,19 +8,21 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "model/chat_template.h"
 #include "router/loader.h"
@@ -960,19 +962,21 @@ TEST_F(RepairTest, ARepairDoesNotRestartTheSessionsIdleTimer) {
 
 // Blocks the repair thread after its first chunk until released.
 struct ChunkGate : TurnObserver {
-  absl::Mutex mu;
+  std::mutex mu;
+  std::condition_variable changed;
   bool first_chunk_done ABSL_GUARDED_BY(mu) = false;
   bool released ABSL_GUARDED_BY(mu) = false;
   int64_t chunks ABSL_GUARDED_BY(mu) = 0;
   int64_t repaired_tokens ABSL_GUARDED_BY(mu) = 0;
   void OnRepairChunk(int model, int64_t done, int64_t target) override {
-    absl::MutexLock lock(&mu);
+    std::unique_lock<std::mutex> lock(mu);
     ++chunks;
     first_chunk_done = true;
-    mu.Await(absl::Condition(&released));
+    changed.notify_all();
+    changed.wait(lock, [this] { return released; });
   }
   void OnRepair(int model, int64_t tokens, double seconds) override {
-    absl::MutexLock lock(&mu);
+    std::lock_guard<std::mutex> lock(mu);
     repaired_tokens += tokens;
   }
 };
@@ -983,8 +987,9 @@ TEST_F(RepairTest, ATurnArrivingMidRepairReadsTheTranslatedLineAndTheRepairStill
 
   ChunkGate gate;
   auto release = [&gate] {
-    absl::MutexLock lock(&gate.mu);
+    std::lock_guard<std::mutex> lock(gate.mu);
     gate.released = true;
+    gate.changed.notify_all();
   };
   // Whatever happens below, the repair thread is let go and the router (which
   // calls the gate) ends before the gate does.
@@ -997,8 +1002,8 @@ TEST_F(RepairTest, ATurnArrivingMidRepairReadsTheTranslatedLineAndTheRepairStill
   MakeRouter(routing, int64_t{1} << 30, DType::kFloat32, &gate);
   const std::vector<double> mid = RunConversation("s", Strategy::kTranslate, [&] {
     // The last turn starts while the repair is half-way: after its first chunk.
-    absl::MutexLock lock(&gate.mu);
-    gate.mu.Await(absl::Condition(&gate.first_chunk_done));
+    std::unique_lock<std::mutex> lock(gate.mu);
+    gate.changed.wait(lock, [&gate] { return gate.first_chunk_done; });
   });
   // Answered on the translated line, exactly as without repair.
   EXPECT_EQ(mid, translated);
@@ -1009,7 +1014,7 @@ TEST_F(RepairTest, ATurnArrivingMidRepairReadsTheTranslatedLineAndTheRepairStill
   const CacheLineInfo line = LineOf("s", 2);
   EXPECT_EQ(line.translated_tokens, 0);
   {
-    absl::MutexLock lock(&gate.mu);
+    std::lock_guard<std::mutex> lock(gate.mu);
     EXPECT_GE(gate.chunks, 3);  // two for the switch's line, at least one for the catch-up
     EXPECT_EQ(gate.repaired_tokens, line.repaired_tokens);
   }
@@ -1023,7 +1028,7 @@ TEST_F(RepairTest, ATurnArrivingMidRepairReadsTheTranslatedLineAndTheRepairStill
 }
 
 struct FidelityLog : TurnObserver {
-  absl::Mutex mu;
+  std::mutex mu;
   struct Call {
     int source, target;
     double nats;
@@ -1033,7 +1038,7 @@ struct FidelityLog : TurnObserver {
   std::vector<Call> calls ABSL_GUARDED_BY(mu);
   void OnSwitchFidelity(int source, int target, double nats, int64_t tokens,
                         bool differs) override {
-    absl::MutexLock lock(&mu);
+    std::lock_guard<std::mutex> lock(mu);
     calls.push_back({source, target, nats, tokens, differs});
   }
 };
@@ -1103,7 +1108,7 @@ TEST_F(RepairTest, TheRepairScoresTheSwitchReplyOnTheNativeLineAgainstTheTransla
   for (int64_t i = 0; i < n_scored; ++i) expected += translated[i] - native[i];
   expected /= static_cast<double>(n_scored);
 
-  absl::MutexLock lock(&log.mu);
+  std::lock_guard<std::mutex> lock(log.mu);
   ASSERT_EQ(log.calls.size(), 1u);
   const FidelityLog::Call& call = log.calls[0];
   EXPECT_EQ(call.source, 0);
@@ -1117,10 +1122,10 @@ TEST_F(RepairTest, TheRepairScoresTheSwitchReplyOnTheNativeLineAgainstTheTransla
 }
 
 struct GateLog : TurnObserver {
-  absl::Mutex mu;
+  std::mutex mu;
   std::vector<std::pair<std::pair<int, int>, bool>> events ABSL_GUARDED_BY(mu);
   void OnGate(int source, int target, bool open, const std::string& reason) override {
-    absl::MutexLock lock(&mu);
+    std::lock_guard<std::mutex> lock(mu);
     events.push_back({{source, target}, open});
   }
 };
@@ -1147,7 +1152,7 @@ TEST_F(RepairTest, TheLiveGateClosesAPairAboveItsBoundAndReopensItAfterTheCoolDo
   const TurnResult first = turn("Where does my sister live?", 2);
   EXPECT_GT(first.routing.tokens_translated, 0);
   {
-    absl::MutexLock lock(&log.mu);
+    std::lock_guard<std::mutex> lock(log.mu);
     ASSERT_FALSE(log.events.empty());
     EXPECT_EQ(log.events[0], (std::pair<std::pair<int, int>, bool>{{0, 2}, false}));
   }
@@ -1165,7 +1170,7 @@ TEST_F(RepairTest, TheLiveGateClosesAPairAboveItsBoundAndReopensItAfterTheCoolDo
   turn("Small once more.", 0);
   const TurnResult reopened = turn("Large once more?", 2);
   EXPECT_GT(reopened.routing.tokens_translated, 0);
-  absl::MutexLock lock(&log.mu);
+  std::lock_guard<std::mutex> lock(log.mu);
   EXPECT_NE(std::find(log.events.begin(), log.events.end(),
                       std::pair<std::pair<int, int>, bool>{{0, 2}, true}),
             log.events.end());
@@ -1175,23 +1180,22 @@ TEST_F(RepairTest, TheLiveGateClosesAPairAboveItsBoundAndReopensItAfterTheCoolDo
 
 // Counts turns waiting for each model, as the router reports them.
 struct QueueLog : TurnObserver {
-  absl::Mutex mu;
+  std::mutex mu;
+  std::condition_variable changed;
   std::vector<int> waiting ABSL_GUARDED_BY(mu) = std::vector<int>(3, 0);
   std::vector<std::string> rejected ABSL_GUARDED_BY(mu);
   void OnModelQueue(int model, int running, int w) override {
-    absl::MutexLock lock(&mu);
+    std::lock_guard<std::mutex> lock(mu);
     waiting[model] = w;
+    changed.notify_all();
   }
   void OnRejected(const std::string& limit) override {
-    absl::MutexLock lock(&mu);
+    std::lock_guard<std::mutex> lock(mu);
     rejected.push_back(limit);
   }
   void AwaitWaiting(int model, int n) {
-    absl::MutexLock lock(&mu);
-    auto reached = [this, model, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-      return waiting[model] >= n;
-    };
-    mu.Await(absl::Condition(&reached));
+    std::unique_lock<std::mutex> lock(mu);
+    changed.wait(lock, [this, model, n] { return waiting[model] >= n; });
   }
 };
 
@@ -1203,7 +1207,8 @@ TEST_F(RouterTest, TurnsWaitForAModelInArrivalOrderAndPastTheLimitAreRefused) {
   RoutingConfig routing = Explicit();
   routing.max_waiting_turns_per_model = 3;
   MakeRouter(routing, int64_t{1} << 30, DType::kFloat32, &log);
-  absl::Mutex mu;
+  std::mutex mu;
+  std::condition_variable changed;
   bool released = false;
   std::vector<std::string> served;  // sessions in the order they took large
   auto run = [&](const std::string& session, bool hold) {
@@ -1215,14 +1220,15 @@ TEST_F(RouterTest, TurnsWaitForAModelInArrivalOrderAndPastTheLimitAreRefused) {
     TurnCallbacks callbacks;
     bool first = true;
     callbacks.on_routing = [&, session](const RoutingEvent&) {
-      absl::MutexLock lock(&mu);
+      std::lock_guard<std::mutex> lock(mu);
       served.push_back(session);
+      changed.notify_all();
     };
     callbacks.on_token = [&, hold](int64_t, std::string_view) {
       if (!hold || !first) return;
       first = false;
-      absl::MutexLock lock(&mu);
-      mu.Await(absl::Condition(&released));
+      std::unique_lock<std::mutex> lock(mu);
+      changed.wait(lock, [&] { return released; });
     };
     return router_->RunTurn(session, o, callbacks);
   };
@@ -1233,9 +1239,8 @@ TEST_F(RouterTest, TurnsWaitForAModelInArrivalOrderAndPastTheLimitAreRefused) {
   std::vector<absl::StatusOr<TurnResult>> results(4, absl::UnknownError("not run"));
   threads.emplace_back([&] { results[0] = run("holder", true); });
   {
-    absl::MutexLock lock(&mu);
-    auto holding = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return served.size() == 1; };
-    mu.Await(absl::Condition(&holding));
+    std::unique_lock<std::mutex> lock(mu);
+    changed.wait(lock, [&] { return served.size() == 1; });
   }
   // Each waiter queues before the next starts: their arrival order is known.
   for (int i = 1; i <= 3; ++i) {
@@ -1254,15 +1259,16 @@ TEST_F(RouterTest, TurnsWaitForAModelInArrivalOrderAndPastTheLimitAreRefused) {
   EXPECT_EQ(after.state.history, before.state.history);
   EXPECT_EQ(after.state.turns, 0);
   {
-    absl::MutexLock lock(&mu);
+    std::lock_guard<std::mutex> lock(mu);
     released = true;
+    changed.notify_all();
   }
   for (std::thread& t : threads) t.join();
   for (size_t i = 0; i < results.size(); ++i) EXPECT_TRUE(results[i].ok()) << i;
   // Refused while the holder still held large: without waiting for it.
   EXPECT_LT(refused_after, std::chrono::seconds(30));
   EXPECT_EQ(served, (std::vector<std::string>{"holder", "w1", "w2", "w3"}));
-  absl::MutexLock lock(&log.mu);
+  std::lock_guard<std::mutex> lock(log.mu);
   EXPECT_EQ(log.rejected, std::vector<std::string>{"max_waiting_turns_per_model"});
   EXPECT_EQ(log.waiting[2], 0);
 }
@@ -1374,7 +1380,7 @@ TEST_F(RouterTest, ATranslatorStampedBelowTheMinimumIsRefusedAtLoadAndItsSwitche
   EXPECT_FALSE(router_->translators()[0].refused.empty());
   EXPECT_TRUE(router_->translators()[1].refused.empty());
   {
-    absl::MutexLock lock(&log.mu);
+    std::lock_guard<std::mutex> lock(log.mu);
     EXPECT_EQ(log.events, (std::vector<std::pair<std::pair<int, int>, bool>>{{{0, 2}, false}}));
   }
 

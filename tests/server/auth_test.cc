@@ -138,7 +138,7 @@ class AuthServerTest : public ::testing::Test {
     dir_ = new testing::TempDir("auth");
     const std::string src = KVL_SOURCE_DIR;
     const Json config = {
-        {"server", {{"reflection", false}}},
+        {"server", {{"reflection", false}, {"max_metadata_bytes", 1024}}},
         {"models",
          {{{"name", "kvl-small"}, {"path", src + "/models/kvl-small"}},
           {{"name", "kvl-large"}, {"path", src + "/models/kvl-large"}}}},
@@ -402,6 +402,49 @@ TEST_F(AuthServerTest, TenantLimitsOnSessionsAndConcurrentTurns) {
   EXPECT_TRUE(again.ok()) << again.error_message();
   EXPECT_TRUE(Delete("key-b", b_session.session_id()).ok());
   for (const std::string& id : ids) EXPECT_TRUE(Delete("key-a", id).ok());
+}
+
+TEST_F(AuthServerTest, MetadataOverItsBoundIsRefusedNamingTheLimitAndChangesNothing) {
+  std::vector<std::string> before;
+  ASSERT_TRUE(List("key-a", &before).ok());
+  // server.max_metadata_bytes = 1024: a 1000-byte header with the key is over.
+  auto over = As("key-a");
+  over->AddMetadata("x-note", std::string(1000, 'n'));
+  kvlingo::v1::CreateSessionRequest req;
+  req.set_session_id("metadata-probe");
+  kvlingo::v1::Session session;
+  const grpc::Status refused = Sessions()->CreateSession(over.get(), req, &session);
+  EXPECT_EQ(refused.error_code(), Code::INVALID_ARGUMENT) << refused.error_message();
+  EXPECT_THAT(refused.error_message(), HasSubstr("server.max_metadata_bytes = 1024"));
+  std::vector<std::string> after;
+  ASSERT_TRUE(List("key-a", &after).ok());
+  EXPECT_EQ(after, before);  // no session created
+  // A chat turn too, before it touches any session.
+  kvlingo::v1::ChatRequest chat;
+  chat.set_session_id("metadata-probe");
+  chat.set_user_message("Hello");
+  auto chat_ctx = As("key-a");
+  chat_ctx->AddMetadata("x-note", std::string(1000, 'n'));
+  auto reader = kvlingo::v1::ChatService::NewStub(*channel_)->Chat(chat_ctx.get(), chat);
+  kvlingo::v1::ChatResponse r;
+  while (reader->Read(&r)) {
+  }
+  const grpc::Status chat_refused = reader->Finish();
+  EXPECT_EQ(chat_refused.error_code(), Code::INVALID_ARGUMENT) << chat_refused.error_message();
+  EXPECT_THAT(chat_refused.error_message(), HasSubstr("metadata"));
+  // Far over (past gRPC's own limit, twice ours and 4 KiB): refused by the
+  // transport, and the server serves the next call.
+  auto far = As("key-a");
+  far->AddMetadata("x-note", std::string(64 * 1024, 'n'));
+  const grpc::Status far_refused = Sessions()->CreateSession(far.get(), req, &session);
+  EXPECT_EQ(far_refused.error_code(), Code::RESOURCE_EXHAUSTED) << far_refused.error_message();
+  // Under the bound: served.
+  auto under = As("key-a");
+  under->AddMetadata("x-note", std::string(200, 'n'));
+  kvlingo::v1::ListSessionsRequest list;
+  kvlingo::v1::ListSessionsResponse listed;
+  const grpc::Status served = Sessions()->ListSessions(under.get(), list, &listed);
+  EXPECT_TRUE(served.ok()) << served.error_message();
 }
 
 TEST_F(AuthServerTest, ReflectionCanBeTurnedOff) {

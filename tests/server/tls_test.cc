@@ -3,10 +3,12 @@
 // client_ca_file it also refuses clients without a certificate or with one
 // another CA signed (mTLS). Certificates are made by the openssl command line
 // for each run; the server runs without models (sessions only), which is
-// enough for the transport.
+// enough for the transport. With tls.metrics, GET /metrics is HTTPS too
+// (read with cpp-httplib's TLS client).
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <signal.h>
 
 #include <chrono>
@@ -34,6 +36,10 @@ using Json = nlohmann::json;
 class TlsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    // A TLS client that the server refuses writes to a closed socket: an
+    // error to handle, not a signal that ends the test (kvl-server ignores
+    // SIGPIPE the same way).
+    signal(SIGPIPE, SIG_IGN);
     dir_ = new testing::TempDir("tls");
     dir_->WriteFile("san.ext", "subjectAltName=IP:127.0.0.1,DNS:localhost\n");
     // Two CAs: "ca" signs the server's and the good client's certificates,
@@ -73,6 +79,7 @@ class TlsTest : public ::testing::Test {
   struct Running {
     std::unique_ptr<testing::Subprocess> process;
     std::string address;
+    int metrics_port = 0;
   };
 
   static Running Start(const Json& tls) {
@@ -87,8 +94,29 @@ class TlsTest : public ::testing::Test {
     EXPECT_TRUE(process.ok()) << process.status();
     auto line = (*process)->WaitForLine(testing::Stream::kStdout, "listening on", 30s);
     EXPECT_TRUE(line.ok()) << line.status();
+    if (line.ok()) r.metrics_port = std::stoi(line->substr(line->rfind(':') + 1));
     r.process = *std::move(process);
     return r;
+  }
+
+  // GET /metrics over HTTPS, trusting `ca`'s certificates, presenting
+  // `client`'s certificate when given; the HTTP status, or -1 when the
+  // connection or the handshake failed. *body gets the response's body.
+  static int MetricsOverTls(const Running& r, const std::string& ca,
+                            const std::string& client = "", std::string* body = nullptr) {
+    std::unique_ptr<httplib::SSLClient> c =
+        client.empty() ? std::make_unique<httplib::SSLClient>("127.0.0.1", r.metrics_port)
+                       : std::make_unique<httplib::SSLClient>("127.0.0.1", r.metrics_port,
+                                                               Path(client + ".pem"),
+                                                               Path(client + ".key"));
+    c->set_ca_cert_path(Path(ca + ".pem").c_str());
+    c->enable_server_certificate_verification(true);
+    c->set_connection_timeout(5);
+    c->set_read_timeout(5);
+    httplib::Result res = c->Get("/metrics");
+    if (!res) return -1;
+    if (body != nullptr) *body = res->body;
+    return res->status;
   }
 
   // A channel of its own (no connection shared with other channels), so that
@@ -157,6 +185,40 @@ TEST_F(TlsTest, MutualTlsRefusesClientsWithoutACertificateOrWithAStrangersOne) {
   EXPECT_EQ(Call(server, Tls("ca", "rogue-client")).error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(Call(server, grpc::InsecureChannelCredentials()).error_code(),
             grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_F(TlsTest, MetricsOverHttpsWithTheSameCertificateAndPlainHttpRefused) {
+  Running server =
+      Start({{"cert_file", "server.pem"}, {"key_file", "server.key"}, {"metrics", true}});
+  std::string body;
+  EXPECT_EQ(MetricsOverTls(server, "ca", "", &body), 200);
+  EXPECT_THAT(body, HasSubstr("kvlingo_up 1"));
+  // Plain HTTP gets no exposition, and a client trusting another CA refuses
+  // the server's certificate.
+  absl::StatusOr<testing::HttpResponse> plain =
+      testing::HttpGet("127.0.0.1", server.metrics_port, "/metrics", 5s);
+  EXPECT_TRUE(!plain.ok() || plain->status != 200);
+  EXPECT_EQ(MetricsOverTls(server, "rogue"), -1);
+  // The gRPC port is TLS as before.
+  EXPECT_TRUE(Call(server, Tls("ca")).ok());
+}
+
+TEST_F(TlsTest, MetricsWithAClientCaServesOnlyClientsWithItsCertificates) {
+  Running server = Start({{"cert_file", "server.pem"},
+                          {"key_file", "server.key"},
+                          {"client_ca_file", "ca.pem"},
+                          {"metrics", true}});
+  EXPECT_EQ(MetricsOverTls(server, "ca", "client"), 200);
+  EXPECT_EQ(MetricsOverTls(server, "ca"), -1);
+  EXPECT_EQ(MetricsOverTls(server, "ca", "rogue-client"), -1);
+}
+
+TEST_F(TlsTest, WithoutTheMetricsSwitchMetricsStayPlainHttp) {
+  Running server = Start({{"cert_file", "server.pem"}, {"key_file", "server.key"}});
+  absl::StatusOr<testing::HttpResponse> plain =
+      testing::HttpGet("127.0.0.1", server.metrics_port, "/metrics", 5s);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->status, 200);
 }
 
 // Certificate rotation without a restart: the server re-reads its files every
