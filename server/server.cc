@@ -231,6 +231,11 @@ absl::Status Server::Serve() {
   self->chat_service_ = std::make_unique<ChatServiceImpl>(deps);
   self->model_service_ = std::make_unique<ModelServiceImpl>(deps);
 
+  // The TLS files are checked (each problem named) before /metrics, which
+  // may serve them too, starts.
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      ServerCredentialsFor(config.server.tls);
+  if (!credentials.ok()) return credentials.status();
   absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http = MetricsHttpServer::Start(
       config.server.metrics_address, [self] {
         self->metrics_.SetCacheStats(self->runtime_->store->Stats());
@@ -272,9 +277,6 @@ absl::Status Server::Serve() {
       INT32_MAX)));
   int port = 0;
   const std::string listen = config.server.listen_address.ToString();
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      ServerCredentialsFor(config.server.tls);
-  if (!credentials.ok()) return credentials.status();
   builder.AddListeningPort(listen, *credentials, &port);
   builder.RegisterService(self->session_service_.get());
   builder.RegisterService(self->chat_service_.get());

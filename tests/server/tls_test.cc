@@ -268,15 +268,20 @@ TEST_F(TlsTest, AGarbageCertificateOrAStrangersKeyStopsTheStart) {
       {{{"cert_file", "server.pem"}, {"key_file", "server.key"}, {"client_ca_file", "garbage.pem"}},
        "server.tls.client_ca_file: " + Path("garbage.pem") + " holds no PEM certificate"},
   };
-  for (const auto& [tls, message] : cases) {
-    const Json config = {{"server", {{"tls", tls}}}, {"models", Json::array()}};
-    const std::string file = dir_->WriteFile("bad-pem-" + std::to_string(++n_) + ".json", config.dump());
-    auto run = testing::RunProcess({KVL_SERVER_BIN, "--config", file, "--listen", "127.0.0.1:0",
-                                    "--metrics-address", "127.0.0.1:0"},
-                                   30s);
-    ASSERT_TRUE(run.ok()) << run.status();
-    EXPECT_NE(run->exit_code, 0) << message;
-    EXPECT_THAT(run->err, HasSubstr(message));
+  for (const auto& [plain_tls, message] : cases) {
+    for (bool metrics : {false, true}) {  // /metrics on TLS too: the same message
+      Json tls = plain_tls;
+      if (metrics) tls["metrics"] = true;
+      const Json config = {{"server", {{"tls", tls}}}, {"models", Json::array()}};
+      const std::string file =
+          dir_->WriteFile("bad-pem-" + std::to_string(++n_) + ".json", config.dump());
+      auto run = testing::RunProcess({KVL_SERVER_BIN, "--config", file, "--listen", "127.0.0.1:0",
+                                      "--metrics-address", "127.0.0.1:0"},
+                                     30s);
+      ASSERT_TRUE(run.ok()) << run.status();
+      EXPECT_NE(run->exit_code, 0) << message;
+      EXPECT_THAT(run->err, HasSubstr(message)) << (metrics ? "with tls.metrics" : "");
+    }
   }
 }
 
