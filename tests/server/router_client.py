@@ -248,7 +248,8 @@ def main():
                                 routing=S.RoutingHints(policy="explicit", model="large"))
             long["code"], long["deltas"] = "OK", 0
             try:
-                for ev in chat_call(req, timeout=120):
+                # 2000 tokens take 20-40 s; a loaded machine may need more.
+                for ev in chat_call(req, timeout=300):
                     kind = ev.WhichOneof("event")
                     if kind == "delta":
                         long["deltas"] += 1

@@ -132,11 +132,12 @@ class RouterE2eTest : public ::testing::Test {
     EXPECT_EQ(*code, 0) << r.process->Describe();
   }
 
-  static Json Client(const Running& r, const std::string& scenario) {
+  static Json Client(const Running& r, const std::string& scenario,
+                     std::chrono::seconds timeout = 120s) {
     auto run = testing::RunProcess(
         {KVL_SYSTEM_PYTHON, std::string(KVL_SOURCE_DIR) + "/tests/server/router_client.py",
          r.address, stubs_, scenario, std::to_string(r.process->pid())},
-        120s);
+        timeout);
     EXPECT_TRUE(run.ok()) << run.status();
     EXPECT_EQ(run->exit_code, 0) << run->err;
     return Json::parse(run->out);
@@ -451,10 +452,12 @@ TEST_F(RouterE2eTest, EvictionUnderATinyBudgetRebuildsSessionsCorrectly) {
 
 TEST_F(RouterE2eTest, DrainingRefusesNewChatsWithUnavailableAndFinishesRunningOnes) {
   Json config = Json::parse(Config(int64_t{1} << 30));
-  config["server"]["drain_timeout_seconds"] = 60;
+  // The long answer (2000 tokens) takes 20-40 s; the drain waits for it with
+  // room to spare on a loaded machine.
+  config["server"]["drain_timeout_seconds"] = 300;
   Running server = Start(config.dump());
-  const Json seen = Client(server, "drain");  // the client sends SIGTERM itself
-  auto code = server.process->Wait(60s);
+  const Json seen = Client(server, "drain", 300s);  // the client sends SIGTERM itself
+  auto code = server.process->Wait(300s);
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 0) << server.process->Describe();
   EXPECT_EQ(seen["refused"]["code"], "UNAVAILABLE") << seen.dump();
