@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -61,6 +62,7 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const ModelConfig& conf
     d->dtype_ = options.dtype;
     d->options_ = at::TensorOptions().dtype(options.dtype).device(device);
     d->max_scores_bytes_ = std::max<int64_t>(options.max_scores_bytes, 1);
+    d->raw_decode_attention_ = options.raw_decode_attention;
     d->embed_tokens_ = w.embed_tokens.detach();
     d->norm_ = w.norm.detach();
     d->lm_head_ = w.lm_head.detach();
@@ -187,6 +189,21 @@ std::vector<at::Tensor> Decoder::ForwardBatch(const std::vector<Row>& rows) {
       single || !first.keep_inv_rms_
           ? at::Tensor()
           : at::empty({total, n_head_kv}, options_.dtype(at::kFloat));
+  // A decode row (one token) of a float32 model on the CPU: its keys and
+  // values are copied into its line and its attention is computed by
+  // ops::DecodeAttention over raw memory, with no tensor operation per row.
+  const bool raw_rows_possible =
+      raw_decode_attention_ && dtype_ == at::kFloat && options_.device().is_cpu();
+  std::vector<char> raw(n_rows, 0);
+  int64_t longest_raw = 0;
+  for (size_t r = 0; r < n_rows; ++r) {
+    const KvCache& cache = *rows[r].cache;
+    raw[r] = raw_rows_possible && n[r] == 1 && cache.keys_.is_contiguous() &&
+             cache.values_.is_contiguous() &&
+             (!cache.keep_inv_rms_ || cache.inv_rms_.is_contiguous());
+    if (raw[r]) longest_raw = std::max(longest_raw, p0[r] + 1);
+  }
+  std::vector<float> raw_scratch(static_cast<size_t>(n_group * longest_raw));
 
   for (size_t il = 0; il < layers_.size(); ++il) {
     const Layer& w = layers_[il];
@@ -212,6 +229,34 @@ std::vector<at::Tensor> Decoder::ForwardBatch(const std::vector<Row>& rows) {
     for (size_t r = 0; r < n_rows; ++r) {
       KvCache& cache = *rows[r].cache;
       const int64_t t0 = p0[r], nr = n[r];
+      if (raw[r]) {
+        const int64_t cap = cache.capacity_;
+        float* line_keys = cache.keys_.data_ptr<float>() + il * n_head_kv * cap * d;
+        float* line_values = cache.values_.data_ptr<float>() + il * n_head_kv * cap * d;
+        const float* v_row = qkv.data_ptr<float>() + off[r] * qkv.stride(0) + q_dim + kv_dim;
+        for (int64_t hk = 0; hk < n_head_kv; ++hk) {
+          float* key_dst = line_keys + (hk * cap + t0) * d;
+          if (!single) {
+            std::memcpy(key_dst, k_batch.data_ptr<float>() + (off[r] * n_head_kv + hk) * d,
+                        sizeof(float) * d);
+            if (cache.keep_inv_rms_) {
+              cache.inv_rms_.data_ptr<float>()[(il * n_head_kv + hk) * cap + t0] =
+                  inv_rms_batch.data_ptr<float>()[off[r] * n_head_kv + hk];
+            }
+          }
+          std::memcpy(line_values + (hk * cap + t0) * d, v_row + hk * d, sizeof(float) * d);
+        }
+        if (cache.tap_mode_ == KeyTapMode::kStorePreNorm) {
+          cache.keys_prenorm_[il].narrow(1, t0, 1).copy_(k.narrow(0, off[r], 1).transpose(0, 1));
+        }
+        const int64_t head_stride = total * n_group * d;
+        ops::DecodeAttention({n_head_kv, n_group, d, cap, t0 + 1},
+                             q_buf.data_ptr<float>() + off[r] * n_group * d, head_stride,
+                             line_keys, line_values, static_cast<float>(scale),
+                             attn_buf.data_ptr<float>() + off[r] * n_group * d, head_stride,
+                             raw_scratch.data());
+        continue;
+      }
       if (!single) {
         cache.keys_[il].narrow(1, t0, nr).transpose(0, 1).copy_(k_batch.narrow(0, off[r], nr));
         if (cache.keep_inv_rms_) {

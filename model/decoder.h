@@ -36,6 +36,10 @@ struct DecoderOptions {
   // kInvert unless a k-norm weight is exactly zero (k-norm is then not
   // invertible and pre-norm keys are kept).
   KeyTapMode tap_mode = KeyTapMode::kInvert;
+  // Decode rows (one token) of a float32 model on the CPU take their attention
+  // from ops::DecodeAttention, loops over the line's raw memory, instead of
+  // per-head GEMMs; false keeps the tensor path (for A/B benchmarks).
+  bool raw_decode_attention = true;
 };
 
 class Decoder {
@@ -84,6 +88,7 @@ class Decoder {
   at::TensorOptions options_;
   KeyTapMode tap_mode_ = KeyTapMode::kInvert;
   int64_t max_scores_bytes_ = 0;
+  bool raw_decode_attention_ = true;
   at::Tensor embed_tokens_, norm_, lm_head_;
   std::vector<Layer> layers_;
   std::shared_ptr<const KeyTransform> key_transform_;

@@ -38,6 +38,25 @@ RopeTable MakeRopeTableAt(const at::Tensor& inv_freq, const at::Tensor& position
 // be a strided view (e.g. into a cache line), must not overlap x.
 void ApplyRope(const at::Tensor& x, const RopeTable& table, const at::Tensor& out);
 
+// Attention of one query token against the first n_keys keys and values of a
+// cache line's layer, float32 on the CPU, written as loops over raw memory:
+// the decode step runs it once per row, where the tensor-operation path (two
+// GEMMs per kv head that pack a 32-wide block each time, a softmax, copies)
+// costs several times the arithmetic (bench/batch_step_bench.cc,
+// docs/model-runtime.md). Numerics as HF's eager attention in float32: the dot
+// product q.k, times scale, softmax (max subtracted, exp, divided by the sum),
+// then the probabilities times the values, each accumulated in float32.
+//   q:      [H, G, D], head h at q + h * q_head_stride, its G rows contiguous;
+//   keys, values: [H, capacity, D] contiguous, the line's layer;
+//   out:    as q's layout (out_head_stride);
+//   scratch: at least G * n_keys floats.
+struct DecodeAttentionShape {
+  int64_t n_head_kv, n_group, head_dim, capacity, n_keys;
+};
+void DecodeAttention(const DecodeAttentionShape& shape, const float* q, int64_t q_head_stride,
+                     const float* keys, const float* values, float scale, float* out,
+                     int64_t out_head_stride, float* scratch);
+
 // The inverse of ApplyRope, computed in float32, y: [T, H, D]
 // -> float32 [T, H, D].
 at::Tensor InvertRopeFloat(const at::Tensor& y, const RopeTable& table);

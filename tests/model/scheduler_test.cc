@@ -91,6 +91,83 @@ TEST(DecoderForwardBatch, EachRowMatchesItsOwnForward) {
   EXPECT_EQ(batched[0]->Length(), before);
 }
 
+// Decode rows of a float32 model take their attention from
+// ops::DecodeAttention (loops over the line's memory); the tensor path, which
+// CachedDecoderTest checks against the reference forward, is the oracle. For
+// histories across the cache's growth (64 tokens), head sizes that are not a
+// multiple of the loops' 8 lanes, a model without k-norm (no 1/rms kept) and
+// the stored pre-norm taps, alone and in a batch with a prefill row. Layers
+// after the first see the other path's rounding, hence tolerances, not
+// equality (float32 on O(1) activations).
+TEST(DecoderForwardBatch, RawDecodeAttentionMatchesTheTensorPath) {
+  struct Variant {
+    testing::TinyModel model;
+    int64_t head_dim;
+    KeyTapMode mode;
+  };
+  const std::vector<Variant> variants = {
+      {{"qwen3", true, false, false, 4, 2}, 8, KeyTapMode::kInvert},
+      {{"qwen3-d12", true, false, false, 6, 2}, 12, KeyTapMode::kInvert},
+      {{"llama", false, true, true, 4, 4}, 8, KeyTapMode::kInvert},
+      {{"qwen3-prenorm", true, false, false, 4, 2}, 8, KeyTapMode::kStorePreNorm}};
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.model.name);
+    ModelConfig config = TinyConfig(v.model, 2, 32, v.head_dim);
+    config.hidden_size = v.model.n_head * v.head_dim;
+    config.intermediate_size = config.hidden_size * 3 / 2;
+    const ModelWeights w = RandomWeights(config, 5);
+    DecoderOptions raw_options, tensor_options;
+    raw_options.tap_mode = tensor_options.tap_mode = v.mode;
+    tensor_options.raw_decode_attention = false;
+    auto raw = Decoder::Create(config, w, raw_options);
+    auto tensor = Decoder::Create(config, w, tensor_options);
+    ASSERT_TRUE(raw.ok() && tensor.ok());
+    const std::vector<int64_t> histories = {0, 1, 9, 63, 64, 65, 200};
+    std::vector<std::unique_ptr<KvCache>> raw_lines, tensor_lines;
+    std::vector<Decoder::Row> raw_rows, tensor_rows;
+    for (size_t i = 0; i < histories.size(); ++i) {
+      raw_lines.push_back((*raw)->NewCache());
+      tensor_lines.push_back((*tensor)->NewCache());
+      if (histories[i] > 0) {
+        const at::Tensor history = at::tensor(Ids(histories[i], 40 + i));
+        (*raw)->Forward(*raw_lines[i], history, false);
+        (*tensor)->Forward(*tensor_lines[i], history, false);
+      }
+      const at::Tensor token = at::tensor(Ids(1, 70 + i));
+      raw_rows.push_back({raw_lines[i].get(), token, false});
+      tensor_rows.push_back({tensor_lines[i].get(), token, false});
+    }
+    // A prefill row in the same batch keeps the tensor path.
+    raw_lines.push_back((*raw)->NewCache());
+    tensor_lines.push_back((*tensor)->NewCache());
+    raw_rows.push_back({raw_lines.back().get(), at::tensor(Ids(6, 90)), true});
+    tensor_rows.push_back({tensor_lines.back().get(), at::tensor(Ids(6, 90)), true});
+
+    // Alone: the first decode row through Forward, then one more token each.
+    const at::Tensor alone_raw = (*raw)->Forward(*raw_lines[3], raw_rows[3].ids, false);
+    const at::Tensor alone_tensor = (*tensor)->Forward(*tensor_lines[3], tensor_rows[3].ids, false);
+    EXPECT_LT(MaxAbsDiff(alone_raw, alone_tensor), 1e-5);
+    const std::vector<at::Tensor> got = (*raw)->ForwardBatch(raw_rows);
+    const std::vector<at::Tensor> want = (*tensor)->ForwardBatch(tensor_rows);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      SCOPED_TRACE(absl::StrCat("row ", i));
+      ASSERT_EQ(got[i].sizes(), want[i].sizes());
+      EXPECT_LT(MaxAbsDiff(got[i], want[i]), 1e-5);
+      EXPECT_TRUE(at::equal(got[i].argmax(-1), want[i].argmax(-1)));
+      ASSERT_EQ(raw_lines[i]->Length(), tensor_lines[i]->Length());
+      for (int64_t il = 0; il < config.n_layer; ++il) {
+        EXPECT_LT(MaxAbsDiff(raw_lines[i]->Keys(il), tensor_lines[i]->Keys(il)), 1e-5);
+        EXPECT_LT(MaxAbsDiff(raw_lines[i]->Values(il), tensor_lines[i]->Values(il)), 1e-5);
+      }
+      const auto taps_raw = raw_lines[i]->Taps(0, raw_lines[i]->Length());
+      const auto taps_tensor = tensor_lines[i]->Taps(0, tensor_lines[i]->Length());
+      ASSERT_TRUE(taps_raw.ok() && taps_tensor.ok());
+      EXPECT_LT(MaxAbsDiff(taps_raw->keys, taps_tensor->keys), 1e-5);
+    }
+  }
+}
+
 // One request of a mix: an existing history in the line, a prompt, options.
 struct Job {
   std::vector<int64_t> history, prompt;
