@@ -164,10 +164,18 @@ absl::StatusOr<at::Tensor> Engine::Decode(KvCache& cache, int64_t id) {
 
 absl::StatusOr<Engine::ContinuationScore> Engine::ScoreContinuation(
     KvCache& cache, const std::vector<int64_t>& ids) {
+  return ScoreContinuation(
+      cache, ids, [this](KvCache& line, const std::vector<int64_t>& run, bool all_logits) {
+        return Prefill(line, run, all_logits);
+      });
+}
+
+absl::StatusOr<Engine::ContinuationScore> Engine::ScoreContinuation(
+    KvCache& cache, const std::vector<int64_t>& ids, const PrefillFn& prefill) {
   if (ids.size() < 2) return absl::InvalidArgumentError("scoring needs at least two tokens");
   const int64_t n_start = cache.Length();
   const std::vector<int64_t> head(ids.begin(), ids.end() - 1);
-  absl::StatusOr<at::Tensor> logits = Prefill(cache, head, /*all_logits=*/true);
+  absl::StatusOr<at::Tensor> logits = prefill(cache, head, /*all_logits=*/true);
   if (!logits.ok()) return logits.status();
   ContinuationScore score;
   score.n_scored = static_cast<int64_t>(head.size());
@@ -188,7 +196,7 @@ absl::StatusOr<Engine::ContinuationScore> Engine::ScoreContinuation(
     score.mean_logprob = lp.mean().item<double>();
   }
   // The last token run once to read what follows it, then rolled back.
-  absl::StatusOr<at::Tensor> last = Prefill(cache, {ids.back()});
+  absl::StatusOr<at::Tensor> last = prefill(cache, {ids.back()}, /*all_logits=*/false);
   if (!last.ok()) {
     (void)cache.Rollback(n_start);
     return last.status();

@@ -197,6 +197,15 @@ class Engine {
   };
   absl::StatusOr<ContinuationScore> ScoreContinuation(KvCache& cache,
                                                      const std::vector<int64_t>& ids);
+  // The same with the two prefills run by `prefill`, which has Prefill's
+  // contract (the logits, [V] or [T, V] with all_logits; the line rolled back
+  // on error): a batch scheduler's, so that scoring shares the engine loop's
+  // steps with other requests (model/scheduler.h).
+  using PrefillFn = std::function<absl::StatusOr<at::Tensor>(
+      KvCache& cache, const std::vector<int64_t>& ids, bool all_logits)>;
+  static absl::StatusOr<ContinuationScore> ScoreContinuation(KvCache& cache,
+                                                            const std::vector<int64_t>& ids,
+                                                            const PrefillFn& prefill);
 
   // One forward over several lines at once (Decoder::ForwardBatch), for the
   // batch scheduler (model/scheduler.h): rows[i].ids run against

@@ -244,7 +244,37 @@ absl::Status Router::RunPrefill(Work& work, int model, KvCache& line,
   BatchScheduler::Hooks hooks;
   hooks.on_admitted = [&work] { work.MarkStarted(); };
   hooks.cancelled = [&work] { return work.Cancelled(); };
-  return scheduler->Prefill(line, ids, /*all_logits=*/false, Priority::kInteractive, hooks).status();
+  absl::Status s =
+      scheduler->Prefill(line, ids, /*all_logits=*/false, Priority::kInteractive, hooks).status();
+  return BatchScheduler::IsQueueFull(s) ? QueueFull(model, -1) : s;
+}
+
+absl::StatusOr<Engine::ContinuationScore> Router::RunScore(Work& work, int model, KvCache& line,
+                                                           const std::vector<int64_t>& ids) {
+  BatchScheduler* scheduler = models_[model]->scheduler.get();
+  if (scheduler == nullptr) return models_[model]->loaded.engine->ScoreContinuation(line, ids);
+  BatchScheduler::Hooks hooks;
+  hooks.on_admitted = [&work] { work.MarkStarted(); };
+  hooks.cancelled = [&work] { return work.Cancelled(); };
+  absl::StatusOr<Engine::ContinuationScore> score = Engine::ScoreContinuation(
+      line, ids, [&](KvCache& on, const std::vector<int64_t>& run, bool all_logits) {
+        return scheduler->Prefill(on, run, all_logits, Priority::kInteractive, hooks);
+      });
+  if (!score.ok() && BatchScheduler::IsQueueFull(score.status())) return QueueFull(model, -1);
+  return score;
+}
+
+absl::Status Router::TakeModel(Work& work, int model, std::optional<ModelLock>* lock) {
+  const BatchScheduler* scheduler = models_[model]->scheduler.get();
+  if (scheduler == nullptr) {
+    lock->emplace(*this, work, model);
+    return (*lock)->status();
+  }
+  if (const int64_t limit = routing_.max_waiting_turns_per_model;
+      limit > 0 && scheduler->waiting() >= limit) {
+    return QueueFull(model, scheduler->waiting());
+  }
+  return absl::OkStatus();
 }
 
 Router::~Router() { StopRepairThread(); }
@@ -482,8 +512,8 @@ absl::StatusOr<int> Router::Escalate(Work& work) {
   const int64_t upto = static_cast<int64_t>(work.lease->state().history.size());
   while (work.cascade_level < last_level && work.fresh.size() >= 2) {
     const int m = routing_.order[work.cascade_level];
-    ModelLock lock(*this, work, m);
-    if (!lock.ok()) return lock.status();
+    std::optional<ModelLock> lock;
+    if (absl::Status s = TakeModel(work, m, &lock); !s.ok()) return s;
     // Every level scores the turn natively, so it takes over the history
     // before the turn only; the turn's tokens stay attributed to the first
     // model that ran them. The line gets room for the turn and, should this
@@ -497,7 +527,7 @@ absl::StatusOr<int> Router::Escalate(Work& work) {
     // answering model runs that token itself, to sample from.
     const Clock::time_point t0 = Clock::now();
     absl::StatusOr<Engine::ContinuationScore> score =
-        models_[m]->loaded.engine->ScoreContinuation(*work.lease->line(m), work.fresh);
+        RunScore(work, m, *work.lease->line(m), work.fresh);
     if (!score.ok()) return score.status();
     work.result.prefill_seconds += Seconds(t0, Clock::now());
     work.result.prefill_tokens += score->n_scored;
@@ -555,17 +585,9 @@ absl::StatusOr<GenerateResult> Router::HandOverAndGenerate(Work& work, int model
   const int64_t max_tokens =
       options.reply ? static_cast<int64_t>(reply.size()) + 1 : std::min(options.max_tokens, room);
 
-  // Batched turns queue in the model's engine loop instead of on its lock
-  // (a given reply is read beside the loop, under the lock).
   BatchScheduler* scheduler = models_[model]->scheduler.get();
   std::optional<ModelLock> lock;
-  if (scheduler == nullptr || options.reply) {
-    lock.emplace(*this, work, model);
-    if (!lock->ok()) return lock->status();
-  } else if (const int64_t limit = routing_.max_waiting_turns_per_model;
-             limit > 0 && scheduler->waiting() >= limit) {
-    return QueueFull(model, scheduler->waiting());
-  }
+  if (absl::Status s = TakeModel(work, model, &lock); !s.ok()) return s;
   int64_t run_from = upto;
   if (absl::Status s = Handover(work, model, upto, n_prompt + max_tokens,
                                 upto + n_prompt + std::min(max_tokens, kDecodeRoom), &run_from);
@@ -663,7 +685,7 @@ absl::StatusOr<GenerateResult> Router::ReadGivenReply(Work& work, int model,
   ids.push_back(stop);
   const Clock::time_point t0 = Clock::now();
   absl::StatusOr<Engine::ContinuationScore> score =
-      models_[model]->loaded.engine->ScoreContinuation(*work.lease->line(model), ids);
+      RunScore(work, model, *work.lease->line(model), ids);
   if (!score.ok()) return score.status();
   if (work.Cancelled()) return absl::CancelledError("the client cancelled the turn");
   const Clock::time_point t_end = Clock::now();

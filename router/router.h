@@ -4,7 +4,8 @@
 //   1. Route: the policy picks the model (policy.h); "cascade" starts at the
 //      session's cascade level.
 //   2. Score ("cascade" only, below the last level): the level's model takes
-//      over the history, reads the new turn (Engine::ScoreContinuation) and
+//      over the history, reads the new turn (Engine::ScoreContinuation, in
+//      the model's engine loop with batching) and
 //      the policy judges its confidence (JudgeCascade); an unsure level hands
 //      the turn to the next model, which takes over the history and the turn's
 //      tokens (translated from the cheaper model where a translator exists) as
@@ -30,9 +31,9 @@
 // (model/scheduler.h): a turn's hand-over prefills, its prompt and its decoding
 // run as requests in that model's engine loop, batched with every other turn
 // on the model, and on_token is called on the loop's thread; translation runs
-// on the turn's thread. The cascade's scoring and a given reply's reading still
-// take the model's mutex (ModelLock) and run on the turn's thread, beside the
-// loop. Without batching each model's engine is driven by one turn at a time:
+// on the turn's thread. The cascade's scoring and a given reply's reading are
+// loop requests too, so no turn takes a model's mutex. Without batching each
+// model's engine is driven by one turn at a time:
 // the ModelLock is held for each stage that runs that model, and at most one
 // is held at once, so turns cannot deadlock; turns on the same model queue on
 // it, one after another.
@@ -305,6 +306,14 @@ class Router {
   // Runs ids into the line: in the model's engine loop with batching, else
   // directly (the caller holds the model's lock).
   absl::Status RunPrefill(Work& work, int model, KvCache& line, const std::vector<int64_t>& ids);
+  // Engine::ScoreContinuation of ids on the line, placed as RunPrefill.
+  absl::StatusOr<Engine::ContinuationScore> RunScore(Work& work, int model, KvCache& line,
+                                                     const std::vector<int64_t>& ids);
+  // Takes `model` for a stage of a turn. Without batching: its lock, into
+  // *lock, in arrival order. With batching nothing is held (the stage's
+  // requests wait in the model's engine loop), but a loop whose queue is at
+  // routing.max_waiting_turns_per_model refuses at once. QueueFull either way.
+  absl::Status TakeModel(Work& work, int model, std::optional<ModelLock>* lock);
   // OnModelQueue with the model's ModelLock and scheduler counts.
   void ReportQueue(int model);
   // The refusal of a turn by routing.max_waiting_turns_per_model (counted by

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -746,6 +747,85 @@ TEST_F(RouterTest, CascadeKeepsTheCheapModelWhenConfidentAndReportsItsEntropy) {
   // the turn natively.
   auto line = engines_[0]->NewCache();
   EXPECT_EQ(t1->tokens, Generate(*engines_[0], *line, TurnTokens("Easy.")));
+}
+
+// Engine-loop steps per model, by a batched router's schedulers.
+struct StepCount : TurnObserver {
+  void OnBatchStep(int model, int64_t rows, int64_t decode_rows, int64_t tokens,
+                   double seconds) override {
+    std::lock_guard<std::mutex> lock(mu);
+    steps[model] += 1;
+    step_tokens[model] += tokens;
+    max_rows[model] = std::max(max_rows[model], rows);
+  }
+  std::mutex mu;
+  std::map<int, int64_t> steps, step_tokens, max_rows;
+};
+
+// With batching, the cascade's scoring runs in the engine loops (no model
+// lock): small only scores here (every turn escalates), so every step small's
+// loop runs is scoring, and concurrent sessions' scorings share steps. The
+// outcome is the unbatched router's, session by session: the same model, the
+// same verdict and the same tokens.
+TEST_F(RouterTest, BatchedCascadeScoresInTheEngineLoopAndEqualsTheUnbatchedRouter) {
+  RoutingConfig r;
+  r.policy = Policy::kCascade;
+  r.order = {0, 2};
+  r.cascade_max_entropy = 0.0;  // every level below the last escalates
+  r.repair = RepairMode::kOff;  // a repair's timing would change later turns' lines
+  constexpr int kSessions = 4;
+  const std::vector<std::string> texts = {"Something hard.", "A follow-up, longer than the first.",
+                                          "Third."};
+  auto converse = [&](const std::string& prefix, int i) {
+    std::vector<TurnResult> turns;
+    const std::string id = absl::StrCat(prefix, i);
+    EXPECT_TRUE(store_->Create(id, "", {}).ok());
+    for (const std::string& text : texts) {
+      auto t = Turn(id, absl::StrCat(text, " (session ", i, ")"), -1, Strategy::kTranslate,
+                    std::nullopt);
+      EXPECT_TRUE(t.ok()) << t.status();
+      if (t.ok()) turns.push_back(*std::move(t));
+    }
+    return turns;
+  };
+  MakeRouter(r);
+  std::vector<std::vector<TurnResult>> expected;
+  for (int i = 0; i < kSessions; ++i) expected.push_back(converse("unbatched", i));
+
+  router_.reset();
+  StepCount steps;
+  r.batching = true;
+  MakeRouter(r, int64_t{1} << 30, DType::kFloat32, &steps);
+  std::vector<std::vector<TurnResult>> got(kSessions);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kSessions; ++i) {
+    threads.emplace_back([&, i] { got[i] = converse("batched", i); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < kSessions; ++i) {
+    SCOPED_TRACE(absl::StrCat("session ", i));
+    ASSERT_EQ(got[i].size(), expected[i].size());
+    for (size_t t = 0; t < got[i].size(); ++t) {
+      EXPECT_EQ(got[i][t].routing.model, expected[i][t].routing.model);
+      EXPECT_EQ(got[i][t].routing.path, expected[i][t].routing.path);
+      EXPECT_EQ(got[i][t].tokens, expected[i][t].tokens);
+      EXPECT_EQ(got[i][t].prefill_tokens, expected[i][t].prefill_tokens);
+    }
+    // The first turn escalated from small (which scored it); later turns stay.
+    EXPECT_EQ(got[i][0].routing.model, 2);
+    EXPECT_THAT(got[i][0].routing.reason, HasSubstr("escalated to large"));
+  }
+  std::lock_guard<std::mutex> lock(steps.mu);
+  // Small scored each session's first turn: all but the last token, then
+  // that token alone, in its loop.
+  int64_t scored = 0;
+  for (int i = 0; i < kSessions; ++i) {
+    scored += static_cast<int64_t>(
+        TurnTokens(absl::StrCat(texts[0], " (session ", i, ")")).size());
+  }
+  EXPECT_EQ(steps.step_tokens[0], scored);
+  EXPECT_GT(steps.steps[0], 0);
+  EXPECT_GT(steps.steps[2], 0);
 }
 
 TEST_F(RouterTest, EvictedLinesAreRebuiltByPrefillAndAnOverBudgetTurnChangesNothing) {
