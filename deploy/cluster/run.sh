@@ -129,7 +129,19 @@ up() {
     done
     local line
     line=$(grep "listening on" "$dir/replica-$i.out" || true)
-    [[ -n "$line" ]] || { tail -20 "$log" >&2; echo "cluster: replica $i did not start" >&2; false; }
+    if [[ -z "$line" ]]; then
+      # Say how it ended: still starting after 60 s, or its exit status (a
+      # signal shows as 128 + its number), with both of its outputs.
+      local how="still not listening after 60 s"
+      if ! kill -0 "$pid" 2>/dev/null; then
+        local rc=0
+        wait "$pid" || rc=$?
+        how="exited with status $rc"
+      fi
+      tail -20 "$dir/replica-$i.out" "$log" >&2
+      echo "cluster: replica $i did not start ($how)" >&2
+      false
+    fi
     echo "REPLICA_${i}_ADDR=127.0.0.1:$port" >> "$env"
     echo "METRICS_${i}_ADDR=${line##*metrics on }" >> "$env"
     upstreams+="    server 127.0.0.1:$port max_fails=1 fail_timeout=10s;"$'\n'
