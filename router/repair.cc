@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/wait.h"
 #include "router/router.h"
 #include "spdlog/spdlog.h"
 
@@ -27,8 +28,6 @@ using Clock = std::chrono::steady_clock;
 // attempts to take a session that a turn holds.
 constexpr absl::Duration kYield = absl::Milliseconds(1);
 constexpr absl::Duration kSessionBusyRetry = absl::Milliseconds(5);
-// A wait's timeout is cut to this: the condition variable adds it to now().
-constexpr absl::Duration kLongestWait = absl::Hours(24 * 365);
 
 }  // namespace
 
@@ -167,7 +166,7 @@ int64_t Router::RepairBacklog() const {
 
 bool Router::WaitForRepairs(absl::Duration timeout) {
   std::unique_lock<std::mutex> lock(repair_mu_);
-  return repair_changed_.wait_for(lock, absl::ToChronoNanoseconds(std::min(timeout, kLongestWait)), [this] {
+  return repair_changed_.wait_for(lock, WaitForTimeout(timeout), [this] {
     return repair_queue_.empty() && repairs_in_progress_ == 0;
   });
 }

@@ -1,14 +1,8 @@
 #include "server/drain_gate.h"
 
-#include <algorithm>
+#include "base/wait.h"
 
 namespace kvl::server {
-namespace {
-
-// A wait's timeout is cut to this: the condition variable adds it to now().
-constexpr absl::Duration kLongestWait = absl::Hours(24 * 365);
-
-}  // namespace
 
 DrainGate::Admission DrainGate::TryEnter(int64_t max_in_flight) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -35,7 +29,7 @@ bool DrainGate::draining() const {
 
 bool DrainGate::WaitIdle(absl::Duration timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  return idle_.wait_for(lock, absl::ToChronoNanoseconds(std::min(timeout, kLongestWait)),
+  return idle_.wait_for(lock, WaitForTimeout(timeout),
                         [this] { return in_flight_ == 0; });
 }
 

@@ -48,6 +48,22 @@ TEST(DrainGateTest, AdmitsUpToTheLimitAndAgainOnceACallEnds) {
   EXPECT_EQ(gate.TryEnter(100), DrainGate::Admission::kDraining);
 }
 
+// An operator's "wait for ever" (absl::InfiniteDuration) waits until the last
+// call ends: a condition variable adds the timeout to now(), so an unclamped
+// infinite timeout would overflow into the past and return at once, false.
+TEST(DrainGateTest, AnInfiniteWaitEndsWhenTheLastCallDoes) {
+  DrainGate gate;
+  ASSERT_EQ(gate.TryEnter(), DrainGate::Admission::kAdmitted);
+  gate.BeginDrain();
+  std::thread finisher([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    gate.Exit();
+  });
+  EXPECT_TRUE(gate.WaitIdle(absl::InfiniteDuration()));
+  EXPECT_EQ(gate.in_flight(), 0);
+  finisher.join();
+}
+
 TEST(DrainGateTest, IdleGateDrainsAtOnce) {
   DrainGate gate;
   gate.BeginDrain();
