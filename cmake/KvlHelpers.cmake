@@ -19,11 +19,13 @@ function(kvl_library name)
 endfunction()
 
 # kvl_executable(<name> SOURCES ... DEPS ...): thin binaries that wire libraries.
+# In a TSan build (KVL_SANITIZE=thread) every binary also links KVL_TSAN_SYNC,
+# which shows TSan what Abseil's uninstrumented locks order.
 function(kvl_executable name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_compile_options(${name} PRIVATE ${KVL_WARNINGS})
-  target_link_libraries(${name} PRIVATE ${ARG_DEPS})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} ${KVL_TSAN_SYNC})
 endfunction()
 
 # kvl_test(<name> SOURCES ... DEPS ... [LABELS ...]): a GoogleTest binary whose
@@ -35,7 +37,7 @@ function(kvl_test name)
   cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_compile_options(${name} PRIVATE ${KVL_WARNINGS})
-  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gmock GTest::gtest_main)
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gmock GTest::gtest_main ${KVL_TSAN_SYNC})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 600)
   endif()
