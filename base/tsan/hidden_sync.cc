@@ -52,39 +52,33 @@ namespace {
 #define KVL_TSAN_STR2(x) #x
 #define KVL_TSAN_STR(x) KVL_TSAN_STR2(x)
 
-// The next definition of the C function `name` (gRPC's).
-void* RealC(const char* name) {
-  void* fn = dlsym(RTLD_NEXT, name);
+// The library's definition of the function with mangled (or C) name `name`:
+// the next one after this executable's. Aborts when it is missing: running on
+// without the library's lock or call would be wrong.
+void* RealC(const std::string& name) {
+  void* fn = dlsym(RTLD_NEXT, name.c_str());
   if (fn == nullptr) {
-    std::fprintf(stderr, "base/tsan/hidden_sync.cc: %s not found\n", name);
+    std::fprintf(stderr, "base/tsan/hidden_sync.cc: %s not found\n", name.c_str());
     std::abort();
   }
   return fn;
 }
 
-// Abseil's definition of the function whose mangled name is
-// "_ZN4absl" (or "_ZNK4absl" for a const member), then Abseil's inline
-// namespace, then `rest` (written against nm -D of Debian's libabsl, where
-// S0_ stands for absl::<namespace>). Aborts when it is missing: running on
-// without the lock would be wrong.
 #if !defined(ABSL_OPTION_USE_INLINE_NAMESPACE) || !ABSL_OPTION_USE_INLINE_NAMESPACE
 #error "the mangled names below assume Abseil's inline namespace (Debian's build has one)"
 #endif
+
 // Abseil's inline namespace as a mangled name's component: length, then name.
 std::string AbslNamespace() {
   const std::string ns = KVL_TSAN_STR(ABSL_OPTION_INLINE_NAMESPACE_NAME);
   return std::to_string(ns.size()) + ns;
 }
 
+// Abseil's member function whose mangled name is "_ZN4absl" (or "_ZNK4absl"
+// for a const member), Abseil's inline namespace, then `rest` (written
+// against nm -D of Debian's libabsl, where S0_ stands for absl::<namespace>).
 void* RealAbsl(bool const_member, const char* rest) {
-  const std::string name =
-      std::string(const_member ? "_ZNK4absl" : "_ZN4absl") + AbslNamespace() + rest;
-  void* fn = dlsym(RTLD_NEXT, name.c_str());
-  if (fn == nullptr) {
-    std::fprintf(stderr, "base/tsan/hidden_sync.cc: %s not found in Abseil\n", name.c_str());
-    std::abort();
-  }
-  return fn;
+  return RealC(std::string(const_member ? "_ZNK4absl" : "_ZN4absl") + AbslNamespace() + rest);
 }
 
 // KVL_TSAN_HIDDEN_SYNC=0 turns the annotations off (the calls still go to the
@@ -263,10 +257,9 @@ void grpc_cq_end_op(grpc_completion_queue* cq, void* tag, absl::Status error,
                     grpc_cq_completion* storage, bool internal) {
   using Fn = void (*)(grpc_completion_queue*, void*, absl::Status,
                       void (*)(void*, grpc_cq_completion*), void*, grpc_cq_completion*, bool);
-  static const auto real = reinterpret_cast<Fn>(RealC(
-      ("_Z14grpc_cq_end_opP21grpc_completion_queuePvN4absl" + AbslNamespace() +
-       "6StatusEPFvS1_P18grpc_cq_completionES1_S6_b")
-          .c_str()));
+  static const auto real = reinterpret_cast<Fn>(
+      RealC("_Z14grpc_cq_end_opP21grpc_completion_queuePvN4absl" + AbslNamespace() +
+            "6StatusEPFvS1_P18grpc_cq_completionES1_S6_b"));
   Acquire(tag);
   Release(tag);
   real(cq, tag, std::move(error), done, done_arg, storage, internal);
