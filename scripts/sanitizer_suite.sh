@@ -38,7 +38,7 @@ esac
 
 scripts/sanitizer_build.sh "$BUILD" "$build_kind" "$name" "$JOBS"
 
-reports=$PWD/$BUILD/sanitizer_reports
+reports=$(cd "$BUILD" && pwd)/sanitizer_reports  # absolute: every test's cwd differs
 log=$BUILD/$name.log
 rm -rf "$reports"
 mkdir -p "$reports"
