@@ -41,9 +41,13 @@ function(kvl_test name)
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 600)
   endif()
+  # Discovery runs each binary with --gtest_list_tests as part of the build. It
+  # takes under a second here, but a CI build once had the first two binaries
+  # that load LibTorch time out at 60 s while listing (a cold, contended
+  # machine); a binary that truly hangs still fails the build, only later.
   gtest_discover_tests(${name}
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
-    DISCOVERY_TIMEOUT 60
+    DISCOVERY_TIMEOUT 600
     PROPERTIES
       TIMEOUT ${ARG_TIMEOUT}
       LABELS "${ARG_LABELS}"
