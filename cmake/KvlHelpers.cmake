@@ -41,6 +41,12 @@ function(kvl_test name)
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 600)
   endif()
+  # Sanitizers slow the code several times over (the training tests most), and
+  # a per-test TIMEOUT is not overridden by ctest's --timeout: in a sanitizer
+  # build every test gets three times its Release limit.
+  if(NOT KVL_SANITIZE STREQUAL "")
+    math(EXPR ARG_TIMEOUT "${ARG_TIMEOUT} * 3")
+  endif()
   # Discovery runs each binary with --gtest_list_tests as part of the build. It
   # takes under a second here, but a CI build once had the first two binaries
   # that load LibTorch time out at 60 s while listing (a cold, contended
