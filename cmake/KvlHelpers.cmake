@@ -49,8 +49,9 @@ function(kvl_test name)
   endif()
   # Discovery runs each binary with --gtest_list_tests as part of the build. It
   # takes under a second here, but a CI build once had the first two binaries
-  # that load LibTorch time out at 60 s while listing (a cold, contended
-  # machine); a binary that truly hangs still fails the build, only later.
+  # that load LibTorch time out at 60 s while listing (cause not found; the
+  # same listing takes under a second on a cold page cache here). A binary that
+  # truly hangs still fails the build, only later.
   gtest_discover_tests(${name}
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
     DISCOVERY_TIMEOUT 600
