@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 # What building kvl-server and kvl needs (the Docker image's build stage
 # installs only these: KVL_SETUP=build)...
 BUILD_PACKAGES=(
-  build-essential cmake ninja-build pkg-config git ca-certificates
+  build-essential cmake ninja-build pkg-config git ca-certificates ccache
   libtorch-dev libopenblas0-openmp libopenblas-dev
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev prometheus-cpp-dev libcpp-httplib-dev
