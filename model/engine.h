@@ -5,9 +5,11 @@
 // Legend: T=tokens, V=vocab_size.
 //
 // Thread-safety: an Engine and the cache lines it creates are driven by ONE
-// thread at a time. In kvl-server that is whichever TurnPool thread holds the
-// router's mutex for this model (router/router.h); the engine itself takes no
-// lock. Create and the const accessors may be called from any thread.
+// thread at a time; the engine itself takes no lock. In kvl-server (and every
+// Router) that thread is the model's engine loop (model/scheduler.h), the
+// only caller of Generate, Prefill and ForwardBatch; tools and tests without a
+// router drive an engine from their own thread. Create and the const
+// accessors may be called from any thread.
 // Create calls at::set_num_threads, which sets the calling thread's intra-op
 // thread count and the default that other threads take when they are set up
 // (at their first parallel operation, or PrepareIntraOpThread): create every

@@ -16,8 +16,11 @@
 // elsewhere, e.g. a translator); taps of foreign spans are refused, since a
 // translation is never translated again.
 //
-// Not thread-safe: a line is used by one thread at a time (whoever drives its
-// model's Engine, model/engine.h). Distinct lines are independent.
+// Not thread-safe: a line is used by one thread at a time. In a Router that is
+// the turn's thread between engine requests (hand-over, translation) and the
+// model's engine loop while a request on the line runs (the turn's thread
+// waits for it: model/scheduler.h); the repair thread's copy likewise.
+// Distinct lines are independent.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "model/chat_template.h"
+#include "spdlog/spdlog.h"
 
 namespace kvl::router {
 namespace {
@@ -53,7 +54,7 @@ struct Router::Work {
   int cascade_level = 0;
   HandoverPlan plan;
   TurnResult result;
-  bool started = false;  // an engine mutex was taken (queue time measured)
+  bool started = false;  // an engine loop admitted its first request (queue time measured)
   // A translated turn's generated reply, for the repair's fidelity score
   // (filled by Commit when the generation recorded log-probabilities).
   std::optional<FidelityProbe> probe;
@@ -75,62 +76,6 @@ absl::Status Router::QueueFull(int model, int64_t waiting) {
       " turns waiting (limits.max_waiting_turns_per_model = ",
       routing_.max_waiting_turns_per_model, "); retry later or on another replica"));
 }
-
-// Holds one model's engine for a stage of a turn; the first lock of a turn
-// ends its queue time.
-// Refused (ok() false, nothing held) when routing.max_waiting_turns_per_model
-// turns already wait for the model. Turns are served in arrival order.
-class Router::ModelLock {
- public:
-  ModelLock(Router& router, Work& work, int model)
-      : router_(router), slot_(*router.models_[model]), model_(model) {
-    // Counted while waiting, so that a background repair gives way between
-    // its chunks (repair.cc), and against the admission limit.
-    const int waiting = slot_.turns_waiting.fetch_add(1);
-    const int64_t limit = router.routing_.max_waiting_turns_per_model;
-    if (limit > 0 && waiting >= limit) {
-      slot_.turns_waiting.fetch_sub(1);
-      status_ = router.QueueFull(model, waiting);
-      return;
-    }
-    Report();
-    int64_t ticket = 0;
-    {
-      std::unique_lock<std::mutex> lock(slot_.queue_mu);
-      ticket = slot_.next_ticket++;
-      slot_.served.wait(lock, [this, ticket] { return slot_.serving == ticket; });
-    }
-    slot_.mu.lock();
-    {
-      std::lock_guard<std::mutex> lock(slot_.queue_mu);
-      ++slot_.serving;  // the next ticket may contend for mu now
-    }
-    slot_.served.notify_all();
-    slot_.turns_waiting.fetch_sub(1);
-    slot_.turns_running.fetch_add(1);
-    locked_ = true;
-    Report();
-    work.MarkStarted();
-  }
-  ~ModelLock() {
-    if (!locked_) return;
-    slot_.turns_running.fetch_sub(1);
-    slot_.mu.unlock();
-    Report();
-  }
-  ModelLock(const ModelLock&) = delete;
-  ModelLock& operator=(const ModelLock&) = delete;
-  bool ok() const { return status_.ok(); }
-  const absl::Status& status() const { return status_; }
-
- private:
-  void Report() { router_.ReportQueue(model_); }
-  Router& router_;
-  Slot& slot_;
-  int model_;
-  bool locked_ = false;
-  absl::Status status_;
-};
 
 absl::StatusOr<std::unique_ptr<Router>> Router::Create(std::vector<LoadedModel> models,
                                                        std::vector<LoadedTranslator> translators,
@@ -189,95 +134,112 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(std::vector<LoadedModel> 
   r->routing_ = std::move(routing);
   r->store_ = store;
   r->observer_ = observer != nullptr ? observer : &r->null_observer_;
-  {
-    std::lock_guard<std::mutex> lock(r->gate_mu_);
-    r->gates_.resize(static_cast<size_t>(n) * n);
-    for (const LoadedTranslator& t : r->translators_) {
-      if (t.refused.empty()) continue;
-      Gate& gate = r->gates_[static_cast<size_t>(t.source) * n + t.target];
-      gate.closed = true;
-      gate.closed_until = std::chrono::steady_clock::time_point::max();
-      gate.reason = absl::StrCat("refused at load by the quality gate: ", t.refused);
-    }
-  }
+  GateConfig gate;
+  gate.max_divergence = r->routing_.gate_max_divergence;
+  gate.window = r->routing_.gate_window;
+  gate.min_samples = r->routing_.gate_min_samples;
+  // Bounded so that "now + cool-down" cannot overflow the clock.
+  gate.cooldown = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+      std::min(r->routing_.gate_cooldown_seconds, 1e9)));
+  r->gate_ = std::make_unique<QualityGate>(n, gate);
   for (const LoadedTranslator& t : r->translators_) {
-    if (!t.refused.empty()) {
-      r->observer_->OnGate(t.source, t.target, false,
-                           absl::StrCat("refused at load by the quality gate: ", t.refused));
-    }
+    if (t.refused.empty()) continue;
+    const std::string reason = absl::StrCat("refused at load by the quality gate: ", t.refused);
+    r->gate_->Refuse(t.source, t.target, reason);
+    r->observer_->OnGate(t.source, t.target, false, reason);
   }
-  if (r->routing_.batching) {
-    SchedulerOptions so;
-    so.max_step_tokens = r->routing_.batch_max_step_tokens;
-    so.max_running = r->routing_.batch_max_running;
-    so.max_waiting = r->routing_.max_waiting_turns_per_model;
-    so.background_step_tokens = std::min<int64_t>(so.max_step_tokens, 64);
-    for (int m = 0; m < n; ++m) {
-      Router* router = r.get();
-      BatchScheduler::Callbacks callbacks;
-      callbacks.on_step = [router, m](const StepStats& s) {
-        router->observer_->OnBatchStep(m, s.rows, s.decode_rows, s.tokens, s.seconds);
-      };
-      callbacks.on_queue = [router, m](int, int) { router->ReportQueue(m); };
-      r->models_[m]->scheduler =
-          std::make_unique<BatchScheduler>(*r->models_[m]->loaded.engine, so, callbacks);
-    }
+  // One engine loop per model, the only way a model runs. Without batching
+  // it runs one request at a time (the unbatched engine's arithmetic).
+  SchedulerOptions so;
+  so.max_step_tokens = r->routing_.batch_max_step_tokens;
+  so.max_running = r->routing_.batching ? r->routing_.batch_max_running : 1;
+  so.max_waiting = r->routing_.max_waiting_turns_per_model;
+  so.background_step_tokens = std::min<int64_t>(so.max_step_tokens, 64);
+  Repairer::Context repair;
+  repair.store = store;
+  repair.model_names = r->names_;
+  repair.observer = r->observer_;
+  for (int m = 0; m < n; ++m) {
+    Router* router = r.get();
+    BatchScheduler::Callbacks callbacks;
+    callbacks.on_step = [router, m](const StepStats& s) {
+      router->observer_->OnBatchStep(m, s.rows, s.decode_rows, s.tokens, s.seconds);
+    };
+    callbacks.on_queue = [router, m](int, int) { router->ReportQueue(m); };
+    r->models_[m]->scheduler =
+        std::make_unique<BatchScheduler>(*r->models_[m]->loaded.engine, so, callbacks);
+    repair.schedulers.push_back(r->models_[m]->scheduler.get());
   }
-  if (r->routing_.repair != RepairMode::kOff) r->StartRepairThread();
+  repair.on_fidelity = [router = r.get()](int source, int target, double nats, int64_t tokens,
+                                          bool differs) {
+    router->OnFidelity(source, target, nats, tokens, differs);
+  };
+  r->repair_ = std::make_unique<Repairer>(r->routing_.repair, std::move(repair));
   return r;
 }
 
 void Router::ReportQueue(int model) {
-  const Slot& slot = *models_[model];
-  int running = slot.turns_running.load(), waiting = slot.turns_waiting.load();
-  if (slot.scheduler != nullptr) {
-    running += slot.scheduler->running();
-    waiting += slot.scheduler->waiting();
-  }
-  observer_->OnModelQueue(model, running, waiting);
+  const BatchScheduler& scheduler = *models_[model]->scheduler;
+  observer_->OnModelQueue(model, scheduler.running(), scheduler.waiting());
 }
 
 absl::Status Router::RunPrefill(Work& work, int model, KvCache& line,
                                 const std::vector<int64_t>& ids) {
-  BatchScheduler* scheduler = models_[model]->scheduler.get();
-  if (scheduler == nullptr) return models_[model]->loaded.engine->Prefill(line, ids).status();
   BatchScheduler::Hooks hooks;
   hooks.on_admitted = [&work] { work.MarkStarted(); };
   hooks.cancelled = [&work] { return work.Cancelled(); };
-  absl::Status s =
-      scheduler->Prefill(line, ids, /*all_logits=*/false, Priority::kInteractive, hooks).status();
+  absl::Status s = models_[model]
+                       ->scheduler->Prefill(line, ids, /*all_logits=*/false,
+                                            Priority::kInteractive, hooks)
+                       .status();
   return BatchScheduler::IsQueueFull(s) ? QueueFull(model, -1) : s;
 }
 
 absl::StatusOr<Engine::ContinuationScore> Router::RunScore(Work& work, int model, KvCache& line,
                                                            const std::vector<int64_t>& ids) {
-  BatchScheduler* scheduler = models_[model]->scheduler.get();
-  if (scheduler == nullptr) return models_[model]->loaded.engine->ScoreContinuation(line, ids);
+  BatchScheduler& scheduler = *models_[model]->scheduler;
   BatchScheduler::Hooks hooks;
   hooks.on_admitted = [&work] { work.MarkStarted(); };
   hooks.cancelled = [&work] { return work.Cancelled(); };
   absl::StatusOr<Engine::ContinuationScore> score = Engine::ScoreContinuation(
       line, ids, [&](KvCache& on, const std::vector<int64_t>& run, bool all_logits) {
-        return scheduler->Prefill(on, run, all_logits, Priority::kInteractive, hooks);
+        return scheduler.Prefill(on, run, all_logits, Priority::kInteractive, hooks);
       });
   if (!score.ok() && BatchScheduler::IsQueueFull(score.status())) return QueueFull(model, -1);
   return score;
 }
 
-absl::Status Router::TakeModel(Work& work, int model, std::optional<ModelLock>* lock) {
-  const BatchScheduler* scheduler = models_[model]->scheduler.get();
-  if (scheduler == nullptr) {
-    lock->emplace(*this, work, model);
-    return (*lock)->status();
-  }
+absl::Status Router::Admit(int model) {
+  const BatchScheduler& scheduler = *models_[model]->scheduler;
   if (const int64_t limit = routing_.max_waiting_turns_per_model;
-      limit > 0 && scheduler->waiting() >= limit) {
-    return QueueFull(model, scheduler->waiting());
+      limit > 0 && scheduler.waiting() >= limit) {
+    return QueueFull(model, scheduler.waiting());
   }
   return absl::OkStatus();
 }
 
-Router::~Router() { StopRepairThread(); }
+bool Router::GateOpen(int source, int target, std::string* why) const {
+  bool reopened = false;
+  const bool open = gate_->Open(source, target, why, &reopened);
+  if (reopened) {
+    spdlog::info("quality gate: translator {} -> {} is used again after its cool-down, on "
+                 "probation", names_[source], names_[target]);
+    observer_->OnGate(source, target, true, "cool-down over");
+  }
+  return open;
+}
+
+void Router::OnFidelity(int source, int target, double nats_per_token, int64_t tokens,
+                        bool first_token_differs) {
+  observer_->OnSwitchFidelity(source, target, nats_per_token, tokens, first_token_differs);
+  if (std::optional<std::string> closed = gate_->Feed(source, target, nats_per_token)) {
+    spdlog::warn("quality gate: translator {} -> {} {}; its switches re-prefill", names_[source],
+                 names_[target], *closed);
+    observer_->OnGate(source, target, false, *closed);
+  }
+}
+
+Router::~Router() { repair_.reset(); }
 
 int Router::ModelIndex(std::string_view name) const {
   for (size_t i = 0; i < names_.size(); ++i) {
@@ -436,15 +398,10 @@ absl::StatusOr<TurnResult> Router::RunTurn(const std::string& session_id,
                                            const TurnOptions& options,
                                            const TurnCallbacks& callbacks) {
   if (absl::Status s = ValidateTurn(options); !s.ok()) return s;
-  turns_running_.fetch_add(1);
-  absl::Cleanup running = [this] { turns_running_.fetch_sub(1); };
-  absl::StatusOr<std::unique_ptr<TurnLease>> lease = store_->Begin(session_id);
-  if (absl::IsAborted(lease.status())) {
-    // The repair thread may hold the session for a swap, a moment: wait for
-    // it and try once more (another turn of the session stays Aborted).
-    { std::lock_guard<std::mutex> swap(swap_mu_); }
-    lease = store_->Begin(session_id);
-  }
+  // Declared before the lease: the turn ends for the repair after its lease does.
+  repair_->TurnStarted();
+  absl::Cleanup ended = [this] { repair_->TurnEnded(); };
+  absl::StatusOr<std::unique_ptr<TurnLease>> lease = repair_->BeginTurn(session_id);
   if (!lease.ok()) return lease.status();
   const ConversationState& committed = (*lease)->state();
 
@@ -501,7 +458,7 @@ absl::StatusOr<TurnResult> Router::RunTurn(const std::string& session_id,
     }
   }
   lease->reset();  // the session is free again: a repair may take it
-  if (!to_repair.empty()) QueueRepairs(session_id, to_repair, std::move(work.probe));
+  if (!to_repair.empty()) repair_->Queue(session_id, to_repair, std::move(work.probe));
   work.result.total_seconds = Seconds(options.received, Clock::now());
   return std::move(work.result);
 }
@@ -512,8 +469,7 @@ absl::StatusOr<int> Router::Escalate(Work& work) {
   const int64_t upto = static_cast<int64_t>(work.lease->state().history.size());
   while (work.cascade_level < last_level && work.fresh.size() >= 2) {
     const int m = routing_.order[work.cascade_level];
-    std::optional<ModelLock> lock;
-    if (absl::Status s = TakeModel(work, m, &lock); !s.ok()) return s;
+    if (absl::Status s = Admit(m); !s.ok()) return s;
     // Every level scores the turn natively, so it takes over the history
     // before the turn only; the turn's tokens stay attributed to the first
     // model that ran them. The line gets room for the turn and, should this
@@ -585,9 +541,7 @@ absl::StatusOr<GenerateResult> Router::HandOverAndGenerate(Work& work, int model
   const int64_t max_tokens =
       options.reply ? static_cast<int64_t>(reply.size()) + 1 : std::min(options.max_tokens, room);
 
-  BatchScheduler* scheduler = models_[model]->scheduler.get();
-  std::optional<ModelLock> lock;
-  if (absl::Status s = TakeModel(work, model, &lock); !s.ok()) return s;
+  if (absl::Status s = Admit(model); !s.ok()) return s;
   int64_t run_from = upto;
   if (absl::Status s = Handover(work, model, upto, n_prompt + max_tokens,
                                 upto + n_prompt + std::min(max_tokens, kDecodeRoom), &run_from);
@@ -649,8 +603,7 @@ absl::StatusOr<GenerateResult> Router::HandOverAndGenerate(Work& work, int model
   g.on_admitted = [&work] { work.MarkStarted(); };
   g.cancelled = [&work] { return work.Cancelled(); };
   absl::StatusOr<GenerateResult> gen =
-      scheduler != nullptr ? scheduler->Generate(*work.lease->line(model), to_run, g)
-                           : engine.Generate(*work.lease->line(model), to_run, g);
+      models_[model]->scheduler->Generate(*work.lease->line(model), to_run, g);
   if (!gen.ok()) {
     if (BatchScheduler::IsQueueFull(gen.status())) return QueueFull(model, -1);
     return gen.status();

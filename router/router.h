@@ -5,8 +5,7 @@
 //      session's cascade level.
 //   2. Score ("cascade" only, below the last level): the level's model takes
 //      over the history, reads the new turn (Engine::ScoreContinuation, in
-//      the model's engine loop with batching) and
-//      the policy judges its confidence (JudgeCascade); an unsure level hands
+//      the model's engine loop) and the policy judges its confidence (JudgeCascade); an unsure level hands
 //      the turn to the next model, which takes over the history and the turn's
 //      tokens (translated from the cheaper model where a translator exists) as
 //      in stage 3. The session stays escalated for later turns.
@@ -27,43 +26,29 @@
 //
 // Threads: Router is thread-safe. RunTurn blocks its calling thread for the
 // whole turn (the server runs turns on its TurnPool, never in a gRPC
-// reaction). With routing.batching each model has a BatchScheduler
-// (model/scheduler.h): a turn's hand-over prefills, its prompt and its decoding
-// run as requests in that model's engine loop, batched with every other turn
-// on the model, and on_token is called on the loop's thread; translation runs
-// on the turn's thread. The cascade's scoring and a given reply's reading are
-// loop requests too, so no turn takes a model's mutex. Without batching each
-// model's engine is driven by one turn at a time:
-// the ModelLock is held for each stage that runs that model, and at most one
-// is held at once, so turns cannot deadlock; turns on the same model queue on
-// it, one after another.
+// reaction). Each model has one engine loop (model/scheduler.h), the only
+// thing that runs it: a turn's hand-over prefills, the cascade's scoring, a
+// given reply's reading, its prompt and its decoding are requests in that
+// loop, batched with every other turn's on the model (routing.batching off:
+// the loop runs one request at a time, batch_max_running = 1), and on_token
+// is called on the loop's thread. Translation runs on the turn's thread.
+// Admission: a model whose loop already has routing.max_waiting_turns_per_model
+// requests waiting refuses a turn at once (ResourceExhausted).
 //
-// Background repair (routing.repair, router/repair.cc): after a turn that
-// leaves a line with translated spans, one repair thread recomputes that
-// line natively from its first translated token on a copy, a chunk of
-// kRepairChunkTokens at a time under the model's mutex, giving way between
-// chunks to any turn waiting for the model; when it has caught up with the
-// line it swaps the copy in under a short lease (a turn boundary: never while
-// a turn holds the session). A turn that starts before the swap reads the
-// translated line, as without repair; the lines it grows are caught up before
-// the swap.
+// Background repair (routing.repair, router/repair.h) runs on its own thread
+// as background requests of the engine loops; the live quality gate
+// (router/gate.h) closes translator pairs whose repaired switches diverge.
 #pragma once
 
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -71,54 +56,14 @@
 #include "model/engine.h"
 #include "model/scheduler.h"
 #include "model/tokenizer.h"
+#include "router/gate.h"
+#include "router/observer.h"
 #include "router/planner.h"
 #include "router/policy.h"
+#include "router/repair.h"
 #include "translator/translator.h"
 
 namespace kvl::router {
-
-// Metric sink; calls come from turn threads and must be cheap and thread-safe.
-class TurnObserver {
- public:
-  virtual ~TurnObserver() = default;
-  virtual void OnSwitch(int from, int to, Strategy strategy) {}
-  virtual void OnTranslation(int source, int target, double seconds, int64_t tokens) {}
-  virtual void OnPrefillTokens(int model, int64_t n) {}
-  virtual void OnGeneratedTokens(int model, int64_t n) {}
-  virtual void OnTimeToFirstToken(int model, CachePath path, double seconds) {}
-  virtual void OnInterTokenLatency(int model, double seconds) {}
-  // A repaired line swapped in: `tokens` recomputed natively in `seconds` of
-  // engine time (router/repair.cc).
-  virtual void OnRepair(int model, int64_t tokens, double seconds) {}
-  // Lines queued for repair or being repaired, after each change.
-  virtual void OnRepairBacklog(int64_t lines) {}
-  // Turns running on and waiting for a model changed (without batching at
-  // most one runs).
-  virtual void OnModelQueue(int model, int running, int waiting) {}
-  // A batched engine step ran `rows` requests (`decode_rows` of them decoding
-  // one token each), `tokens` tokens in all, in `seconds`.
-  virtual void OnBatchStep(int model, int64_t rows, int64_t decode_rows, int64_t tokens,
-                           double seconds) {}
-  // A turn was refused by an admission limit (RoutingConfig::max_waiting_turns_per_model,
-  // max_history_tokens): `limit` names it ("max_waiting_turns_per_model", ...).
-  virtual void OnRejected(const std::string& limit) {}
-  // The quality gate closed (open = false) or reopened a translator pair: the
-  // live gate, or at load for a translator it refused (Router::Create).
-  virtual void OnGate(int source, int target, bool open, const std::string& reason) {}
-  // A repair recomputed the reply of a translated switch turn (source ->
-  // target): nats_per_token is the mean over the reply's tokens (and stop
-  // token) of log p_translated - log p_native, the log-probabilities the target
-  // gave each token on the translated line while generating and on the
-  // repaired (native) one; for sampled tokens, an estimate of
-  // KL(translated || native) per token. first_token_differs: the native
-  // line's most likely first token is not the translated line's.
-  virtual void OnSwitchFidelity(int source, int target, double nats_per_token, int64_t tokens,
-                                bool first_token_differs) {}
-  // The repair thread finished a chunk: its copy of the model's line now
-  // holds `done` of the `target` tokens it is catching up with. Called with no
-  // lock held.
-  virtual void OnRepairChunk(int model, int64_t done, int64_t target) {}
-};
 
 struct LoadedModel {
   std::string name;
@@ -247,53 +192,27 @@ class Router {
                                      const TurnCallbacks& callbacks);
 
   // Repair: lines queued or being repaired now.
-  int64_t RepairBacklog() const;
+  int64_t RepairBacklog() const { return repair_->Backlog(); }
   // Blocks until no line is queued or being repaired (or `timeout` passes);
   // true when the backlog is empty. For tests, benchmarks and shutdown.
-  bool WaitForRepairs(absl::Duration timeout);
-  static constexpr int64_t kRepairChunkTokens = 256;
+  bool WaitForRepairs(absl::Duration timeout) { return repair_->WaitForIdle(timeout); }
+  static constexpr int64_t kRepairChunkTokens = Repairer::kChunkTokens;
 
  private:
   struct Slot {
     LoadedModel loaded;
     int64_t bytes_per_token = 0;
-    std::mutex mu;  // one thread drives the engine at a time
-    std::atomic<int> turns_waiting{0};  // turns blocked on (or about to take) mu
-    std::atomic<int> turns_running{0};  // 0 or 1: a turn holds mu
-    // Turns take mu in arrival order: each draws a ticket and waits for it
-    // to be served before it contends for mu (with the repair thread only).
-    // served wakes the waiting turns when serving moves on.
-    std::mutex queue_mu;
-    std::condition_variable served;
-    int64_t next_ticket ABSL_GUARDED_BY(queue_mu) = 0;
-    int64_t serving ABSL_GUARDED_BY(queue_mu) = 0;
-    // routing.batching: the model's engine loop (destroyed before the engine).
+    // The model's engine loop, the only driver of loaded.engine (destroyed
+    // before the engine).
     std::unique_ptr<BatchScheduler> scheduler;
   };
-  struct RepairJob {
-    std::string session_id;
-    int model = 0;
-  };
-  // The reply of a translated switch turn, kept until its line is repaired
-  // (OnSwitchFidelity).
-  struct FidelityProbe {
-    std::string session_id;
-    int source = -1, target = -1;
-    int64_t begin = 0;                // history position of tokens[0]
-    std::vector<int64_t> tokens;      // the reply's tokens, then its stop token
-    std::vector<double> translated;   // their log-probabilities on the translated line
-    int64_t first_greedy = -1;        // the translated line's most likely first token
-    std::vector<double> native;       // filled by the repair (NaN until then)
-    int64_t native_first = -1;
-  };
-  struct Work;      // one turn's working state
-  class ModelLock;  // holds a model's engine for a stage; ends the queue time
+  struct Work;  // one turn's working state
 
   Router() = default;
   // Stage 2: the cascade from work.cascade_level up; returns the answering
   // model (work.cascade_level is then its level).
   absl::StatusOr<int> Escalate(Work& work);
-  // Stages 3 and 4 on `model`, under its lock.
+  // Stages 3 and 4 on `model`.
   absl::StatusOr<GenerateResult> HandOverAndGenerate(Work& work, int model,
                                                      const TurnCallbacks& callbacks);
   // Stage 4 for a given reply (TurnOptions::reply): the model reads to_run,
@@ -303,25 +222,22 @@ class Router {
                                                 std::vector<int64_t> reply);
   // Stage 5; TurnOptions::on_commit's error, the session then unchanged.
   absl::Status Commit(Work& work, int model, GenerateResult generated);
-  // Runs ids into the line: in the model's engine loop with batching, else
-  // directly (the caller holds the model's lock).
+  // Runs ids into the line, as a request of the model's engine loop.
   absl::Status RunPrefill(Work& work, int model, KvCache& line, const std::vector<int64_t>& ids);
-  // Engine::ScoreContinuation of ids on the line, placed as RunPrefill.
+  // Engine::ScoreContinuation of ids on the line, its prefills run as RunPrefill's.
   absl::StatusOr<Engine::ContinuationScore> RunScore(Work& work, int model, KvCache& line,
                                                      const std::vector<int64_t>& ids);
-  // Takes `model` for a stage of a turn. Without batching: its lock, into
-  // *lock, in arrival order. With batching nothing is held (the stage's
-  // requests wait in the model's engine loop), but a loop whose queue is at
-  // routing.max_waiting_turns_per_model refuses at once. QueueFull either way.
-  absl::Status TakeModel(Work& work, int model, std::optional<ModelLock>* lock);
-  // OnModelQueue with the model's ModelLock and scheduler counts.
+  // Admission for a stage of a turn on `model`: QueueFull at once when its
+  // engine loop already has routing.max_waiting_turns_per_model requests
+  // waiting. Nothing is held: the stage's requests wait in the loop.
+  absl::Status Admit(int model);
+  // OnModelQueue with the model's engine loop counts.
   void ReportQueue(int model);
-  // The refusal of a turn by routing.max_waiting_turns_per_model (counted by
-  // OnRejected): `waiting` turns wait for the model (-1: as many as the limit).
+  // The refusal of a turn by the waiting limit (counted by OnRejected):
+  // `waiting` requests wait for the model (-1: as many as the limit).
   absl::Status QueueFull(int model, int64_t waiting);
   // Brings `model`'s line to hold work.history[0, upto) per work.strategy and
   // leaves the plan in work.plan; accumulates counts and timings into work.
-  // Caller holds the model's lock.
   // extra_tokens: tokens the turn may add to the line, admitted against the
   // memory budget; line_tokens: the capacity the line gets before any step.
   // With run_from, a plan that ends by prefilling the history's last tokens
@@ -331,28 +247,12 @@ class Router {
   // together with the turn's prompt, in one pass over the line instead of two.
   absl::Status Handover(Work& work, int model, int64_t upto, int64_t extra_tokens,
                         int64_t line_tokens, int64_t* run_from = nullptr);
-
-  // Repair (router/repair.cc).
-  void StartRepairThread();
-  void StopRepairThread();
-  // Queues the session's lines that hold translated spans; called after a
-  // turn's lease has ended.
-  void QueueRepairs(const std::string& session_id, const std::vector<int>& models,
-                    std::optional<FidelityProbe> probe);
-  void RepairLoop();
-  // Recomputes one line and swaps it in; OK also when there is nothing left
-  // to do (the session or line is gone, or is already native).
-  absl::Status RepairLine(const RepairJob& job);
-  // Records the native log-probabilities of the probes' tokens predicted by a
-  // repair chunk's logits [n, V] (the chunk starts at history position
-  // chunk_begin).
-  static void ScoreProbes(const at::Tensor& logits, int64_t chunk_begin,
-                          const std::vector<int64_t>& history, std::vector<FidelityProbe>* probes);
-  // OnSwitchFidelity for each probe the repair scored completely.
-  void ReportFidelity(const std::vector<FidelityProbe>& probes);
-  // Waits (between chunks) until the model may run a repair chunk; false when
-  // the router is stopping.
-  bool WaitForRepairTurn(Slot& slot);
+  // Whether the pair's translator may be used now (QualityGate::Open,
+  // reporting a reopened pair); `why` says why not.
+  bool GateOpen(int source, int target, std::string* why) const;
+  // A repaired switch's score: the metric, then the gate.
+  void OnFidelity(int source, int target, double nats_per_token, int64_t tokens,
+                  bool first_token_differs);
 
   std::vector<std::unique_ptr<Slot>> models_;
   std::vector<std::string> names_;
@@ -364,34 +264,10 @@ class Router {
   CacheStore* store_ = nullptr;
   TurnObserver* observer_ = nullptr;
   TurnObserver null_observer_;
-
-  std::atomic<int> turns_running_{0};
-  // Held while the repair thread holds a session's lease, so that a turn
-  // refused as Aborted during that moment can wait for it and retry.
-  std::mutex swap_mu_;
-  // repair_mu_ guards the repair queue, probes and counters; repair_changed_
-  // wakes the repair thread and WaitForRepairs when any of them changes.
-  mutable std::mutex repair_mu_;
-  std::condition_variable repair_changed_;
-  std::deque<RepairJob> repair_queue_ ABSL_GUARDED_BY(repair_mu_);
-  std::vector<FidelityProbe> probes_ ABSL_GUARDED_BY(repair_mu_);
-  // The live quality gate, per (source, target) pair.
-  struct Gate {
-    std::deque<double> window;  // the last gate_window divergences
-    std::chrono::steady_clock::time_point closed_until{};
-    bool closed = false;
-    std::string reason;
-  };
-  mutable std::mutex gate_mu_;
-  // [source * n + target]; mutable: GateOpen reopens a pair whose cool-down is over.
-  mutable std::vector<Gate> gates_ ABSL_GUARDED_BY(gate_mu_);
-  // Whether the pair's translator may be used now (reopens it after its
-  // cool-down); `why` says why not.
-  bool GateOpen(int source, int target, std::string* why) const;
-  void FeedGate(int source, int target, double nats_per_token);
-  int64_t repairs_in_progress_ ABSL_GUARDED_BY(repair_mu_) = 0;
-  bool repair_stop_ ABSL_GUARDED_BY(repair_mu_) = false;
-  std::thread repair_thread_;
+  std::unique_ptr<QualityGate> gate_;
+  // Declared after models_: destroyed first, so no repair chunk outlives an
+  // engine loop.
+  std::unique_ptr<Repairer> repair_;
 };
 
 }  // namespace kvl::router
