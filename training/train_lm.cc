@@ -64,15 +64,6 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-absl::Status WriteText(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return absl::PermissionDeniedError(absl::StrCat(path.string(), ": cannot create"));
-  out << text;
-  out.flush();
-  if (!out) return absl::DataLossError(absl::StrCat(path.string(), ": write failed"));
-  return absl::OkStatus();
-}
-
 struct TokenizerFiles {
   std::string json_path;
   std::string config_path;  // empty when there is none next to it
@@ -159,7 +150,7 @@ absl::StatusOr<std::vector<StepRecord>> TrimLog(const fs::path& path, int64_t la
     records.push_back(r);
     absl::StrAppend(&kept, line, "\n");
   }
-  if (absl::Status s = WriteText(path, kept); !s.ok()) return s;
+  if (absl::Status s = WriteTextFile(path.string(), kept); !s.ok()) return s;
   return records;
 }
 
@@ -500,7 +491,7 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
     absl::StatusOr<std::vector<StepRecord>> kept = TrimLog(log_path, start_step);
     if (!kept.ok()) return kept.status();
     history = *std::move(kept);
-  } else if (absl::Status s = WriteText(log_path, ""); !s.ok()) {
+  } else if (absl::Status s = WriteTextFile(log_path.string(), ""); !s.ok()) {
     return s;
   }
   std::ofstream log_out(log_path, std::ios::app);
@@ -550,7 +541,10 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
                         {"wall_s", wall_at_save},
                         {"initial_valid_loss", initial_valid},
                         {"tokens_seen", step * o.batch * o.seq_len}};
-    if (absl::Status s = WriteText(tmp / kStateJson, state.dump(2) + "\n"); !s.ok()) return s;
+    if (absl::Status s = WriteTextFile((tmp / kStateJson).string(), state.dump(2) + "\n");
+        !s.ok()) {
+      return s;
+    }
     fs::remove_all(state_dir, ec);
     fs::rename(tmp, state_dir, ec);
     if (ec) return absl::PermissionDeniedError(absl::StrCat(state_dir.string(), ": ", ec.message()));
@@ -694,7 +688,8 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
       {"final_train_loss", result.final_train_loss},
       {"final_valid_loss", result.final_valid_loss},
       {"run", identity}};
-  if (absl::Status s = WriteText(out_dir / kSummaryFile, summary.dump(2) + "\n"); !s.ok()) {
+  if (absl::Status s = WriteTextFile((out_dir / kSummaryFile).string(), summary.dump(2) + "\n");
+      !s.ok()) {
     return s;
   }
   return result;
