@@ -35,6 +35,7 @@
 #include "nlohmann/json.hpp"
 #include "training/attention.h"
 #include "training/eval_lm.h"
+#include "training/jsonl_log.h"
 #include "training/plot.h"
 #include "training/progress.h"
 
@@ -491,11 +492,11 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
     absl::StatusOr<std::vector<StepRecord>> kept = TrimLog(log_path, start_step);
     if (!kept.ok()) return kept.status();
     history = *std::move(kept);
-  } else if (absl::Status s = WriteTextFile(log_path.string(), ""); !s.ok()) {
-    return s;
   }
-  std::ofstream log_out(log_path, std::ios::app);
-  if (!log_out) return absl::PermissionDeniedError(absl::StrCat(log_path.string(), ": cannot open"));
+  // Resumed: the trimmed log continues; otherwise it starts empty.
+  absl::StatusOr<JsonlLog> log = JsonlLog::Open(
+      log_path.string(), o.resume ? JsonlLog::Mode::kAppend : JsonlLog::Mode::kTruncate);
+  if (!log.ok()) return log.status();
 
   auto valid_loss = [&]() -> absl::StatusOr<double> {
     // float32 master weights, no autocast, no autograd.
@@ -645,8 +646,7 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
       if (!v.ok()) return v.status();
       rec.valid_loss = last_valid = *v;
     }
-    log_out << StepJson(rec).dump() << "\n";
-    log_out.flush();
+    if (absl::Status s = log->Append(StepJson(rec)); !s.ok()) return s;
     history.push_back(rec);
     result.log.push_back(rec);
 

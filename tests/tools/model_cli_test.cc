@@ -1,7 +1,8 @@
 // The model commands of the `kvl` CLI, run as a user runs them: init-model
 // writes a random checkpoint; logits and generate on it agree with the eager
 // reference forward computed in this process (the oracle); a bad model
-// directory gives one clear line and a non-zero exit.
+// directory, or a JSON report that cannot be written, gives one clear line
+// and a non-zero exit.
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
@@ -136,6 +137,27 @@ TEST_F(ModelCliTest, BadModelDirectoryIsOneClearLineAndNonZeroExit) {
         absl::StrSplit(run->err, '\n', absl::SkipEmpty());
     ASSERT_EQ(lines.size(), 1u) << command << ": " << run->err;
     EXPECT_NE(lines[0].find("no-such-model"), std::string::npos) << lines[0];
+  }
+}
+
+// A result file that cannot be written (a full disk, a missing directory) is
+// an error naming the file, not a silent loss.
+TEST_F(ModelCliTest, AJsonReportThatCannotBeWrittenIsAnErrorNamingTheFile) {
+  const std::string text = dir_.WriteFile(
+      "held_out.txt", "The meeting is on Thursday. The report is due on Friday morning.\n");
+  const std::string missing_dir = dir_.Path("no-such-dir") + "/report.json";
+  const std::pair<std::string, std::string> cases[] = {
+      {"/dev/full", "/dev/full: write failed"},  // ENOSPC on every write
+      {missing_dir, missing_dir + ": cannot create"},
+  };
+  for (const auto& [json_path, message] : cases) {
+    absl::StatusOr<RunResult> run =
+        RunProcess({KVL_CLI_BIN, "eval", "--model", model_dir_, "--text", text, "--seq-len", "8",
+                    "--quiet", "--json", json_path},
+                   kTimeout);
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_EQ(run->exit_code, 1) << json_path << ": " << run->err;
+    EXPECT_NE(run->err.find("kvl eval: " + message), std::string::npos) << run->err;
   }
 }
 
