@@ -17,7 +17,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -135,6 +134,6 @@ int main(int argc, char** argv) {
       emit(line);
     }
   }
-  if (!out_path.empty()) std::ofstream(out_path) << emit.text();
+  if (!out_path.empty() && !emit.WriteTo(out_path)) return 1;
   return 0;
 }

@@ -13,6 +13,9 @@
 #include <functional>
 #include <string>
 
+#include "absl/status/status.h"
+#include "base/files.h"
+
 namespace kvl::bench {
 
 // Wall seconds of one call of f.
@@ -32,6 +35,14 @@ class Report {
     text_ += line + "\n";
   }
   const std::string& text() const { return text_; }
+
+  // Writes the whole report to `path`; false, with the error naming the file
+  // on stderr, when it cannot be written (a full disk, a missing directory).
+  bool WriteTo(const std::string& path) const {
+    const absl::Status s = WriteTextFile(path, text_);
+    if (!s.ok()) std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+    return s.ok();
+  }
 
  private:
   std::string text_;

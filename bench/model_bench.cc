@@ -19,7 +19,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <optional>
 #include <string>
@@ -315,13 +314,6 @@ int main(int argc, char** argv) {
   emit(buf);
 
   emit(share.Line());
-  if (!out_path.empty()) {
-    std::ofstream f(out_path);
-    f << emit.text();
-    if (!f) {
-      std::fprintf(stderr, "model_bench: cannot write %s\n", out_path.c_str());
-      return 1;
-    }
-  }
+  if (!out_path.empty() && !emit.WriteTo(out_path)) return 1;
   return 0;
 }

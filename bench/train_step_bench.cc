@@ -23,7 +23,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <string>
@@ -218,6 +217,6 @@ int main(int argc, char** argv) {
     }
   }
   emit(share.Line());
-  if (!out_path.empty()) std::ofstream(out_path) << emit.text();
+  if (!out_path.empty() && !emit.WriteTo(out_path)) return 1;
   return 0;
 }

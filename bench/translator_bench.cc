@@ -62,7 +62,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <sstream>
@@ -490,13 +489,6 @@ int main(int argc, char** argv) {
        "counted: their time is in the translate columns, not in the FLOPs); GEMM = square 2048 torch::mm in the translation's dtype "
        "on one intra-op thread, as the translation runs, measured right after each row.");
   emit(share.Line());
-  if (!out_path.empty()) {
-    std::ofstream f(out_path);
-    f << emit.text();
-    if (!f) {
-      std::fprintf(stderr, "translator_bench: cannot write %s\n", out_path.c_str());
-      return 1;
-    }
-  }
+  if (!out_path.empty() && !emit.WriteTo(out_path)) return 1;
   return 0;
 }

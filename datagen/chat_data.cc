@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
@@ -203,15 +202,6 @@ Json MessagesJson(const std::vector<ChatMessage>& messages, size_t n) {
 }
 
 std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
-
-absl::Status WriteString(const std::filesystem::path& path, const std::string& data) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write ", path.string()));
-  out.write(data.data(), static_cast<std::streamsize>(data.size()));
-  out.close();
-  if (!out) return absl::DataLossError(absl::StrCat("short write to ", path.string()));
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -415,13 +405,17 @@ absl::Status WriteChatData(const ChatDataset& data, const std::string& out_dir) 
       }
     }
     const fs::path dir(out_dir);
-    if (absl::Status s = WriteString(dir / (name + ".jsonl"), jsonl); !s.ok()) return s;
-    if (absl::Status s = WriteString(dir / (name + ".txt"), text); !s.ok()) return s;
+    if (absl::Status s = WriteTextFile((dir / (name + ".jsonl")).string(), jsonl); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = WriteTextFile((dir / (name + ".txt")).string(), text); !s.ok()) return s;
     files[name + ".jsonl"] = Sha256Hex(jsonl);
     files[name + ".txt"] = Sha256Hex(text);
     for (const auto& [task, lines] : suite_lines) {
       const std::string file = name + "_" + task + ".jsonl";
-      if (absl::Status s = WriteString(dir / "suites" / file, lines); !s.ok()) return s;
+      if (absl::Status s = WriteTextFile((dir / "suites" / file).string(), lines); !s.ok()) {
+        return s;
+      }
       files["suites/" + file] = Sha256Hex(lines);
     }
     Json by_task_json = Json::object();
@@ -454,7 +448,7 @@ absl::Status WriteChatData(const ChatDataset& data, const std::string& out_dir) 
   }
   manifest["sources"] = sources;
   manifest["files"] = files;
-  return WriteString(fs::path(out_dir) / "manifest.json", manifest.dump(2) + "\n");
+  return WriteTextFile((fs::path(out_dir) / "manifest.json").string(), manifest.dump(2) + "\n");
 }
 
 }  // namespace kvl::datagen

@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/files.h"
 #include "model/text_normalize.h"
+#include "model/utf8.h"
 #include "nlohmann/json.hpp"
 
 namespace kvl {
@@ -104,14 +105,6 @@ bool IsWordChar(uint32_t cp) {
   const utf8proc_category_t c = utf8proc_category(static_cast<utf8proc_int32_t>(cp));
   return (c >= UTF8PROC_CATEGORY_LU && c <= UTF8PROC_CATEGORY_LO) ||
          (c >= UTF8PROC_CATEGORY_ND && c <= UTF8PROC_CATEGORY_NO);
-}
-
-bool IsValidUtf8(std::string_view s) {
-  if (IsAscii(s)) return true;
-  std::string scratch;
-  scratch.reserve(s.size());
-  AppendUtf8Lossy(s, /*final=*/true, &scratch);
-  return scratch == s;
 }
 
 // ---------------------------------------------------------------------------

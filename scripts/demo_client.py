@@ -6,6 +6,8 @@ build/python), and each method is called by its full name.
 
 usage: /usr/bin/python3 scripts/demo_client.py TARGET STUBS_DIR METRICS_URL
 """
+import json
+import pathlib
 import sys
 import time
 import urllib.request
@@ -25,6 +27,37 @@ def health_status(channel, service=""):
     reply = check(request, timeout=5)
     value = reply[1] if len(reply) >= 2 and reply[0] == 0x08 else 0
     return {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}.get(value, str(value))
+
+
+def house_models_note(served):
+    """One line on what the served house models are and how accurate, from the
+    committed results file (docs/results/house_models.json, written by `kvl eval`
+    and house_report.py); None when the file or the models are not there."""
+    here = pathlib.Path(__file__).resolve()
+    for root in (pathlib.Path.cwd(), *here.parents):
+        path = root / "docs/results/house_models.json"
+        if path.is_file():
+            break
+    else:
+        return None
+    try:
+        results = json.loads(path.read_text())["models"]
+        parts = []
+        for name in served:
+            if name not in results:
+                continue
+            m = results[name]
+            accuracy = m["accuracy"].values()
+            parts.append(f"{name} ({m['parameters'] / 1e6:.1f} M parameters) "
+                         f"{min(accuracy) * 100:.0f}-{max(accuracy) * 100:.0f}%")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not parts:
+        return None
+    return ("note: these are tiny house models trained from scratch here, not assistants; "
+            "exact-match accuracy on held-out test items, by task: " + ", ".join(parts)
+            + " (docs/results/house_models.json), so wrong answers are expected: the demo's "
+            "proof is that the translated answers equal the re-prefilled ones")
 
 
 def main():
@@ -52,6 +85,9 @@ def main():
                                 response_deserializer=chat_pb2.ChatResponse.FromString)
     models = list_models(model_pb2.ListModelsRequest(), timeout=10).models
     print("models: " + ", ".join(f"{m.name} ({m.n_layer} layers, {m.hidden_size} wide)" for m in models))
+    note = house_models_note([m.name for m in models])
+    if note:
+        print(note)
 
     def turn(session_id, text, **routing):
         decision, text_out, summary = None, "", None

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "model/utf8.h"
 
 namespace kvl::server {
 namespace {
@@ -15,7 +16,7 @@ absl::Status Bad(absl::string_view field, absl::string_view problem) {
 
 absl::Status CheckUtf8(absl::string_view field, absl::string_view text) {
   size_t offset = 0;
-  if (!IsValidUtf8(text, &offset)) {
+  if (!IsValidUtf8(std::string_view(text.data(), text.size()), &offset)) {
     return Bad(field, absl::StrCat("not valid UTF-8 (first bad byte at offset ", offset, ")"));
   }
   return absl::OkStatus();
@@ -38,48 +39,6 @@ absl::Status ValidateSystemPrompt(absl::string_view prompt, const TurnLimits& li
                             "context (", context_tokens, " tokens)"));
   }
   return absl::OkStatus();
-}
-
-bool IsValidUtf8(absl::string_view text, size_t* bad_offset) {
-  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
-  const size_t n = text.size();
-  size_t i = 0;
-  while (i < n) {
-    const unsigned char c = s[i];
-    size_t len;
-    uint32_t min_cp;
-    uint32_t cp;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xE0) == 0xC0) {
-      len = 2, min_cp = 0x80, cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3, min_cp = 0x800, cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4, min_cp = 0x10000, cp = c & 0x07;
-    } else {
-      if (bad_offset) *bad_offset = i;
-      return false;
-    }
-    if (i + len > n) {
-      if (bad_offset) *bad_offset = i;
-      return false;
-    }
-    for (size_t k = 1; k < len; ++k) {
-      if ((s[i + k] & 0xC0) != 0x80) {
-        if (bad_offset) *bad_offset = i;
-        return false;
-      }
-      cp = (cp << 6) | (s[i + k] & 0x3F);
-    }
-    if (cp < min_cp || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
-      if (bad_offset) *bad_offset = i;
-      return false;
-    }
-    i += len;
-  }
-  return true;
 }
 
 absl::StatusOr<std::vector<ImportTurn>> ParseImportTurns(

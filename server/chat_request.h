@@ -41,10 +41,6 @@ struct ImportTurn {
 
 inline constexpr size_t kMaxStopStrings = 16;
 
-// True when `text` is well-formed UTF-8 (no overlong forms, surrogates or code
-// points above U+10FFFF). On failure `*bad_offset` is the first bad byte.
-bool IsValidUtf8(absl::string_view text, size_t* bad_offset = nullptr);
-
 // InvalidArgument naming the field ("user_message: ...", "sampling.top_p: ...")
 // for any value out of range; NotFound naming routing.model when it is not one
 // of `model_names` (the loaded models, in the router's order; none loaded:

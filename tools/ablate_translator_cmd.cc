@@ -1,7 +1,6 @@
 // kvl ablate-translator: which target layers' translated keys and values cost
 // the most (training/translator_ablate.h).
 #include <cstdio>
-#include <fstream>
 #include <optional>
 #include <string>
 #include <utility>
@@ -9,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/files.h"
 #include "base/flags.h"
 #include "nlohmann/json.hpp"
 #include "tools/commands.h"
@@ -140,9 +140,9 @@ int RunAblateTranslator(const Args& args) {
                         {"only_layer", nlohmann::json::array()}};
     for (const AblationKl& k : r->layer_native) j["layer_native"].push_back(Json(k));
     for (const AblationKl& k : r->only_layer) j["only_layer"].push_back(Json(k));
-    std::ofstream out(json_path, std::ios::trunc);
-    out << j.dump(2) << "\n";
-    if (!out) return Fail("cannot write " + json_path);
+    if (absl::Status s = WriteTextFile(json_path, j.dump(2) + "\n"); !s.ok()) {
+      return Fail(std::string(s.message()));
+    }
   }
   return 0;
 }

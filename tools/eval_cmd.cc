@@ -1,12 +1,12 @@
 // kvl eval: per-task accuracy on evaluation suites and held-out
 // log-perplexity (training/eval_lm.h, docs/training.md).
 #include <cstdio>
-#include <fstream>
 #include <optional>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/files.h"
 #include "base/flags.h"
 #include "nlohmann/json.hpp"
 #include "tools/commands.h"
@@ -65,10 +65,10 @@ int RunEval(const Args& args) {
   std::fputs(EvalReportTable(*report).c_str(), stdout);
   std::printf("%s\n", EvalReportToJson(*report, /*with_items=*/false).dump().c_str());
   if (!json_path.empty()) {
-    std::ofstream out(json_path, std::ios::trunc);
-    out << EvalReportToJson(*report, /*with_items=*/true).dump(2) << "\n";
-    if (!out) {
-      std::fprintf(stderr, "kvl eval: cannot write %s\n", json_path.c_str());
+    if (absl::Status s =
+            WriteTextFile(json_path, EvalReportToJson(*report, /*with_items=*/true).dump(2) + "\n");
+        !s.ok()) {
+      std::fprintf(stderr, "kvl eval: %s\n", std::string(s.message()).c_str());
       return 1;
     }
   }

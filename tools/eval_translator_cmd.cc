@@ -1,12 +1,12 @@
 // kvl eval-translator: continuation log-perplexity, suite accuracy and a
 // multi-turn run through KV-cache translators (training/translator_eval.h).
 #include <cstdio>
-#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_split.h"
+#include "base/files.h"
 #include "base/flags.h"
 #include "model/config.h"
 #include "nlohmann/json.hpp"
@@ -107,9 +107,10 @@ int RunEvalTranslator(const Args& args) {
   }
   std::fputs(TranslatorEvalTable(*r).c_str(), stdout);
   if (!json_path.empty()) {
-    std::ofstream out(json_path, std::ios::trunc);
-    out << TranslatorEvalJson(o, *r).dump(2) << "\n";
-    if (!out) return Fail("cannot write " + json_path);
+    if (absl::Status s = WriteTextFile(json_path, TranslatorEvalJson(o, *r).dump(2) + "\n");
+        !s.ok()) {
+      return Fail(std::string(s.message()));
+    }
   }
   if (stamp) {
     for (const training::TranslatedPpl& t : r->translated) {

@@ -3,7 +3,9 @@
 // format golden tests compare against other implementations. With
 // --prefix-from/--translator/--prefix-len the first N tokens are prefilled by
 // another model and reach --model through a translator (translator/README.md);
-// the rows are then those of the tokens --model processed itself.
+// the rows are then those of the tokens --model processed itself. Without a
+// translator the tokenizer is not read: a weights-only directory (config.json
+// + model.safetensors) is enough.
 #include <ATen/ATen.h>
 
 #include <cstdio>
@@ -96,7 +98,8 @@ int RunLogits(const Args& args) {
 
   absl::StatusOr<at::Tensor> logits;
   if (prefix_len == 0) {
-    absl::StatusOr<ModelDir> model = LoadModelDir(model_dir, options);
+    // Token ids in, logits out: no tokenizer.json needed.
+    absl::StatusOr<ModelDir> model = LoadModelDir(model_dir, options, TokenizerUse::kSkip);
     if (!model.ok()) return Fail(std::string(model.status().message()));
     std::unique_ptr<KvCache> cache = model->engine->NewCache();
     logits = model->engine->Prefill(*cache, ids, /*all_logits=*/true);

@@ -4,13 +4,13 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "base/files.h"
 
 namespace kvl::training {
 namespace {
@@ -79,36 +79,33 @@ absl::Status PlotLines(const PlotSpec& spec, const std::string& png_path) {
 
   // One gnuplot data block per series, separated by two blank lines (index i).
   {
-    std::ofstream out(data, std::ios::trunc);
-    if (!out) return absl::PermissionDeniedError(absl::StrCat(data.string(), ": cannot create"));
+    std::string out;
     for (const PlotSeries& s : spec.series) {
-      out << "# " << s.title << "\n";
-      for (const auto& [x, y] : s.points) out << absl::StrFormat("%.10g %.10g\n", x, y);
-      if (s.points.empty()) out << "nan nan\n";  // keeps the block index of later series
-      out << "\n\n";
+      absl::StrAppend(&out, "# ", s.title, "\n");
+      for (const auto& [x, y] : s.points) absl::StrAppendFormat(&out, "%.10g %.10g\n", x, y);
+      if (s.points.empty()) out += "nan nan\n";  // keeps the block index of later series
+      out += "\n\n";
     }
-    if (!out) return absl::DataLossError(absl::StrCat(data.string(), ": write failed"));
+    if (absl::Status s = WriteTextFile(data.string(), out); !s.ok()) return s;
   }
   {
-    std::ofstream out(script, std::ios::trunc);
-    if (!out) return absl::PermissionDeniedError(absl::StrCat(script.string(), ": cannot create"));
-    out << "set terminal " << *terminal << " size " << spec.width << "," << spec.height << "\n"
-        << "set output " << GnuplotString(png.string()) << "\n"
-        << "set title " << GnuplotString(spec.title) << " noenhanced\n"
-        << "set xlabel " << GnuplotString(spec.x_label) << " noenhanced\n"
-        << "set ylabel " << GnuplotString(spec.y_label) << " noenhanced\n"
-        << "set grid\nset key top right noenhanced\n";
-    if (spec.log_y) out << "set logscale y\n";
-    out << "plot ";
-    int index = 0;
-    for (size_t i = 0; i < spec.series.size(); ++i, ++index) {
+    std::string out = absl::StrCat(
+        "set terminal ", *terminal, " size ", spec.width, ",", spec.height, "\n",
+        "set output ", GnuplotString(png.string()), "\n",
+        "set title ", GnuplotString(spec.title), " noenhanced\n",
+        "set xlabel ", GnuplotString(spec.x_label), " noenhanced\n",
+        "set ylabel ", GnuplotString(spec.y_label), " noenhanced\n",
+        "set grid\nset key top right noenhanced\n");
+    if (spec.log_y) out += "set logscale y\n";
+    out += "plot ";
+    for (size_t i = 0; i < spec.series.size(); ++i) {
       const PlotSeries& s = spec.series[i];
-      out << (i ? ", \\\n     " : "") << GnuplotString(data.string()) << " index " << index
-          << " using 1:2 with " << (s.with_points ? "linespoints pt 7 ps 0.8" : "lines")
-          << " lw 2 title " << GnuplotString(s.title);
+      absl::StrAppend(&out, i ? ", \\\n     " : "", GnuplotString(data.string()), " index ", i,
+                      " using 1:2 with ", s.with_points ? "linespoints pt 7 ps 0.8" : "lines",
+                      " lw 2 title ", GnuplotString(s.title));
     }
-    out << "\n";
-    if (!out) return absl::DataLossError(absl::StrCat(script.string(), ": write failed"));
+    out += "\n";
+    if (absl::Status s = WriteTextFile(script.string(), out); !s.ok()) return s;
   }
   auto [rc, output] = RunCommand(absl::StrCat("gnuplot ", ShellQuote(script.string())));
   if (rc != 0) {

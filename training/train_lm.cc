@@ -35,6 +35,7 @@
 #include "nlohmann/json.hpp"
 #include "training/attention.h"
 #include "training/eval_lm.h"
+#include "training/jsonl_log.h"
 #include "training/plot.h"
 #include "training/progress.h"
 
@@ -62,15 +63,6 @@ uint64_t SplitMix64(uint64_t x) {
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
-}
-
-absl::Status WriteText(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return absl::PermissionDeniedError(absl::StrCat(path.string(), ": cannot create"));
-  out << text;
-  out.flush();
-  if (!out) return absl::DataLossError(absl::StrCat(path.string(), ": write failed"));
-  return absl::OkStatus();
 }
 
 struct TokenizerFiles {
@@ -159,7 +151,7 @@ absl::StatusOr<std::vector<StepRecord>> TrimLog(const fs::path& path, int64_t la
     records.push_back(r);
     absl::StrAppend(&kept, line, "\n");
   }
-  if (absl::Status s = WriteText(path, kept); !s.ok()) return s;
+  if (absl::Status s = WriteTextFile(path.string(), kept); !s.ok()) return s;
   return records;
 }
 
@@ -500,11 +492,11 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
     absl::StatusOr<std::vector<StepRecord>> kept = TrimLog(log_path, start_step);
     if (!kept.ok()) return kept.status();
     history = *std::move(kept);
-  } else if (absl::Status s = WriteText(log_path, ""); !s.ok()) {
-    return s;
   }
-  std::ofstream log_out(log_path, std::ios::app);
-  if (!log_out) return absl::PermissionDeniedError(absl::StrCat(log_path.string(), ": cannot open"));
+  // Resumed: the trimmed log continues; otherwise it starts empty.
+  absl::StatusOr<JsonlLog> log = JsonlLog::Open(
+      log_path.string(), o.resume ? JsonlLog::Mode::kAppend : JsonlLog::Mode::kTruncate);
+  if (!log.ok()) return log.status();
 
   auto valid_loss = [&]() -> absl::StatusOr<double> {
     // float32 master weights, no autocast, no autograd.
@@ -550,7 +542,10 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
                         {"wall_s", wall_at_save},
                         {"initial_valid_loss", initial_valid},
                         {"tokens_seen", step * o.batch * o.seq_len}};
-    if (absl::Status s = WriteText(tmp / kStateJson, state.dump(2) + "\n"); !s.ok()) return s;
+    if (absl::Status s = WriteTextFile((tmp / kStateJson).string(), state.dump(2) + "\n");
+        !s.ok()) {
+      return s;
+    }
     fs::remove_all(state_dir, ec);
     fs::rename(tmp, state_dir, ec);
     if (ec) return absl::PermissionDeniedError(absl::StrCat(state_dir.string(), ": ", ec.message()));
@@ -651,8 +646,7 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
       if (!v.ok()) return v.status();
       rec.valid_loss = last_valid = *v;
     }
-    log_out << StepJson(rec).dump() << "\n";
-    log_out.flush();
+    if (absl::Status s = log->Append(StepJson(rec)); !s.ok()) return s;
     history.push_back(rec);
     result.log.push_back(rec);
 
@@ -694,7 +688,8 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
       {"final_train_loss", result.final_train_loss},
       {"final_valid_loss", result.final_valid_loss},
       {"run", identity}};
-  if (absl::Status s = WriteText(out_dir / kSummaryFile, summary.dump(2) + "\n"); !s.ok()) {
+  if (absl::Status s = WriteTextFile((out_dir / kSummaryFile).string(), summary.dump(2) + "\n");
+      !s.ok()) {
     return s;
   }
   return result;

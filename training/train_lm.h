@@ -158,7 +158,9 @@ std::vector<int64_t> ConversationStarts(const Tokenizer& tokenizer,
 // Errors: NotFound for missing inputs, InvalidArgument for bad options, a
 // config whose vocabulary is smaller than the tokenizer's, too little text for
 // one window, or --resume without a matching train_state (FailedPrecondition
-// when out_dir holds a run with other settings).
+// when out_dir holds a run with other settings); PermissionDenied / DataLoss
+// naming the file when a result (train_log.jsonl, summary.json, ...) cannot be
+// written.
 absl::StatusOr<TrainResult> TrainLm(const TrainOptions& options);
 
 }  // namespace kvl::training

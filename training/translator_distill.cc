@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -17,9 +16,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/files.h"
 #include "model/reference.h"
 #include "nlohmann/json.hpp"
 #include "training/attention.h"
+#include "training/jsonl_log.h"
 #include "training/plot.h"
 #include "training/progress.h"
 #include "training/train_lm.h"
@@ -500,8 +501,12 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
 
   result.initial_valid_kl = result.best_valid_kl = valid_kl();
   if (absl::Status s = save(0); !s.ok()) return s;
-  std::ofstream log_out(Sibling(o.out_path, ".distill.jsonl"), std::ios::trunc);
-  log_out << nlohmann::json{{"step", 0}, {"valid_kl", result.initial_valid_kl}}.dump() << "\n";
+  absl::StatusOr<JsonlLog> log =
+      JsonlLog::Open(Sibling(o.out_path, ".distill.jsonl"), JsonlLog::Mode::kTruncate);
+  if (!log.ok()) return log.status();
+  if (absl::Status s = log->Append({{"step", 0}, {"valid_kl", result.initial_valid_kl}}); !s.ok()) {
+    return s;
+  }
 
   TrainOptions schedule;  // LearningRate's warm-up + cosine
   schedule.n_steps = o.steps;
@@ -578,8 +583,7 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
     nlohmann::json line = {{"step", step}, {"kl", rec.kl}, {"lr", rec.lr},
                            {"grad_norm", rec.grad_norm}, {"step_s", rec.step_s}};
     if (rec.valid_kl >= 0) line["valid_kl"] = rec.valid_kl;
-    log_out << line.dump() << "\n";
-    log_out.flush();
+    if (absl::Status s = log->Append(line); !s.ok()) return s;
     result.log.push_back(rec);
     bar.Update(step, absl::StrFormat("KL %.4f | lr %.2e | valid %.4f (best %.4f @%d)", rec.kl,
                                      rec.lr, last_valid, result.best_valid_kl, result.best_step));
@@ -618,7 +622,10 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
       {"best_valid_kl", result.best_valid_kl},
       {"best_step", result.best_step}, {"final_valid_kl", result.final_valid_kl},
       {"mean_step_s", result.mean_step_s}, {"wall_s", result.wall_s}};
-  std::ofstream(Sibling(o.out_path, ".distill.json"), std::ios::trunc) << summary.dump(2) << "\n";
+  if (absl::Status s = WriteTextFile(Sibling(o.out_path, ".distill.json"), summary.dump(2) + "\n");
+      !s.ok()) {
+    return s;
+  }
   return result;
 }
 

@@ -181,7 +181,9 @@ struct DistillResult {
 // Runs stage 2 and writes out_path (method "distilled", steps = best_step)
 // whenever the validation KL improves. Errors: those of loading the models and
 // the init translator (FailedPrecondition when it was built for other models),
-// InvalidArgument for bad options or corpora too short for one window.
+// InvalidArgument for bad options or corpora too short for one window,
+// PermissionDenied / DataLoss naming the file when the log (<out>.distill.jsonl)
+// or the summary (<out>.distill.json) cannot be written.
 absl::StatusOr<DistillResult> Distill(const DistillOptions& options);
 
 }  // namespace kvl::training

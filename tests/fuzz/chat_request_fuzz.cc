@@ -5,9 +5,9 @@
 // refused by protobuf before validation; every refusal is InvalidArgument or
 // NotFound naming a field; what is accepted is within the limits (non-empty,
 // valid UTF-8, bounded lengths, max_tokens in [1, limit], sampling in range,
-// a known model); the server's UTF-8 check agrees with the tokenizer's lossy
-// repair (an independent implementation): text is valid exactly when repair
-// leaves it unchanged. (Of the texts, only user_message and import messages
+// a known model); the UTF-8 check (model/utf8.h) agrees with the tokenizer's
+// lossy repair (an independent implementation): text is valid exactly when
+// repair leaves it unchanged. (Of the texts, only user_message and import messages
 // and replies are `bytes`: protobuf refuses invalid UTF-8 in the `string`
 // fields before validation, as it does in the server.)
 #include <cmath>
@@ -19,6 +19,7 @@
 #include "kvlingo/v1/chat.pb.h"
 #include "kvlingo/v1/session.pb.h"
 #include "model/tokenizer.h"
+#include "model/utf8.h"
 #include "server/chat_request.h"
 #include "tests/fuzz/fuzz_util.h"
 
@@ -35,7 +36,8 @@ bool RepairLeavesUnchanged(absl::string_view text) {
 }
 
 void CheckValidText(absl::string_view text, const char* what) {
-  KVL_FUZZ_CHECK(kvl::server::IsValidUtf8(text) && RepairLeavesUnchanged(text),
+  KVL_FUZZ_CHECK(kvl::IsValidUtf8(std::string_view(text.data(), text.size())) &&
+                     RepairLeavesUnchanged(text),
                  std::string(what) + " accepted but not valid UTF-8");
 }
 
@@ -117,7 +119,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else {
     const absl::string_view text(bytes, n);
     size_t offset = 0;
-    const bool valid = kvl::server::IsValidUtf8(text, &offset);
+    const bool valid = kvl::IsValidUtf8(std::string_view(text.data(), text.size()), &offset);
     KVL_FUZZ_CHECK(valid == RepairLeavesUnchanged(text),
                    "IsValidUtf8 and the tokenizer's UTF-8 repair disagree");
     if (!valid) {

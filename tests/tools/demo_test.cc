@@ -1,7 +1,9 @@
 // The README's main job, scripts/run_demo.sh, on the committed house models and
 // translators: the server starts, the scripted chat runs through the gRPC API,
 // the cascade keeps the first turns on kvl-small and escalates mid-conversation
-// with a translated hand-over, and the server drains cleanly on SIGTERM.
+// with a translated hand-over, one line says the models are tiny house models
+// with their accuracy from the committed results, and the server drains
+// cleanly on SIGTERM.
 // Guards the demo against a retrained model or a changed threshold that would
 // make it escalate at once, never, or not by translation.
 #include <regex>
@@ -53,6 +55,11 @@ TEST(DemoTest, CascadeEscalatesMidConversationByTranslation) {
   ASSERT_TRUE(run.ok()) << run.status();
   ASSERT_EQ(run->exit_code, 0) << run->out << run->err;
   EXPECT_NE(run->out.find("kvl-server exited with status 0 after SIGTERM"), std::string::npos)
+      << run->out;
+
+  EXPECT_TRUE(std::regex_search(
+      run->out, std::regex(R"(tiny house models.* kvl-small \(\d+\.\d M parameters\) \d+-\d+%.*)"
+                           R"(\(docs/results/house_models\.json\))")))
       << run->out;
 
   const std::vector<TurnRow> rows = ParseTurns(run->out);

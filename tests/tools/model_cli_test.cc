@@ -1,13 +1,16 @@
 // The model commands of the `kvl` CLI, run as a user runs them: init-model
 // writes a random checkpoint; logits and generate on it agree with the eager
-// reference forward computed in this process (the oracle); a bad model
-// directory gives one clear line and a non-zero exit.
+// reference forward computed in this process (the oracle), logits also on a
+// weights-only directory (no tokenizer.json); a bad model directory, or a
+// JSON report that cannot be written, gives one clear line and a non-zero
+// exit.
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -136,6 +139,60 @@ TEST_F(ModelCliTest, BadModelDirectoryIsOneClearLineAndNonZeroExit) {
         absl::StrSplit(run->err, '\n', absl::SkipEmpty());
     ASSERT_EQ(lines.size(), 1u) << command << ": " << run->err;
     EXPECT_NE(lines[0].find("no-such-model"), std::string::npos) << lines[0];
+  }
+}
+
+// Config and weights only, as a checkpoint is often shipped: logits on token
+// ids needs no tokenizer; generate, which reads text, says which file it lacks.
+TEST_F(ModelCliTest, LogitsOnAWeightsOnlyDirectoryNeedNoTokenizer) {
+  const std::string weights_only = dir_.Path("weights-only");
+  absl::StatusOr<RunResult> init =
+      RunProcess({KVL_CLI_BIN, "init-model", "--config", dir_.Path("config.json"), "--out",
+                  weights_only, "--seed", "7"},
+                 kTimeout);
+  ASSERT_TRUE(init.ok()) << init.status();
+  ASSERT_EQ(init->exit_code, 0) << init->err;
+  ASSERT_FALSE(std::filesystem::exists(weights_only + "/tokenizer.json"));
+
+  const std::vector<int64_t> ids = {5, 300, 17, 4000};
+  absl::StatusOr<RunResult> run = RunProcess(
+      {KVL_CLI_BIN, "logits", "--model", weights_only, "--ids", absl::StrJoin(ids, ",")}, kTimeout);
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_EQ(run->exit_code, 0) << run->err;
+  // The same config and seed as the fixture's model: the same weights.
+  const nlohmann::json out = nlohmann::json::parse(run->out);
+  const at::Tensor expected = ReferenceLogits(ids);
+  ASSERT_EQ(out["logits"].size(), ids.size());
+  for (size_t t = 0; t < ids.size(); ++t) {
+    const at::Tensor got = at::tensor(out["logits"][t].get<std::vector<float>>());
+    EXPECT_LT((got - expected[t]).abs().max().item<float>(), 1e-4) << "position " << t;
+  }
+
+  absl::StatusOr<RunResult> generate =
+      RunProcess({KVL_CLI_BIN, "generate", "--model", weights_only, "--prompt", "hi"}, kTimeout);
+  ASSERT_TRUE(generate.ok()) << generate.status();
+  EXPECT_NE(generate->exit_code, 0);
+  EXPECT_NE(generate->err.find("tokenizer.json"), std::string::npos) << generate->err;
+}
+
+// A result file that cannot be written (a full disk, a missing directory) is
+// an error naming the file, not a silent loss.
+TEST_F(ModelCliTest, AJsonReportThatCannotBeWrittenIsAnErrorNamingTheFile) {
+  const std::string text = dir_.WriteFile(
+      "held_out.txt", "The meeting is on Thursday. The report is due on Friday morning.\n");
+  const std::string missing_dir = dir_.Path("no-such-dir") + "/report.json";
+  const std::pair<std::string, std::string> cases[] = {
+      {"/dev/full", "/dev/full: write failed"},  // ENOSPC on every write
+      {missing_dir, missing_dir + ": cannot create"},
+  };
+  for (const auto& [json_path, message] : cases) {
+    absl::StatusOr<RunResult> run =
+        RunProcess({KVL_CLI_BIN, "eval", "--model", model_dir_, "--text", text, "--seq-len", "8",
+                    "--quiet", "--json", json_path},
+                   kTimeout);
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_EQ(run->exit_code, 1) << json_path << ": " << run->err;
+    EXPECT_NE(run->err.find("kvl eval: " + message), std::string::npos) << run->err;
   }
 }
 

@@ -28,6 +28,7 @@
 #include "tests/training/tiny_lm_fixture.h"
 #include "translator/translator.h"  // FastestTranslateDtype
 #include "training/eval_lm.h"
+#include "training/jsonl_log.h"
 
 namespace kvl::training {
 namespace {
@@ -367,6 +368,35 @@ TEST(LearningRateTest, WarmsUpLinearlyThenDecaysByCosineToTheFloor) {
   EXPECT_NEAR(LearningRate(o, 60), 0.5 * (2e-3 + 2e-4), 1e-12);  // half-way down the cosine
   EXPECT_NEAR(LearningRate(o, 110), 2e-4, 1e-12);
   for (int64_t s = 11; s <= 110; ++s) EXPECT_LT(LearningRate(o, s), LearningRate(o, s - 1));
+}
+
+// The per-step log of train-lm and distill: lines land as written, and a path
+// that cannot be opened or a full disk is an error naming the file.
+TEST(JsonlLogTest, AppendsCheckedLinesAndNamesTheFileOnFailure) {
+  TempDir dir("jsonl-log");
+  const std::string path = dir.Path("log.jsonl");
+  {
+    absl::StatusOr<JsonlLog> log = JsonlLog::Open(path, JsonlLog::Mode::kTruncate);
+    ASSERT_TRUE(log.ok()) << log.status();
+    ASSERT_TRUE(log->Append({{"step", 1}}).ok());
+  }
+  {
+    absl::StatusOr<JsonlLog> log = JsonlLog::Open(path, JsonlLog::Mode::kAppend);
+    ASSERT_TRUE(log.ok()) << log.status();
+    ASSERT_TRUE(log->Append({{"step", 2}}).ok());
+  }
+  EXPECT_EQ(ReadAll(path), "{\"step\":1}\n{\"step\":2}\n");
+
+  const std::string missing = dir.Path("no-such-dir/log.jsonl");
+  absl::StatusOr<JsonlLog> bad = JsonlLog::Open(missing, JsonlLog::Mode::kTruncate);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(bad.status().message(), missing + ": cannot open");
+
+  absl::StatusOr<JsonlLog> full = JsonlLog::Open("/dev/full", JsonlLog::Mode::kAppend);
+  ASSERT_TRUE(full.ok()) << full.status();
+  const absl::Status s = full->Append({{"step", 1}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(s.message(), "/dev/full: write failed");
 }
 
 TEST(BatchOffsetsTest, DeterministicInRangeAndDifferentPerStepAndSeed) {
