@@ -81,7 +81,7 @@ class KvCache {
   // A new line holding a copy of this line's first n_tokens (their keys,
   // values, what inverts the keys and their spans), with capacity for
   // `capacity` tokens (at least n_tokens). The background repair
-  // (router/repair.cc) recomputes a line's translated tail on such a copy
+  // (router/repair.h) recomputes a line's translated tail on such a copy
   // while the session goes on using the original. OutOfRange when n_tokens
   // exceeds Length(); ResourceExhausted when the memory cannot be allocated.
   absl::StatusOr<std::unique_ptr<KvCache>> ClonePrefix(int64_t n_tokens, int64_t capacity) const;

@@ -31,7 +31,7 @@ enum class Strategy { kTranslate, kReprefill, kReprefillMissing };
 //                it lacked (strategy "reprefill-missing", or a span nothing
 //                could translate), nothing translated.
 enum class CachePath { kNative, kTranslated, kReprefill, kRestored, kNativeTail };
-// Background repair of translated lines (router/repair.cc): off; after-turn
+// Background repair of translated lines (router/repair.h): off; after-turn
 // (each line a turn left with translated spans is recomputed natively as soon
 // as the turn ends, giving way to turns waiting for its model between chunks);
 // idle-only (the same, but a chunk runs only while no turn is running on any
@@ -107,7 +107,7 @@ struct RoutingConfig {
   // Off here; the server's configuration defaults it to after-turn
   // (server/config.h).
   RepairMode repair = RepairMode::kOff;
-  // The live quality gate (router/repair.cc): a translator pair whose mean
+  // The live quality gate (router/gate.h): a translator pair whose mean
   // switch divergence (TurnObserver::OnSwitchFidelity, nats/token) over its
   // last gate_window repaired switch turns exceeds gate_max_divergence, once
   // at least gate_min_samples are in, is closed: its switches re-prefill for
@@ -132,7 +132,7 @@ struct RoutingConfig {
   int64_t max_history_tokens = 0;
   // Continuous batching (the server's `batching` section, model/scheduler.h):
   // each model's turns generate in one engine loop, their decode steps
-  // batched; off: one turn drives a model at a time, under its mutex.
+  // batched; off: the loop runs one request at a time (the unbatched arithmetic).
   bool batching = false;
   int64_t batch_max_step_tokens = 256;
   int64_t batch_max_running = 64;

@@ -122,7 +122,7 @@ using TranslatorEntry = router::TranslatorSource;
 // (router/planner.h; why 32: docs/translators.md, "Deployment choices").
 inline constexpr int64_t kDefaultNativeTailTokens = 32;
 // routing.repair when the file does not set it: a translated line is
-// recomputed natively in the background after its turn (router/repair.cc).
+// recomputed natively in the background after its turn (router/repair.h).
 inline constexpr router::RepairMode kDefaultRepairMode = router::RepairMode::kAfterTurn;
 
 struct SessionsSection {

@@ -255,6 +255,75 @@ TEST_F(RepairTest, ATurnArrivingMidRepairReadsTheTranslatedLineAndTheRepairStill
   EXPECT_LT(MaxDiff(next->reply_logprobs, twin_next->reply_logprobs), 1e-4);
 }
 
+struct ChunkCount : TurnObserver {
+  std::mutex mu;
+  int64_t chunks ABSL_GUARDED_BY(mu) = 0;
+  void OnRepairChunk(int model, int64_t done, int64_t target) override {
+    std::lock_guard<std::mutex> lock(mu);
+    ++chunks;
+  }
+  int64_t Chunks() {
+    std::lock_guard<std::mutex> lock(mu);
+    return chunks;
+  }
+};
+
+// routing.repair idle-only: a queued repair starts no chunk while any turn
+// runs, on any model, and runs as soon as the last one ends (it waits for
+// that turn's end, not for a timer).
+TEST_F(RepairTest, IdleOnlyRepairWaitsForTheLastRunningTurnToEnd) {
+  ChunkCount count;
+  RoutingConfig routing = Explicit();
+  routing.repair = RepairMode::kIdleOnly;
+  MakeRouter(routing, int64_t{1} << 30, DType::kFloat32, &count);
+  absl::Cleanup done = [&] { router_.reset(); };  // the router calls `count`
+  ASSERT_TRUE(store_->Create("a", "", {}).ok());
+  ASSERT_TRUE(store_->Create("b", "", {}).ok());
+  ASSERT_TRUE(Given("a", repair_test::kLongTurn, 0, "Noted.", Strategy::kTranslate).ok());
+
+  // A turn of session b on small holds its first token until released.
+  std::mutex mu;
+  std::condition_variable changed;
+  bool holding = false, released = false;
+  std::thread b([&] {
+    TurnOptions o;
+    o.user_message = "Hello from b.";
+    o.policy = Policy::kExplicit;
+    o.explicit_model = 0;
+    o.max_tokens = 3;
+    TurnCallbacks callbacks;
+    callbacks.on_token = [&](int64_t, std::string_view) {
+      std::unique_lock<std::mutex> lock(mu);
+      if (holding) return;
+      holding = true;
+      changed.notify_all();
+      changed.wait(lock, [&] { return released; });
+    };
+    EXPECT_TRUE(router_->RunTurn("b", o, callbacks).ok());
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    changed.wait(lock, [&] { return holding; });
+  }
+  // Session a switches to large and leaves a translated line: queued, and
+  // not started while b runs.
+  auto t2 = Given("a", "Where does my sister live?", 2, "In Lisbon.", Strategy::kTranslate);
+  ASSERT_TRUE(t2.ok()) << t2.status();
+  ASSERT_GT(t2->routing.tokens_translated, 0);
+  EXPECT_EQ(router_->RepairBacklog(), 1);
+  EXPECT_EQ(count.Chunks(), 0);
+  EXPECT_GT(LineOf("a", 2).translated_tokens, 0);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    released = true;
+    changed.notify_all();
+  }
+  b.join();
+  ASSERT_TRUE(router_->WaitForRepairs(absl::Seconds(60)));
+  EXPECT_GE(count.Chunks(), 2);  // the long turn is more than one chunk
+  EXPECT_EQ(LineOf("a", 2).translated_tokens, 0);
+}
+
 struct FidelityLog : TurnObserver {
   std::mutex mu;
   struct Call {
