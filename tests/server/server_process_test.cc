@@ -360,6 +360,50 @@ TEST_F(ServerProcessTest, InvalidUtf8TurnIsRejectedNamingTheField) {
   EXPECT_THAT(status.error_message(), HasSubstr("user_message"));
 }
 
+// One unary call of `method` with `bytes` as its request message, whatever
+// they are.
+grpc::Status RawUnaryCall(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
+                          const std::string& bytes) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + 10s);
+  grpc::CompletionQueue cq;
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1);
+  auto call = stub.PrepareUnaryCall(&context, method, request, &cq);
+  call->StartCall();
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  int tag = 0;
+  call->Finish(&response, &status, &tag);
+  void* got = nullptr;
+  bool ok = false;
+  cq.Next(&got, &ok);
+  return status;
+}
+
+TEST_F(ServerProcessTest, InvalidUtf8InStringFieldsLogsABoundedNumberOfLines) {
+  // CreateSessionRequest.session_id (field 1, a proto3 string) = "\xff": the
+  // parser refuses it and libprotobuf logs one line per call; the server
+  // routes those through its log, rate-limited (server/protobuf_log.h).
+  const std::string bad("\x0a\x01\xff", 3);
+  constexpr int kCalls = 300;
+  for (int i = 0; i < kCalls; ++i) {
+    const grpc::Status status =
+        RawUnaryCall(server_.channel, "/kvlingo.v1.SessionService/CreateSession", bad);
+    ASSERT_FALSE(status.ok());
+  }
+  // The calls are answered after the parser logged: the lines are written.
+  ASSERT_TRUE(server_.process->WaitForLine(testing::Stream::kStderr, "protobuf:", 10s).ok())
+      << server_.process->Describe();
+  const std::string err = server_.process->stderr_text();
+  int64_t lines = 0, protobuf_lines = 0;
+  for (size_t at = 0; (at = err.find("UTF-8", at)) != std::string::npos; ++at) ++lines;
+  for (size_t at = 0; (at = err.find("protobuf:", at)) != std::string::npos; ++at) ++protobuf_lines;
+  EXPECT_LE(lines, 10) << "of " << kCalls << " calls";
+  EXPECT_EQ(lines, protobuf_lines) << "every parser line goes through the server's log";
+}
+
 TEST_F(ServerProcessTest, MetricsEndpointPassesPromtool) {
   if (std::string(KVL_PROMTOOL).empty()) GTEST_FAIL() << "promtool not found at configure time (scripts/setup.sh installs it)";
   v1::Session session;
