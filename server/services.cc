@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -85,24 +86,51 @@ absl::StatusOr<std::string> StoreIdOf(const Caller& caller, const std::string& s
   return ScopedSessionId(caller, session_id);
 }
 
-// Creates the session `store_id` of the caller's tenant, within the tenant's
-// max_sessions (counted and created under the tenant's creation mutex).
+// Creates the session `store_id` of the caller's tenant (with the turns
+// `populate` runs), within the tenant's max_sessions, and counts a refusal by
+// either limit in kvlingo_rejected_total once, here. The tenant's sessions
+// are counted and created under its creation mutex: on this replica no
+// creation slips between; across replicas (a shared store) two creations at
+// once may both pass the count.
 absl::StatusOr<SessionView> CreateForCaller(const ServiceDeps& deps, const Caller& caller,
                                             const std::string& store_id, std::string prompt,
-                                            std::vector<int64_t> preamble) {
+                                            std::vector<int64_t> preamble,
+                                            const Sessions::Populate& populate = nullptr) {
+  auto create = [&]() -> absl::StatusOr<SessionView> {
+    // Create's own ResourceExhausted is the server's limits.max_sessions; a
+    // populating turn's is the turn's (the router counts those).
+    bool populate_failed = false;
+    Sessions::Populate watched;
+    if (populate) {
+      watched = [&](const std::string& session_id, std::vector<TurnRecord>* turns) {
+        absl::Status s = populate(session_id, turns);
+        populate_failed = !s.ok();
+        return s;
+      };
+    }
+    absl::StatusOr<SessionView> created =
+        deps.sessions->Create(store_id, std::move(prompt), std::move(preamble), watched);
+    if (absl::IsResourceExhausted(created.status()) && !populate_failed) {
+      deps.metrics->OnRejected("max_sessions");
+    }
+    return created;
+  };
   const int64_t limit =
       caller.tenant.empty() ? 0 : deps.auth->LimitsOf(caller.tenant).max_sessions;
-  if (limit <= 0) return deps.sessions->Create(store_id, std::move(prompt), std::move(preamble));
+  if (limit <= 0) return create();
   std::lock_guard<std::mutex> lock(deps.auth->CreationMutex(caller.tenant));
-  const int64_t held = deps.store->CountWithPrefix(absl::StrCat(caller.tenant, "/"));
-  if (held >= limit) {
+  absl::StatusOr<int64_t> held = deps.sessions->Count(absl::StrCat(caller.tenant, "/"));
+  if (!held.ok()) return held.status();
+  if (*held >= limit) {
     deps.metrics->OnRejected("tenant_max_sessions");
     return absl::ResourceExhaustedError(absl::StrCat(
-        "tenant '", caller.tenant, "' holds ", held, " sessions (auth.tenants.", caller.tenant,
+        "tenant '", caller.tenant, "' holds ", *held, " sessions (auth.tenants.", caller.tenant,
         ".max_sessions = ", limit, "); delete sessions or wait for idle ones to expire"));
   }
-  return deps.sessions->Create(store_id, std::move(prompt), std::move(preamble));
+  return create();
 }
+
+
 
 // `status` as the caller sees it: store ids ("<tenant>/<id>") in its message
 // become the client's own ids.
@@ -113,6 +141,23 @@ absl::Status ForClient(const std::string& tenant, const absl::Status& status) {
 }
 absl::Status ForClient(const absl::StatusOr<Caller>& caller, const absl::Status& status) {
   return caller.ok() ? ForClient(caller->tenant, status) : status;
+}
+
+// Runs `work` on the session pool, then finishes the call with its status
+// (counted, store ids made the client's): `work` may block on the session
+// store, which gRPC's callback threads must never do. The request and
+// response stay valid until the call finishes.
+grpc::ServerUnaryReactor* FinishOffThread(grpc::CallbackServerContext* context,
+                                          const ServiceDeps& deps, RpcMethod method,
+                                          std::string tenant, std::function<absl::Status()> work) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  deps.session_pool->Submit([reactor, metrics = deps.metrics, method, tenant = std::move(tenant),
+                             work = std::move(work)] {
+    grpc::Status result = ToGrpcStatus(ForClient(tenant, work()));
+    metrics->CountRpc(method, result.error_code());
+    reactor->Finish(std::move(result));
+  });
+  return reactor;
 }
 
 // The header a load balancer routes a session's calls by (x-kvl-session-id,
@@ -414,20 +459,23 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(
   }
   absl::StatusOr<std::string> id =
       valid.ok() ? NewSessionId(*caller, request->session_id()) : valid;
-  absl::StatusOr<SessionView> created =
-      id.ok() ? CreateForCaller(deps_, *caller, *id, request->system_prompt(), std::move(preamble))
-              : absl::StatusOr<SessionView>(id.status());
-  if (created.ok()) {
-    ToProto(deps_, *created, response);
-    response->set_session_id(ClientSessionId(*caller, created->session_id));
-    deps_.metrics->SetCacheStats(deps_.store->Stats());
-    SPDLOG_DEBUG("session {} created", created->session_id);
-  } else if (absl::IsResourceExhausted(created.status()) &&
-             !absl::StrContains(created.status().message(), "auth.tenants.")) {
-    deps_.metrics->OnRejected("max_sessions");  // the tenant's limit counted itself
+  if (!id.ok()) {
+    return FinishUnary(context, deps_.metrics, RpcMethod::kCreateSession,
+                       ForClient(caller, id.status()));
   }
-  return FinishUnary(context, deps_.metrics, RpcMethod::kCreateSession,
-                     ForClient(caller, created.status()));
+  return FinishOffThread(
+      context, deps_, RpcMethod::kCreateSession, caller->tenant,
+      [deps = deps_, caller = *caller, id = *id, request, response,
+       preamble = std::move(preamble)]() mutable -> absl::Status {
+        absl::StatusOr<SessionView> created =
+            CreateForCaller(deps, caller, id, request->system_prompt(), std::move(preamble));
+        if (!created.ok()) return created.status();
+        ToProto(deps, *created, response);
+        response->set_session_id(ClientSessionId(caller, created->session_id));
+        deps.metrics->SetCacheStats(deps.sessions->CacheStats());
+        SPDLOG_DEBUG("session {} created", created->session_id);
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* SessionServiceImpl::GetSession(
@@ -437,34 +485,43 @@ grpc::ServerUnaryReactor* SessionServiceImpl::GetSession(
   absl::Status header = caller.ok() ? CheckSessionHeader(context, request->session_id())
                                     : caller.status();
   absl::StatusOr<std::string> id = header.ok() ? StoreIdOf(*caller, request->session_id()) : header;
-  absl::StatusOr<SessionView> view =
-      id.ok() ? deps_.sessions->View(*id) : absl::StatusOr<SessionView>(id.status());
-  if (view.ok()) {
-    ToProto(deps_, *view, response);
-    response->set_session_id(request->session_id());
+  if (!id.ok()) {
+    return FinishUnary(context, deps_.metrics, RpcMethod::kGetSession,
+                       ForClient(caller, id.status()));
   }
-  return FinishUnary(context, deps_.metrics, RpcMethod::kGetSession,
-                     ForClient(caller, view.status()));
+  return FinishOffThread(context, deps_, RpcMethod::kGetSession, caller->tenant,
+                         [deps = deps_, id = *id, request, response]() -> absl::Status {
+                           absl::StatusOr<SessionView> view = deps.sessions->View(id);
+                           if (!view.ok()) return view.status();
+                           ToProto(deps, *view, response);
+                           response->set_session_id(request->session_id());
+                           return absl::OkStatus();
+                         });
 }
 
 grpc::ServerUnaryReactor* SessionServiceImpl::ListSessions(
     grpc::CallbackServerContext* context, const kvlingo::v1::ListSessionsRequest* request,
     kvlingo::v1::ListSessionsResponse* response) {
   absl::StatusOr<Caller> caller = Authorize(deps_, context, Right::kChat, "ListSessions");
-  // The caller's tenant's sessions; with auth off, every session.
-  absl::StatusOr<SessionPage> page =
-      caller.ok() ? deps_.store->List(request->page_size(), request->page_token(),
-                                      caller->tenant.empty() ? "" : caller->tenant + "/")
-                  : absl::StatusOr<SessionPage>(caller.status());
-  if (page.ok()) {
-    for (const SessionView& view : page->sessions) {
-      kvlingo::v1::Session* session = response->add_sessions();
-      ToProto(deps_, view, session);
-      session->set_session_id(ClientSessionId(*caller, view.session_id));
-    }
-    response->set_next_page_token(page->next_page_token);
+  if (!caller.ok()) {
+    return FinishUnary(context, deps_.metrics, RpcMethod::kListSessions, caller.status());
   }
-  return FinishUnary(context, deps_.metrics, RpcMethod::kListSessions, page.status());
+  return FinishOffThread(
+      context, deps_, RpcMethod::kListSessions, caller->tenant,
+      [deps = deps_, caller = *caller, request, response]() -> absl::Status {
+        // The caller's tenant's sessions; with auth off, every session.
+        absl::StatusOr<SessionPage> page =
+            deps.sessions->List(request->page_size(), request->page_token(),
+                                caller.tenant.empty() ? "" : caller.tenant + "/");
+        if (!page.ok()) return page.status();
+        for (const SessionView& view : page->sessions) {
+          kvlingo::v1::Session* session = response->add_sessions();
+          ToProto(deps, view, session);
+          session->set_session_id(ClientSessionId(caller, view.session_id));
+        }
+        response->set_next_page_token(page->next_page_token);
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* SessionServiceImpl::DeleteSession(
@@ -474,12 +531,18 @@ grpc::ServerUnaryReactor* SessionServiceImpl::DeleteSession(
   absl::Status status = caller.status();
   if (status.ok()) status = CheckSessionHeader(context, request->session_id());
   absl::StatusOr<std::string> id = status.ok() ? StoreIdOf(*caller, request->session_id()) : status;
-  status = id.ok() ? deps_.sessions->Remove(*id) : id.status();
-  if (status.ok()) {
-    deps_.metrics->SetCacheStats(deps_.store->Stats());
-    SPDLOG_DEBUG("session {} deleted", request->session_id());
+  if (!id.ok()) {
+    return FinishUnary(context, deps_.metrics, RpcMethod::kDeleteSession,
+                       ForClient(caller, id.status()));
   }
-  return FinishUnary(context, deps_.metrics, RpcMethod::kDeleteSession, ForClient(caller, status));
+  return FinishOffThread(context, deps_, RpcMethod::kDeleteSession, caller->tenant,
+                         [deps = deps_, id = *id]() -> absl::Status {
+                           absl::Status removed = deps.sessions->Remove(id);
+                           if (!removed.ok()) return removed;
+                           deps.metrics->SetCacheStats(deps.sessions->CacheStats());
+                           SPDLOG_DEBUG("session {} deleted", id);
+                           return absl::OkStatus();
+                         });
 }
 
 grpc::ServerUnaryReactor* SessionServiceImpl::GetTranscript(
@@ -489,27 +552,32 @@ grpc::ServerUnaryReactor* SessionServiceImpl::GetTranscript(
   absl::Status status = caller.status();
   if (status.ok()) status = CheckSessionHeader(context, request->session_id());
   absl::StatusOr<std::string> id = status.ok() ? StoreIdOf(*caller, request->session_id()) : status;
-  absl::StatusOr<SessionRecord> record =
-      id.ok() ? deps_.sessions->Transcript(*id) : absl::StatusOr<SessionRecord>(id.status());
-  if (record.ok()) {
-    response->set_session_id(request->session_id());
-    response->set_system_prompt(record->system_prompt);
-    response->set_created_unix_seconds(record->created_unix_seconds);
-    for (const TurnRecord& t : record->turns) {
-      kvlingo::v1::TranscriptTurn* turn = response->add_turns();
-      turn->set_request_id(t.request_id);
-      turn->set_user_message(t.user_message);
-      turn->set_reply(t.reply);
-      turn->set_model(t.model);
-      kvlingo::v1::FinishReason reason = kvlingo::v1::FINISH_REASON_UNSPECIFIED;
-      kvlingo::v1::FinishReason_Parse(t.finish_reason, &reason);
-      turn->set_finish_reason(reason);
-      turn->set_committed_unix_seconds(t.unix_seconds);
-      turn->set_history_tokens(static_cast<uint32_t>(t.history_begin + t.tokens.size()));
-    }
+  if (!id.ok()) {
+    return FinishUnary(context, deps_.metrics, RpcMethod::kGetTranscript,
+                       ForClient(caller, id.status()));
   }
-  return FinishUnary(context, deps_.metrics, RpcMethod::kGetTranscript,
-                     ForClient(caller, record.status()));
+  return FinishOffThread(
+      context, deps_, RpcMethod::kGetTranscript, caller->tenant,
+      [deps = deps_, id = *id, request, response]() -> absl::Status {
+        absl::StatusOr<SessionRecord> record = deps.sessions->Transcript(id);
+        if (!record.ok()) return record.status();
+        response->set_session_id(request->session_id());
+        response->set_system_prompt(record->system_prompt);
+        response->set_created_unix_seconds(record->created_unix_seconds);
+        for (const TurnRecord& t : record->turns) {
+          kvlingo::v1::TranscriptTurn* turn = response->add_turns();
+          turn->set_request_id(t.request_id);
+          turn->set_user_message(t.user_message);
+          turn->set_reply(t.reply);
+          turn->set_model(t.model);
+          kvlingo::v1::FinishReason reason = kvlingo::v1::FINISH_REASON_UNSPECIFIED;
+          kvlingo::v1::FinishReason_Parse(t.finish_reason, &reason);
+          turn->set_finish_reason(reason);
+          turn->set_committed_unix_seconds(t.unix_seconds);
+          turn->set_history_tokens(static_cast<uint32_t>(t.history_begin + t.tokens.size()));
+        }
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* SessionServiceImpl::ImportSession(
@@ -548,56 +616,45 @@ grpc::ServerUnaryReactor* SessionServiceImpl::ImportSession(
     finish(id.status());
     return reactor;
   }
+  // On the turn pool: the import runs its turns (model work) on the session
+  // staged by Sessions::Create, which records the session with all its turns
+  // at once; a turn that fails leaves no session anywhere.
   deps_.pool->Submit([deps = deps_, finish, response, context, id = *id, caller = *caller,
                       prompt = request->system_prompt(), preamble = std::move(preamble),
                       turns = *std::move(turns)]() mutable {
-    absl::StatusOr<SessionView> created =
-        CreateForCaller(deps, caller, id, prompt, std::move(preamble));
-    if (!created.ok()) {
-      if (absl::IsResourceExhausted(created.status()) &&
-          !absl::StrContains(created.status().message(), "auth.tenants.")) {
-        deps.metrics->OnRejected("max_sessions");
-      }
-      finish(created.status());
-      return;
-    }
-    const std::string& session_id = created->session_id;
-    for (size_t i = 0; i < turns.size(); ++i) {
-      router::TurnOptions options;
-      options.user_message = turns[i].user_message;
-      options.policy = router::Policy::kExplicit;
-      options.explicit_model = turns[i].model;
-      options.reply = turns[i].reply;
-      options.on_commit = [&](const ConversationState& before, const ConversationState& after,
-                              const router::TurnResult& result) {
-        return deps.sessions->Record(
-            session_id, before, after,
-            RecordOf(*deps.router, "", options.user_message, result, std::string()));
-      };
-      options.cancelled = [context] { return context->IsCancelled(); };
-      absl::StatusOr<router::TurnResult> read = deps.router->RunTurn(session_id, options, {});
-      if (!read.ok()) {
-        if (absl::Status removed = deps.sessions->Remove(session_id); !removed.ok()) {
-          // The store cannot be reached: this replica's copy goes at least,
-          // and the store's record stays behind (its TTL ends it).
-          deps.store->Remove(session_id).IgnoreError();
-          spdlog::warn("session {}: a failed import left its record in the session store: {}",
-                       session_id, removed.ToString());
+    auto populate = [&](const std::string& session_id,
+                        std::vector<TurnRecord>* records) -> absl::Status {
+      for (size_t i = 0; i < turns.size(); ++i) {
+        router::TurnOptions options;
+        options.user_message = turns[i].user_message;
+        options.policy = router::Policy::kExplicit;
+        options.explicit_model = turns[i].model;
+        options.reply = turns[i].reply;
+        options.on_commit = [&](const ConversationState& before, const ConversationState& after,
+                                const router::TurnResult& result) {
+          records->push_back(deps.sessions->CompleteTurn(
+              before, after,
+              RecordOf(*deps.router, "", options.user_message, result, std::string())));
+          return absl::OkStatus();
+        };
+        options.cancelled = [context] { return context->IsCancelled(); };
+        absl::StatusOr<router::TurnResult> read = deps.router->RunTurn(session_id, options, {});
+        if (!read.ok()) {
+          return absl::Status(read.status().code(),
+                              absl::StrCat("turns[", i, "]: ", read.status().message()));
         }
-        deps.metrics->SetCacheStats(deps.store->Stats());
-        finish(absl::Status(read.status().code(),
-                            absl::StrCat("turns[", i, "]: ", read.status().message())));
-        return;
       }
+      return absl::OkStatus();
+    };
+    absl::StatusOr<SessionView> created =
+        CreateForCaller(deps, caller, id, prompt, std::move(preamble), populate);
+    deps.metrics->SetCacheStats(deps.sessions->CacheStats());
+    if (created.ok()) {
+      ToProto(deps, *created, response);
+      response->set_session_id(ClientSessionId(caller, created->session_id));
+      SPDLOG_DEBUG("session {} imported ({} turns)", created->session_id, turns.size());
     }
-    absl::StatusOr<SessionView> view = deps.sessions->View(session_id);
-    if (view.ok()) {
-      ToProto(deps, *view, response);
-      response->set_session_id(ClientSessionId(caller, session_id));
-    }
-    deps.metrics->SetCacheStats(deps.store->Stats());
-    SPDLOG_DEBUG("session {} imported ({} turns)", session_id, turns.size());
-    finish(view.status());
+    finish(created.status());
   });
   return reactor;
 }
@@ -644,14 +701,16 @@ grpc::ServerWriteReactor<ChatResponse>* ChatServiceImpl::Chat(
   }
   reactor->HoldTenantTurn(caller->tenant);
   if (deps_.router == nullptr) {
-    // An unknown session is still NOT_FOUND.
-    if (absl::Status s = deps_.sessions->store().Check(turn->session_id, "").status(); !s.ok()) {
-      reactor->FinishWith(s);
-      return reactor;
-    }
-    reactor->FinishWith(absl::UnimplementedError(
-        "no models are loaded: the server was started without models (config 'models' is "
-        "empty), so it only manages sessions"));
+    // An unknown session is still NOT_FOUND (the store is read off gRPC's
+    // threads).
+    deps_.session_pool->Submit([deps = deps_, reactor, session_id = turn->session_id] {
+      absl::Status known = deps.sessions->View(session_id).status();
+      reactor->FinishWith(known.ok() ? absl::UnimplementedError(
+                                           "no models are loaded: the server was started "
+                                           "without models (config 'models' is empty), so it "
+                                           "only manages sessions")
+                                     : known);
+    });
     return reactor;
   }
   if (absl::Status s = deps_.router->ValidateTurn(turn->options); !s.ok()) {
@@ -739,7 +798,7 @@ grpc::ServerWriteReactor<ChatResponse>* ChatServiceImpl::Chat(
     };
     absl::StatusOr<router::TurnResult> result =
         deps.router->RunTurn(session_id, options, callbacks);
-    deps.metrics->SetCacheStats(deps.store->Stats());
+    deps.metrics->SetCacheStats(deps.sessions->CacheStats());
     if (!result.ok()) {
       if (result.status().code() != absl::StatusCode::kCancelled) {
         spdlog::warn("session {}: turn failed: {}", session_id, result.status().ToString());

@@ -1,5 +1,13 @@
 // The kvlingo.v1 gRPC services, on gRPC's callback API. Handlers validate,
-// convert to native types and hand off; they never block on model work.
+// convert to native types and hand off; they never block on model work or on
+// the session store.
+//
+// Threading: gRPC's callback threads run the handlers' first part only
+// (authentication, validation, tokenizing a system prompt). Whatever touches
+// the session store (server/sessions.h, possibly a Redis round trip) runs on
+// the session pool (CreateSession, GetSession, ListSessions, DeleteSession,
+// GetTranscript, Chat without models) or on the turn pool (Chat,
+// ImportSession: they run model work too), and finishes the call from there.
 //
 // Every RPC is counted once, with its final code, in
 // kvlingo_grpc_requests_total.
@@ -13,7 +21,6 @@
 #include "kvlingo/v1/chat.grpc.pb.h"
 #include "kvlingo/v1/model.grpc.pb.h"
 #include "kvlingo/v1/session.grpc.pb.h"
-#include "cache_store/cache_store.h"
 #include "router/router.h"
 #include "server/auth.h"
 #include "server/chat_request.h"
@@ -26,8 +33,9 @@ namespace kvl::server {
 
 // What the services share; owned by the Server, which outlives the services.
 struct ServiceDeps {
-  CacheStore* store = nullptr;  // the session registry; never null
-  Sessions* sessions = nullptr;  // the registry with the durable store; never null
+  // The one owner of sessions (the replica's registry and the durable
+  // store); never null.
+  Sessions* sessions = nullptr;
   ServerMetrics* metrics = nullptr;
   DrainGate* chat_gate = nullptr;
   TurnLimits limits;
@@ -36,7 +44,10 @@ struct ServiceDeps {
   // Null when the server was started without models: Chat then answers
   // UNIMPLEMENTED and sessions hold no history.
   router::Router* router = nullptr;
-  TurnPool* pool = nullptr;
+  TurnPool* pool = nullptr;  // turns; null without a router
+  // The session calls' store work, apart from the turns so that a pool full
+  // of long turns never holds them up; never null.
+  TurnPool* session_pool = nullptr;
   // Model dtypes as configured, by model index (for ListModels).
   std::vector<std::string> model_dtypes;
   // API keys and tenants; never null (it lets everyone in when no keys are
@@ -63,7 +74,10 @@ class SessionServiceImpl final : public kvlingo::v1::SessionService::CallbackSer
   grpc::ServerUnaryReactor* GetTranscript(grpc::CallbackServerContext* context,
                                           const kvlingo::v1::GetTranscriptRequest* request,
                                           kvlingo::v1::Transcript* response) override;
-  // Validates on the gRPC thread, then reads the turns on the turn pool.
+  // Validates on the gRPC thread, then reads the turns on the turn pool, on
+  // a session that exists for no one else until they are all read and the
+  // session is recorded (Sessions::Create with a Populate): a failed import
+  // leaves nothing.
   grpc::ServerUnaryReactor* ImportSession(grpc::CallbackServerContext* context,
                                           const kvlingo::v1::ImportSessionRequest* request,
                                           kvlingo::v1::Session* response) override;
