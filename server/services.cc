@@ -10,7 +10,6 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
