@@ -55,63 +55,114 @@ struct ServiceDeps {
   Authenticator* auth = nullptr;
 };
 
-class SessionServiceImpl final : public kvlingo::v1::SessionService::CallbackService {
+// A unary call as the services handle it: the request parsed from the bytes
+// that came (UnaryDispatch, services.cc), the response to fill, and Finish,
+// which sends the response when the status is OK, counts the call in
+// kvlingo_grpc_requests_total and deletes the call. Finish may be called from
+// any thread, once.
+template <class Request, class Response>
+struct UnaryCall {
+  grpc::CallbackServerContext* context = nullptr;
+  grpc::ServerUnaryReactor* reactor = nullptr;  // the context's default one
+  Request request;
+  Response response;
+  grpc::ByteBuffer* out = nullptr;  // gRPC's, for the serialized response
+  ServerMetrics* metrics = nullptr;
+  RpcMethod method{};
+  void Finish(const absl::Status& status);
+};
+
+// The methods are registered raw (bytes in, bytes out) and parsed here: gRPC
+// answers a request its own parser refuses with UNIMPLEMENTED and no message,
+// which tells a client the method does not exist; these answer
+// INVALID_ARGUMENT naming the message type.
+using RawSessionService = kvlingo::v1::SessionService::WithRawCallbackMethod_CreateSession<
+    kvlingo::v1::SessionService::WithRawCallbackMethod_GetSession<
+        kvlingo::v1::SessionService::WithRawCallbackMethod_ListSessions<
+            kvlingo::v1::SessionService::WithRawCallbackMethod_DeleteSession<
+                kvlingo::v1::SessionService::WithRawCallbackMethod_GetTranscript<
+                    kvlingo::v1::SessionService::WithRawCallbackMethod_ImportSession<
+                        kvlingo::v1::SessionService::Service>>>>>>;
+using RawChatService =
+    kvlingo::v1::ChatService::WithRawCallbackMethod_Chat<kvlingo::v1::ChatService::Service>;
+using RawModelService = kvlingo::v1::ModelService::WithRawCallbackMethod_ListModels<
+    kvlingo::v1::ModelService::WithRawCallbackMethod_ListTranslators<
+        kvlingo::v1::ModelService::Service>>;
+
+class SessionServiceImpl final : public RawSessionService {
  public:
   explicit SessionServiceImpl(const ServiceDeps& deps) : deps_(deps) {}
 
   grpc::ServerUnaryReactor* CreateSession(grpc::CallbackServerContext* context,
-                                          const kvlingo::v1::CreateSessionRequest* request,
-                                          kvlingo::v1::Session* response) override;
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* context,
-                                       const kvlingo::v1::GetSessionRequest* request,
-                                       kvlingo::v1::Session* response) override;
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
-                                         const kvlingo::v1::ListSessionsRequest* request,
-                                         kvlingo::v1::ListSessionsResponse* response) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* DeleteSession(grpc::CallbackServerContext* context,
-                                          const kvlingo::v1::DeleteSessionRequest* request,
-                                          kvlingo::v1::DeleteSessionResponse* response) override;
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetTranscript(grpc::CallbackServerContext* context,
-                                          const kvlingo::v1::GetTranscriptRequest* request,
-                                          kvlingo::v1::Transcript* response) override;
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
   // Validates on the gRPC thread, then reads the turns on the turn pool, on
   // a session that exists for no one else until they are all read and the
   // session is recorded (Sessions::Create with a Populate): a failed import
   // leaves nothing.
   grpc::ServerUnaryReactor* ImportSession(grpc::CallbackServerContext* context,
-                                          const kvlingo::v1::ImportSessionRequest* request,
-                                          kvlingo::v1::Session* response) override;
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
 
  private:
+  void HandleCreateSession(
+      UnaryCall<kvlingo::v1::CreateSessionRequest, kvlingo::v1::Session>* call);
+  void HandleGetSession(UnaryCall<kvlingo::v1::GetSessionRequest, kvlingo::v1::Session>* call);
+  void HandleListSessions(
+      UnaryCall<kvlingo::v1::ListSessionsRequest, kvlingo::v1::ListSessionsResponse>* call);
+  void HandleDeleteSession(
+      UnaryCall<kvlingo::v1::DeleteSessionRequest, kvlingo::v1::DeleteSessionResponse>* call);
+  void HandleGetTranscript(
+      UnaryCall<kvlingo::v1::GetTranscriptRequest, kvlingo::v1::Transcript>* call);
+  void HandleImportSession(
+      UnaryCall<kvlingo::v1::ImportSessionRequest, kvlingo::v1::Session>* call);
+
   ServiceDeps deps_;
 };
 
 // Chat validates the request on the gRPC thread (INVALID_ARGUMENT, NOT_FOUND,
 // UNAVAILABLE come back before any model work), then runs the turn on the
 // turn pool and streams its events.
-class ChatServiceImpl final : public kvlingo::v1::ChatService::CallbackService {
+class ChatServiceImpl final : public RawChatService {
  public:
   explicit ChatServiceImpl(const ServiceDeps& deps) : deps_(deps) {}
 
-  grpc::ServerWriteReactor<kvlingo::v1::ChatResponse>* Chat(
-      grpc::CallbackServerContext* context, const kvlingo::v1::ChatRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Chat(grpc::CallbackServerContext* context,
+                                                   const grpc::ByteBuffer* request) override;
 
  private:
   ServiceDeps deps_;
 };
 
-class ModelServiceImpl final : public kvlingo::v1::ModelService::CallbackService {
+class ModelServiceImpl final : public RawModelService {
  public:
   explicit ModelServiceImpl(const ServiceDeps& deps) : deps_(deps) {}
 
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
-                                       const kvlingo::v1::ListModelsRequest* request,
-                                       kvlingo::v1::ListModelsResponse* response) override;
-  grpc::ServerUnaryReactor* ListTranslators(
-      grpc::CallbackServerContext* context, const kvlingo::v1::ListTranslatorsRequest* request,
-      kvlingo::v1::ListTranslatorsResponse* response) override;
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ListTranslators(grpc::CallbackServerContext* context,
+                                            const grpc::ByteBuffer* request,
+                                            grpc::ByteBuffer* response) override;
 
  private:
+  void HandleListModels(
+      UnaryCall<kvlingo::v1::ListModelsRequest, kvlingo::v1::ListModelsResponse>* call);
+  void HandleListTranslators(
+      UnaryCall<kvlingo::v1::ListTranslatorsRequest, kvlingo::v1::ListTranslatorsResponse>* call);
+
   ServiceDeps deps_;
 };
 
