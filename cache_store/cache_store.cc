@@ -454,7 +454,8 @@ int64_t CacheStore::CountWithPrefix(std::string_view prefix) const {
   std::lock_guard<std::mutex> lock(mu_);
   int64_t n = 0;
   for (const auto& [id, entry] : sessions_) {
-    if (!entry->staged && absl::StartsWith(id, absl::string_view(prefix.data(), prefix.size()))) ++n;
+    if (!entry->staged && absl::StartsWith(id, absl::string_view(prefix.data(), prefix.size())))
+      ++n;
   }
   return n;
 }

@@ -50,8 +50,9 @@ absl::StatusOr<ConversationState> StateFromRecord(const SessionRecord& record,
     }
     AppendLedgerSpan(&state.ledger, span.begin, span.end, ModelIndex(model_names, span.model));
   }
-  if (state.ledger.empty() ? !state.history.empty()
-                           : state.ledger.back().end != static_cast<int64_t>(state.history.size())) {
+  if (state.ledger.empty()
+          ? !state.history.empty()
+          : state.ledger.back().end != static_cast<int64_t>(state.history.size())) {
     return absl::DataLossError(
         absl::StrCat("session ", record.session_id, ": the stored ledger ends before the history"));
   }
