@@ -75,7 +75,8 @@ struct TurnLease::Entry {
         repaired(n_models, 0),
         last_use(n_models, 0), served(n_models, false) {}
 
-  uint64_t seq = 0;  // creation order, never reused
+  uint64_t seq = 0;  // creation order, never reused; 0 while staged
+  std::string generation;  // SessionView::generation
   std::string system_prompt;
   int64_t created_unix_seconds = 0;
   int64_t last_active_unix_seconds = 0;
@@ -90,6 +91,8 @@ struct TurnLease::Entry {
   std::vector<bool> served;  // has ever had a line
   bool busy = false;
   bool removed = false;
+  // Held by a SessionReservation: seen by Begin only, not in by_seq_.
+  bool staged = false;
 };
 
 TurnLease::TurnLease(CacheStore* store, std::string id, std::shared_ptr<Entry> entry,
@@ -246,19 +249,11 @@ absl::StatusOr<SessionView> CacheStore::Create(std::string_view session_id,
   std::lock_guard<std::mutex> lock(mu_);
   std::string id(session_id);
   if (id.empty()) {
-    // 96 random bits: collisions are not a practical concern, but a taken id is
-    // still never handed out twice.
-    do {
-      id = absl::StrFormat("s-%016x%08x", rng_(), static_cast<uint32_t>(rng_()));
-    } while (sessions_.count(id) != 0);
+    id = NewId();
   } else if (sessions_.count(id) != 0) {
     return absl::AlreadyExistsError(absl::StrCat("session '", id, "' already exists"));
   }
-  if (options_.max_sessions > 0 && static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the server holds ", sessions_.size(), " sessions (limits.max_sessions = ",
-        options_.max_sessions, "); delete sessions or wait for idle ones to expire"));
-  }
+  if (absl::Status s = CheckRoom(1); !s.ok()) return s;
   entry->seq = next_seq_++;
   by_seq_.emplace(entry->seq, id);
   SessionView view = ViewOf(id, *entry);
@@ -266,10 +261,88 @@ absl::StatusOr<SessionView> CacheStore::Create(std::string_view session_id,
   return view;
 }
 
+std::string CacheStore::NewId() {
+  // 96 random bits: collisions are not a practical concern, but a taken id is
+  // still never handed out twice.
+  std::string id;
+  do {
+    id = absl::StrFormat("s-%016x%08x", rng_(), static_cast<uint32_t>(rng_()));
+  } while (sessions_.count(id) != 0);
+  return id;
+}
+
+absl::Status CacheStore::CheckRoom(int64_t n_more) const {
+  const int64_t held = static_cast<int64_t>(sessions_.size());
+  if (options_.max_sessions <= 0 || held + n_more <= options_.max_sessions) {
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the server holds ", held, " sessions (limits.max_sessions = ", options_.max_sessions,
+      "); delete sessions or wait for idle ones to expire"));
+}
+
+absl::StatusOr<std::unique_ptr<SessionReservation>> CacheStore::Reserve(
+    std::string_view session_id, std::string system_prompt, std::vector<int64_t> preamble,
+    bool replace) {
+  if (!session_id.empty() && !IsValidStoreSessionId(session_id)) {
+    return absl::InvalidArgumentError(
+        "session_id: expected 1-128 characters of [A-Za-z0-9._:-] (or empty to have one "
+        "generated)");
+  }
+  auto entry = std::make_shared<Entry>(options_.n_models);
+  entry->state.preamble = std::move(preamble);
+  entry->system_prompt = std::move(system_prompt);
+  entry->created_unix_seconds = entry->last_active_unix_seconds = options_.clock();
+  entry->staged = true;
+  std::shared_ptr<Entry> replaced;  // its lines are freed after the lock is released
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string id(session_id);
+  if (id.empty()) id = NewId();
+  auto it = sessions_.find(id);
+  if (it != sessions_.end()) {
+    if (!replace || it->second->staged) {
+      return absl::AlreadyExistsError(absl::StrCat("session '", id, "' already exists"));
+    }
+    if (it->second->busy) {
+      return absl::AbortedError(
+          absl::StrCat("session '", id, "' has a turn in progress; retry when it ends"));
+    }
+    // The staged session takes the id now (one entry per id); the copy it
+    // replaces holds no turn and is only a copy.
+    replaced = Erase(it);
+  }
+  if (absl::Status s = CheckRoom(1); !s.ok()) return s;
+  const int64_t created = entry->created_unix_seconds;
+  sessions_.emplace(id, entry);
+  return std::unique_ptr<SessionReservation>(
+      new SessionReservation(this, std::move(id), std::move(entry), created));
+}
+
+SessionView SessionReservation::Commit(std::string generation) {
+  TORCH_CHECK(!committed_, "SessionReservation::Commit called twice");
+  committed_ = true;
+  std::lock_guard<std::mutex> lock(store_->mu_);
+  TurnLease::Entry& e = *entry_;
+  e.staged = false;
+  e.generation = std::move(generation);
+  e.seq = store_->next_seq_++;
+  store_->by_seq_.emplace(e.seq, id_);
+  return store_->ViewOf(id_, e);
+}
+
+SessionReservation::~SessionReservation() {
+  if (committed_) return;
+  std::shared_ptr<TurnLease::Entry> erased;  // its lines are freed after the lock is released
+  std::lock_guard<std::mutex> lock(store_->mu_);
+  auto it = store_->sessions_.find(id_);
+  if (it != store_->sessions_.end() && it->second == entry_) erased = store_->Erase(it);
+}
+
 absl::StatusOr<SessionView> CacheStore::Adopt(const std::string& session_id,
                                               std::string system_prompt,
                                               ConversationState state,
-                                              int64_t created_unix_seconds) {
+                                              int64_t created_unix_seconds,
+                                              std::string generation) {
   if (!IsValidStoreSessionId(session_id)) {
     return absl::InvalidArgumentError("session_id: expected 1-128 characters of [A-Za-z0-9._:-]");
   }
@@ -279,11 +352,12 @@ absl::StatusOr<SessionView> CacheStore::Adopt(const std::string& session_id,
   entry->system_prompt = std::move(system_prompt);
   entry->created_unix_seconds = created_unix_seconds;
   entry->last_active_unix_seconds = options_.clock();
+  entry->generation = std::move(generation);
   std::shared_ptr<Entry> replaced;  // its lines are freed after the lock is released
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session_id);
   if (it != sessions_.end()) {
-    if (it->second->busy) {
+    if (it->second->busy || it->second->staged) {
       return absl::AbortedError(
           absl::StrCat("session '", session_id, "' has a turn in progress; retry when it ends"));
     }
@@ -291,12 +365,7 @@ absl::StatusOr<SessionView> CacheStore::Adopt(const std::string& session_id,
     replaced = Erase(it);
     entry->seq = seq;  // it keeps its place in List
   } else {
-    if (options_.max_sessions > 0 &&
-        static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the server holds ", sessions_.size(), " sessions (limits.max_sessions = ",
-          options_.max_sessions, "); delete sessions or wait for idle ones to expire"));
-    }
+    if (absl::Status s = CheckRoom(1); !s.ok()) return s;
     entry->seq = next_seq_++;
   }
   by_seq_.emplace(entry->seq, session_id);
@@ -319,7 +388,7 @@ absl::Status CacheStore::Remove(const std::string& session_id) {
   std::shared_ptr<Entry> erased;  // its lines are freed after the lock is released
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session_id);
-  if (it == sessions_.end()) {
+  if (it == sessions_.end() || it->second->staged) {
     return absl::NotFoundError(absl::StrCat("session '", session_id, "' not found"));
   }
   erased = Erase(it);
@@ -329,6 +398,7 @@ absl::Status CacheStore::Remove(const std::string& session_id) {
 SessionView CacheStore::ViewOf(const std::string& id, const Entry& e) const {
   SessionView view;
   view.session_id = id;
+  view.generation = e.generation;
   view.system_prompt = e.system_prompt;
   view.created_unix_seconds = e.created_unix_seconds;
   view.last_active_unix_seconds = e.last_active_unix_seconds;
@@ -345,7 +415,7 @@ SessionView CacheStore::ViewOf(const std::string& id, const Entry& e) const {
 absl::StatusOr<SessionView> CacheStore::View(const std::string& session_id) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session_id);
-  if (it == sessions_.end()) {
+  if (it == sessions_.end() || it->second->staged) {
     return absl::NotFoundError(absl::StrCat("session '", session_id, "' not found"));
   }
   return ViewOf(it->first, *it->second);
@@ -384,7 +454,8 @@ int64_t CacheStore::CountWithPrefix(std::string_view prefix) const {
   std::lock_guard<std::mutex> lock(mu_);
   int64_t n = 0;
   for (const auto& [id, entry] : sessions_) {
-    if (absl::StartsWith(id, absl::string_view(prefix.data(), prefix.size()))) ++n;
+    if (!entry->staged && absl::StartsWith(id, absl::string_view(prefix.data(), prefix.size())))
+      ++n;
   }
   return n;
 }
@@ -393,7 +464,7 @@ absl::Status CacheStore::Touch(const std::string& session_id) {
   const int64_t now = options_.clock();
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session_id);
-  if (it == sessions_.end()) {
+  if (it == sessions_.end() || it->second->staged) {
     return absl::NotFoundError(absl::StrCat("session '", session_id, "' not found"));
   }
   it->second->last_active_unix_seconds = now;
@@ -513,8 +584,9 @@ CacheStoreStats CacheStore::Stats() const {
   s.budget_bytes = options_.memory_budget_bytes;
   s.total_bytes = total_bytes_;
   s.bytes_per_model = bytes_per_model_;
-  s.sessions = static_cast<int64_t>(sessions_.size());
   for (const auto& [id, e] : sessions_) {
+    if (e->staged) continue;  // not a session yet
+    ++s.sessions;
     for (int m = 0; m < options_.n_models; ++m) {
       if (e->evicted[m]) {
         ++s.sessions_with_evicted_lines;

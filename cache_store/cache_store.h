@@ -1,7 +1,9 @@
-// The session registry: every session the server holds, with its system
+// The session registry: every session this replica holds, with its system
 // prompt and timestamps, its conversation state and its KV cache lines, under
-// one memory budget. The one owner of sessions: creating, listing (paged),
-// expiring and deleting a session happen here, nowhere else.
+// one memory budget. With a durable session store (cache_store/session_store.h)
+// the registry is the replica's working copy of the sessions, and
+// server/sessions.h is the one owner of a session's life over both: it alone
+// creates, restores, deletes and expires sessions here.
 //
 // A session is one token stream (the rendered conversation), a span ledger
 // saying which model wrote each span natively, and at most one cache line per
@@ -108,6 +110,9 @@ struct CacheLineInfo {
 
 struct SessionView {
   std::string session_id;
+  // The durable record's creation this copy belongs to
+  // (SessionRecord::generation); empty when there is none.
+  std::string generation;
   std::string system_prompt;
   int64_t created_unix_seconds = 0;
   int64_t last_active_unix_seconds = 0;
@@ -209,6 +214,7 @@ class TurnLease {
 
  private:
   friend class CacheStore;
+  friend class SessionReservation;
   struct Entry;
   TurnLease(CacheStore* store, std::string id, std::shared_ptr<Entry> entry, LeaseUse use);
 
@@ -221,6 +227,40 @@ class TurnLease {
   int64_t reserved_ = 0;
   std::vector<int64_t> repaired_;  // per model, counted at Commit
   LeaseUse use_ = LeaseUse::kTurn;
+  bool committed_ = false;
+};
+
+// A session being created (CacheStore::Reserve) while its creator records it
+// elsewhere (the durable store) and, optionally, runs its first turns. Until
+// Commit the session holds its id and its place under max_sessions, and is
+// invisible to everyone but leases: View, List, CountWithPrefix, Touch,
+// Remove and RemoveIdle do not see it, Begin does (so that the creator may run
+// turns on it). Commit cannot fail; destroying an uncommitted reservation
+// removes the session and its lines: failure leaves no trace. Must not
+// outlive its store; not thread-safe (one creator).
+class SessionReservation {
+ public:
+  SessionReservation(const SessionReservation&) = delete;
+  SessionReservation& operator=(const SessionReservation&) = delete;
+  ~SessionReservation();
+
+  const std::string& session_id() const { return id_; }
+  int64_t created_unix_seconds() const { return created_unix_seconds_; }
+  // Makes the session visible, with `generation` (SessionView::generation).
+  // Call at most once.
+  SessionView Commit(std::string generation);
+
+ private:
+  friend class CacheStore;
+  SessionReservation(CacheStore* store, std::string id, std::shared_ptr<TurnLease::Entry> entry,
+                     int64_t created_unix_seconds)
+      : store_(store), id_(std::move(id)), entry_(std::move(entry)),
+        created_unix_seconds_(created_unix_seconds) {}
+
+  CacheStore* store_;
+  std::string id_;
+  std::shared_ptr<TurnLease::Entry> entry_;  // the session it stages
+  int64_t created_unix_seconds_;
   bool committed_ = false;
 };
 
@@ -242,13 +282,23 @@ class CacheStore {
   // free (AlreadyExists). `preamble`: the tokens the system prompt renders to.
   absl::StatusOr<SessionView> Create(std::string_view session_id, std::string system_prompt,
                                      std::vector<int64_t> preamble);
+  // As Create, in two steps (SessionReservation). AlreadyExists also while
+  // another reservation holds the id. With `replace`, a visible session of the
+  // same id is dropped (its lines freed) and the reservation takes its id,
+  // unless it is in a turn (Aborted): for a caller that knows the session to
+  // be a stale copy.
+  absl::StatusOr<std::unique_ptr<SessionReservation>> Reserve(std::string_view session_id,
+                                                              std::string system_prompt,
+                                                              std::vector<int64_t> preamble,
+                                                              bool replace);
   // Installs a session rebuilt elsewhere (from the durable session store,
   // server/sessions.h): `state` with `restored` set, no cache lines. A local
   // session of the same id is replaced (its lines freed) and keeps its place
   // in List, unless a turn holds it (Aborted). A new id counts against
   // max_sessions (ResourceExhausted).
   absl::StatusOr<SessionView> Adopt(const std::string& session_id, std::string system_prompt,
-                                    ConversationState state, int64_t created_unix_seconds);
+                                    ConversationState state, int64_t created_unix_seconds,
+                                    std::string generation);
   // Frees the session's lines. NotFound for an unknown id. A turn in progress
   // finishes on its own copy and its result is dropped.
   absl::Status Remove(const std::string& session_id);
@@ -281,6 +331,7 @@ class CacheStore {
  private:
   friend class TurnLease;
   friend class ByteReservation;
+  friend class SessionReservation;
   using Entry = TurnLease::Entry;
 
   // Called by a lease as it ends: re-measures the session's lines, releases
@@ -296,6 +347,10 @@ class CacheStore {
   void SetLineBytes(Entry& e, int model, int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   SessionView ViewOf(const std::string& id, const Entry& e) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A new id for Create and Reserve, free in the registry.
+  std::string NewId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ResourceExhausted when `n_more` sessions would be past max_sessions.
+  absl::Status CheckRoom(int64_t n_more) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops a session from the registry and its lines from the accounting; the
   // caller lets go of the returned entry (and so of the lines of a session
   // not in a turn) after releasing mu_, a busy session's lease frees them.

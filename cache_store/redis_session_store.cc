@@ -7,7 +7,7 @@
 //   <prefix>{<id>}:turns  list: one EncodeTurn JSON string per committed turn
 //   <prefix>{<id>}:req    hash: request id -> index in :turns
 // Every change is one Lua script (EVAL), so it is atomic; AppendTurn is a
-// compare-and-set on `turns`. The TTL is set on all three keys at each change
+// compare-and-set on `turns`. Listing and counting SCAN for the :meta keys. The TTL is set on all three keys at each change
 // and each Check.
 //
 // Connections: a small pool; a connection that fails is dropped and the call
@@ -17,12 +17,16 @@
 
 #include <sys/time.h>
 
+#include <algorithm>
 #include <mutex>
+#include <set>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cache_store/session_store_backends.h"
@@ -31,12 +35,19 @@
 namespace kvl::session_store_internal {
 namespace {
 
+// ARGV[6..]: the turns, as pairs of EncodeTurn JSON and request id.
 constexpr char kCreateScript[] = R"lua(
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('DEL', KEYS[2], KEYS[3])
+local n = (#ARGV - 5) / 2
 redis.call('HSET', KEYS[1], 'system_prompt', ARGV[1], 'preamble', ARGV[2], 'created', ARGV[3],
-           'last_active', ARGV[3], 'turns', 0, 'generation', ARGV[5])
-if tonumber(ARGV[4]) > 0 then redis.call('EXPIRE', KEYS[1], ARGV[4]) end
+           'last_active', ARGV[3], 'turns', n, 'generation', ARGV[5])
+for i = 0, n - 1 do
+  redis.call('RPUSH', KEYS[2], ARGV[6 + 2 * i])
+  if ARGV[7 + 2 * i] ~= '' then redis.call('HSET', KEYS[3], ARGV[7 + 2 * i], i) end
+end
+local ttl = tonumber(ARGV[4])
+if ttl > 0 then for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ttl) end end
 return 1
 )lua";
 
@@ -130,12 +141,16 @@ class RedisSessionStore final : public SessionStore {
   }
 
   absl::Status Create(const SessionRecord& session) override {
+    std::vector<std::string> args = {session.system_prompt,
+                                     nlohmann::json(session.preamble).dump(),
+                                     absl::StrCat(options_.clock()),
+                                     absl::StrCat(options_.ttl_seconds), session.generation};
+    for (const TurnRecord& turn : session.turns) {
+      args.push_back(EncodeTurn(turn));
+      args.push_back(turn.request_id);
+    }
     absl::StatusOr<Reply> r =
-        Eval(kCreateScript, session.session_id,
-             {session.system_prompt, nlohmann::json(session.preamble).dump(),
-              absl::StrCat(options_.clock()), absl::StrCat(options_.ttl_seconds),
-              session.generation},
-             /*idempotent=*/false);
+        Eval(kCreateScript, session.session_id, std::move(args), /*idempotent=*/false);
     if (!r.ok()) return r.status();
     absl::StatusOr<int64_t> created = ReplyInt(r->get(), "create's answer");
     if (!created.ok()) return created.status();
@@ -247,7 +262,66 @@ class RedisSessionStore final : public SessionStore {
     return *existed == 1 ? absl::OkStatus() : NotFound(session_id);
   }
 
+  absl::StatusOr<std::vector<std::string>> ListIds(std::string_view prefix, std::string_view after,
+                                                   int64_t limit) override {
+    absl::StatusOr<std::vector<std::string>> ids = Matching(prefix);
+    if (!ids.ok()) return ids.status();
+    std::vector<std::string> out;
+    for (std::string& id : *ids) {
+      if (id > after) out.push_back(std::move(id));
+    }
+    std::sort(out.begin(), out.end());
+    if (limit > 0 && static_cast<int64_t>(out.size()) > limit) out.resize(limit);
+    return out;
+  }
+
+  absl::StatusOr<int64_t> Count(std::string_view prefix) override {
+    absl::StatusOr<std::vector<std::string>> ids = Matching(prefix);
+    if (!ids.ok()) return ids.status();
+    return static_cast<int64_t>(ids->size());
+  }
+
  private:
+  // The ids of the sessions whose id begins with `prefix`, unordered: a SCAN
+  // of the whole keyspace for their :meta keys (Redis expires them by TTL, so
+  // no index has to be kept in step).
+  absl::StatusOr<std::vector<std::string>> Matching(std::string_view prefix) {
+    const std::string head = absl::StrCat(options_.key_prefix, "{");
+    const std::string pattern = absl::StrCat(GlobEscape(head), GlobEscape(prefix), "*}:meta");
+    std::set<std::string> ids;  // SCAN may return a key more than once
+    std::string cursor = "0";
+    do {
+      absl::StatusOr<Reply> r =
+          Command({"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"}, /*idempotent=*/true);
+      if (!r.ok()) return r.status();
+      const redisReply* top = r->get();
+      if (top->type != REDIS_REPLY_ARRAY || top->elements != 2 ||
+          top->element[1]->type != REDIS_REPLY_ARRAY) {
+        return absl::DataLossError(
+            absl::StrCat("session store ", Describe(), ": unexpected SCAN reply"));
+      }
+      cursor = ReplyString(top->element[0]);
+      for (size_t i = 0; i < top->element[1]->elements; ++i) {
+        const std::string text = ReplyString(top->element[1]->element[i]);
+        absl::string_view key = text;
+        // <prefix>{<id>}:meta
+        if (absl::ConsumePrefix(&key, head) && absl::ConsumeSuffix(&key, "}:meta")) {
+          ids.emplace(key);
+        }
+      }
+    } while (cursor != "0" && !cursor.empty());
+    return std::vector<std::string>(ids.begin(), ids.end());
+  }
+
+  static std::string GlobEscape(std::string_view text) {
+    std::string out;
+    for (char c : text) {
+      if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') out.push_back('\\');
+      out.push_back(c);
+    }
+    return out;
+  }
+
   absl::Status Corrupt(const std::string& session_id, absl::string_view what) const {
     return absl::DataLossError(absl::StrCat("session store ", Describe(), ": session ",
                                             session_id, " is malformed (", what, ")"));

@@ -1,5 +1,6 @@
 #include "cache_store/session_store.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -8,6 +9,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "cache_store/session_store_backends.h"
 #include "nlohmann/json.hpp"
@@ -46,8 +48,10 @@ class MemorySessionStore final : public SessionStore {
     }
     Entry& e = sessions_[session.session_id];
     e.record = session;
-    e.record.turns.clear();
     e.record.last_active_unix_seconds = options_.clock();
+    for (size_t i = 0; i < e.record.turns.size(); ++i) {
+      if (!e.record.turns[i].request_id.empty()) e.requests[e.record.turns[i].request_id] = i;
+    }
     return absl::OkStatus();
   }
 
@@ -97,6 +101,23 @@ class MemorySessionStore final : public SessionStore {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<std::vector<std::string>> ListIds(std::string_view prefix, std::string_view after,
+                                                   int64_t limit) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::string> ids;
+    for (const std::string& id : Matching(prefix)) {
+      if (id > after) ids.push_back(id);
+    }
+    std::sort(ids.begin(), ids.end());
+    if (limit > 0 && static_cast<int64_t>(ids.size()) > limit) ids.resize(limit);
+    return ids;
+  }
+
+  absl::StatusOr<int64_t> Count(std::string_view prefix) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int64_t>(Matching(prefix).size());
+  }
+
  private:
   struct Entry {
     SessionRecord record;
@@ -111,6 +132,22 @@ class MemorySessionStore final : public SessionStore {
         options_.clock() - it->second.record.last_active_unix_seconds >= options_.ttl_seconds) {
       sessions_.erase(it);
     }
+  }
+  // The unexpired ids beginning with `prefix` (expired ones are dropped).
+  std::vector<std::string> Matching(std::string_view prefix) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<std::string> ids;
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+      if (options_.ttl_seconds > 0 &&
+          options_.clock() - it->second.record.last_active_unix_seconds >= options_.ttl_seconds) {
+        it = sessions_.erase(it);
+        continue;
+      }
+      if (absl::StartsWith(it->first, absl::string_view(prefix.data(), prefix.size()))) {
+        ids.push_back(it->first);
+      }
+      ++it;
+    }
+    return ids;
   }
   Entry* Find(const std::string& session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Expire(session_id);

@@ -1,6 +1,7 @@
 // The durable record of sessions: what is needed to rebuild a session on any
 // replica, kept outside the process (issue 35). CacheStore (cache_store.h) is
-// the replica's working copy, with KV cache lines; a SessionStore holds the
+// the replica's working copy, with KV cache lines, and server/sessions.h owns
+// a session's life over both; a SessionStore holds the
 // system prompt and every committed turn (its messages, the tokens it added
 // to the session's stream, the span ledger after it, which model answered),
 // and never a KV cache: a replica that lacks a session rebuilds its lines by
@@ -103,8 +104,9 @@ class SessionStore {
   // "memory" or "redis host:port", for logs.
   virtual std::string Describe() const = 0;
 
-  // Records a new session with no turns. AlreadyExists if the id is taken;
-  // Unavailable when the store cannot be reached.
+  // Records a new session with its turns (usually none; an imported session
+  // has its turns at once), in one step: all or nothing. AlreadyExists if the
+  // id is taken; Unavailable when the store cannot be reached.
   virtual absl::Status Create(const SessionRecord& session) = 0;
   // The whole record. NotFound for an unknown (or expired) id.
   virtual absl::StatusOr<SessionRecord> Load(const std::string& session_id) = 0;
@@ -123,6 +125,14 @@ class SessionStore {
                                   const TurnRecord& turn) = 0;
   // NotFound for an unknown id.
   virtual absl::Status Remove(const std::string& session_id) = 0;
+  // The ids that begin with `prefix` (a tenant's: "<tenant>/"), in byte
+  // order, from the first after `after` (empty: from the first), at most
+  // `limit` of them (0: all). O(sessions in the store) per call.
+  virtual absl::StatusOr<std::vector<std::string>> ListIds(std::string_view prefix,
+                                                           std::string_view after,
+                                                           int64_t limit) = 0;
+  // How many ids begin with `prefix`. O(sessions in the store).
+  virtual absl::StatusOr<int64_t> Count(std::string_view prefix) = 0;
   // Unavailable when the store cannot be reached now.
   virtual absl::Status Ping() = 0;
   // Whether the store keeps sessions beyond this process (a replica restoring

@@ -18,6 +18,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+// Sha256Hex moved to base/; included here for the callers that still reach it
+// through the tokenizer (datagen, training, tools), until they include it.
+#include "base/sha256.h"
 
 namespace kvl {
 
@@ -102,8 +105,5 @@ class StreamDecoder {
 // U+FFFD. When `final` is false, a trailing sequence that is incomplete but
 // could still become valid is left unconsumed. Returns the bytes consumed.
 size_t AppendUtf8Lossy(std::string_view in, bool final, std::string* out);
-
-// Lower-case hex SHA-256 (FIPS 180-4) of `data`.
-std::string Sha256Hex(std::string_view data);
 
 }  // namespace kvl

@@ -5,7 +5,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "model/tokenizer.h"  // Sha256Hex
+#include "base/sha256.h"
 
 namespace kvl::server {
 

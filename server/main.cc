@@ -23,6 +23,7 @@
 #include "model/engine.h"
 #include "model/omp_wait.h"
 #include "server/config.h"
+#include "server/protobuf_log.h"
 #include "server/server.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -191,6 +192,7 @@ int main(int argc, char** argv) {
   auto logger = spdlog::stderr_color_mt("kvl-server");
   spdlog::set_default_logger(logger);
   spdlog::set_level(ToSpdlog(config->log.level));
+  kvl::server::RouteProtobufLogToSpdlog();
   spdlog::info("kvl-server {} starting with {} model(s), {} translator(s), policy {}",
                kvl::server::Version(), config->models.size(), config->translators.size(),
                kvl::router::PolicyName(config->routing.policy));

@@ -133,6 +133,10 @@ constexpr const char* kServiceNames[] = {
     "kvlingo.v1.ModelService",
 };
 
+// Session calls wait on the session store one round trip at a time; four
+// keep a slow Redis from serialising them without holding many threads.
+constexpr int kSessionPoolThreads = 4;
+
 // Head-room over the largest allowed turn for the rest of a ChatRequest.
 constexpr int64_t kRequestOverheadBytes = 1 << 20;
 // Head-room over twice server.max_metadata_bytes for gRPC's own headers.
@@ -183,15 +187,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Load(const ServerConfig& config)
 absl::Status Server::Serve() {
   Server* self = this;
   const ServerConfig& config = config_;
-  metrics_.SetCacheStats(runtime_->store->Stats());
-  SessionStore& durable = runtime_->sessions->store();
-  if (absl::Status reach = durable.Ping(); reach.ok()) {
-    spdlog::info("session store: {}", durable.Describe());
+  metrics_.SetCacheStats(runtime_->sessions->CacheStats());
+  if (absl::Status reach = runtime_->sessions->PingStore(); reach.ok()) {
+    spdlog::info("session store: {}", runtime_->sessions->DescribeStore());
   } else {
     spdlog::warn("session store: {} cannot be reached now ({}); session calls fail with "
                  "UNAVAILABLE until it can",
-                 durable.Describe(), std::string(reach.message()));
+                 runtime_->sessions->DescribeStore(), std::string(reach.message()));
   }
+  session_pool_ = std::make_unique<TurnPool>(kSessionPoolThreads);
   if (runtime_->router != nullptr) {
     // Turns block their thread on a model's engine; a few per model keep every
     // engine busy while others wait for theirs, and with batching as many more
@@ -215,7 +219,6 @@ absl::Status Server::Serve() {
   }
   ServiceDeps deps;
   deps.auth = auth_.get();
-  deps.store = runtime_->store.get();
   deps.sessions = runtime_->sessions.get();
   deps.metrics = &self->metrics_;
   deps.chat_gate = &self->chat_gate_;
@@ -227,6 +230,7 @@ absl::Status Server::Serve() {
   deps.limits.max_new_tokens_limit = config.server.max_new_tokens_limit;
   deps.router = runtime_->router.get();
   deps.pool = turn_pool_.get();
+  deps.session_pool = session_pool_.get();
   self->session_service_ = std::make_unique<SessionServiceImpl>(deps);
   self->chat_service_ = std::make_unique<ChatServiceImpl>(deps);
   self->model_service_ = std::make_unique<ModelServiceImpl>(deps);
@@ -238,7 +242,7 @@ absl::Status Server::Serve() {
   if (!credentials.ok()) return credentials.status();
   absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http = MetricsHttpServer::Start(
       config.server.metrics_address, [self] {
-        self->metrics_.SetCacheStats(self->runtime_->store->Stats());
+        self->metrics_.SetCacheStats(self->runtime_->sessions->CacheStats());
         return self->metrics_.RenderText();
       },
       config.server.tls.metrics ? &config.server.tls : nullptr);
@@ -339,7 +343,7 @@ void Server::SweepIdleSessions() {
     lock.unlock();
     std::vector<std::string> removed = runtime_->sessions->RemoveIdle(idle);
     if (!removed.empty()) {
-      metrics_.SetCacheStats(runtime_->store->Stats());
+      metrics_.SetCacheStats(runtime_->sessions->CacheStats());
       spdlog::info("expired {} idle session(s)", removed.size());
     }
     lock.lock();
@@ -371,6 +375,7 @@ int64_t Server::Shutdown() {
     grpc_server_->Wait();
   }
   turn_pool_.reset();  // runs what is queued (cancelled turns end at once)
+  session_pool_.reset();
   {
     std::lock_guard<std::mutex> lock(sweeper_mu_);
     stopping_ = true;

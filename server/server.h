@@ -61,6 +61,9 @@ class Server {
   DrainGate chat_gate_;
   std::unique_ptr<ModelRuntime> runtime_;
   std::unique_ptr<TurnPool> turn_pool_;
+  // The session calls' session-store work (server/services.h): a few threads,
+  // since each waits on one store round trip at a time.
+  std::unique_ptr<TurnPool> session_pool_;
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<SessionServiceImpl> session_service_;
   std::unique_ptr<ChatServiceImpl> chat_service_;

@@ -3,13 +3,13 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
@@ -19,17 +19,53 @@
 #include "spdlog/spdlog.h"
 
 namespace kvl::server {
+
+template <class Request, class Response>
+void UnaryCall<Request, Response>::Finish(const absl::Status& status) {
+  grpc::Status result = ToGrpcStatus(status);
+  if (result.ok()) {
+    bool own_buffer = false;
+    result = grpc::SerializationTraits<Response>::Serialize(response, out, &own_buffer);
+  }
+  metrics->CountRpc(method, result.error_code());
+  reactor->Finish(std::move(result));
+  delete this;
+}
+
 namespace {
 
 using kvlingo::v1::ChatResponse;
 
-// Finishes a unary call and counts it.
-grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context, ServerMetrics* metrics,
-                                      RpcMethod method, const absl::Status& status) {
-  grpc::Status result = ToGrpcStatus(status);
-  metrics->CountRpc(method, result.error_code());
+// `request`, parsed as a `Message`; INVALID_ARGUMENT naming the type when the
+// bytes are not one (malformed, or a string field that is not UTF-8).
+template <class Message>
+absl::Status ParseRequest(const grpc::ByteBuffer& request, Message* out) {
+  grpc::ByteBuffer bytes(request);  // Deserialize consumes its buffer
+  const grpc::Status parsed = grpc::SerializationTraits<Message>::Deserialize(&bytes, out);
+  if (parsed.ok()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("the request is not a valid ", Message::descriptor()->full_name(),
+                   " message (malformed protobuf, or a string field that is not UTF-8)"));
+}
+
+// Parses a raw unary call and hands it to `handle`, which finishes it.
+template <class Request, class Response, class Handle>
+grpc::ServerUnaryReactor* UnaryDispatch(grpc::CallbackServerContext* context,
+                                        const grpc::ByteBuffer* request, grpc::ByteBuffer* response,
+                                        ServerMetrics* metrics, RpcMethod method, Handle handle) {
+  auto* call = new UnaryCall<Request, Response>;
+  call->context = context;
+  // DefaultReactor constructs the reactor anew at each call: taken once.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(std::move(result));
+  call->reactor = reactor;
+  call->out = response;
+  call->metrics = metrics;
+  call->method = method;
+  if (absl::Status parsed = ParseRequest(*request, &call->request); !parsed.ok()) {
+    call->Finish(parsed);
+  } else {
+    handle(call);
+  }
   return reactor;
 }
 
@@ -85,23 +121,47 @@ absl::StatusOr<std::string> StoreIdOf(const Caller& caller, const std::string& s
   return ScopedSessionId(caller, session_id);
 }
 
-// Creates the session `store_id` of the caller's tenant, within the tenant's
-// max_sessions (counted and created under the tenant's creation mutex).
+// Creates the session `store_id` of the caller's tenant (with the turns
+// `populate` runs), within the tenant's max_sessions, and counts a refusal by
+// either limit in kvlingo_rejected_total once, here. The tenant's sessions
+// are counted and created under its creation mutex: on this replica no
+// creation slips between; across replicas (a shared store) two creations at
+// once may both pass the count.
 absl::StatusOr<SessionView> CreateForCaller(const ServiceDeps& deps, const Caller& caller,
                                             const std::string& store_id, std::string prompt,
-                                            std::vector<int64_t> preamble) {
-  const int64_t limit =
-      caller.tenant.empty() ? 0 : deps.auth->LimitsOf(caller.tenant).max_sessions;
-  if (limit <= 0) return deps.sessions->Create(store_id, std::move(prompt), std::move(preamble));
+                                            std::vector<int64_t> preamble,
+                                            const Sessions::Populate& populate = nullptr) {
+  auto create = [&]() -> absl::StatusOr<SessionView> {
+    // Create's own ResourceExhausted is the server's limits.max_sessions; a
+    // populating turn's is the turn's (the router counts those).
+    bool populate_failed = false;
+    Sessions::Populate watched;
+    if (populate) {
+      watched = [&](const std::string& session_id, std::vector<TurnRecord>* turns) {
+        absl::Status s = populate(session_id, turns);
+        populate_failed = !s.ok();
+        return s;
+      };
+    }
+    absl::StatusOr<SessionView> created =
+        deps.sessions->Create(store_id, std::move(prompt), std::move(preamble), watched);
+    if (absl::IsResourceExhausted(created.status()) && !populate_failed) {
+      deps.metrics->OnRejected("max_sessions");
+    }
+    return created;
+  };
+  const int64_t limit = caller.tenant.empty() ? 0 : deps.auth->LimitsOf(caller.tenant).max_sessions;
+  if (limit <= 0) return create();
   std::lock_guard<std::mutex> lock(deps.auth->CreationMutex(caller.tenant));
-  const int64_t held = deps.store->CountWithPrefix(absl::StrCat(caller.tenant, "/"));
-  if (held >= limit) {
+  absl::StatusOr<int64_t> held = deps.sessions->Count(absl::StrCat(caller.tenant, "/"));
+  if (!held.ok()) return held.status();
+  if (*held >= limit) {
     deps.metrics->OnRejected("tenant_max_sessions");
     return absl::ResourceExhaustedError(absl::StrCat(
-        "tenant '", caller.tenant, "' holds ", held, " sessions (auth.tenants.", caller.tenant,
+        "tenant '", caller.tenant, "' holds ", *held, " sessions (auth.tenants.", caller.tenant,
         ".max_sessions = ", limit, "); delete sessions or wait for idle ones to expire"));
   }
-  return deps.sessions->Create(store_id, std::move(prompt), std::move(preamble));
+  return create();
 }
 
 // `status` as the caller sees it: store ids ("<tenant>/<id>") in its message
@@ -113,6 +173,17 @@ absl::Status ForClient(const std::string& tenant, const absl::Status& status) {
 }
 absl::Status ForClient(const absl::StatusOr<Caller>& caller, const absl::Status& status) {
   return caller.ok() ? ForClient(caller->tenant, status) : status;
+}
+
+// Runs `work` on the session pool, then finishes the call with its status
+// (store ids made the client's): `work` may block on the session store, which
+// gRPC's callback threads must never do. The call stays valid until then.
+template <class Call>
+void FinishOffThread(Call* call, const ServiceDeps& deps, std::string tenant,
+                     std::function<absl::Status()> work) {
+  deps.session_pool->Submit([call, tenant = std::move(tenant), work = std::move(work)] {
+    call->Finish(ForClient(tenant, work()));
+  });
 }
 
 // The header a load balancer routes a session's calls by (x-kvl-session-id,
@@ -298,7 +369,7 @@ constexpr std::chrono::milliseconds kDeadlineMargin{100};
 // one write in flight) and finishes once the queue is drained. Decisions are
 // taken under mu_, gRPC calls made outside it. Deletes itself in OnDone, which
 // gRPC calls only after Finish, i.e. after the turn thread's last touch.
-class ChatReactor final : public grpc::ServerWriteReactor<ChatResponse> {
+class ChatReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   // `admitted`: the caller took a slot in deps.chat_gate for this stream.
   ChatReactor(const ServiceDeps& deps, bool admitted) : deps_(deps), admitted_(admitted) {}
@@ -383,7 +454,13 @@ class ChatReactor final : public grpc::ServerWriteReactor<ChatResponse> {
       current_ = std::move(queue_.front());
       queue_.pop_front();
     }
-    StartWrite(&current_);
+    // The method is registered raw (services.h): the reactor writes bytes.
+    bool own_buffer = false;
+    current_bytes_.Clear();
+    const grpc::Status serialized =
+        grpc::SerializationTraits<ChatResponse>::Serialize(current_, &current_bytes_, &own_buffer);
+    TORCH_CHECK(serialized.ok(), "serializing a ChatResponse: ", serialized.error_message());
+    StartWrite(&current_bytes_);
   }
 
   ServiceDeps deps_;
@@ -397,14 +474,25 @@ class ChatReactor final : public grpc::ServerWriteReactor<ChatResponse> {
   bool completed_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status final_ ABSL_GUARDED_BY(mu_);
-  ChatResponse current_;  // the write in flight
+  ChatResponse current_;            // the write in flight
+  grpc::ByteBuffer current_bytes_;  // current_, serialized
 };
 
 }  // namespace
 
-grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(
-    grpc::CallbackServerContext* context, const kvlingo::v1::CreateSessionRequest* request,
-    kvlingo::v1::Session* response) {
+grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServerContext* context,
+                                                            const grpc::ByteBuffer* request,
+                                                            grpc::ByteBuffer* response) {
+  return UnaryDispatch<kvlingo::v1::CreateSessionRequest, kvlingo::v1::Session>(
+      context, request, response, deps_.metrics, RpcMethod::kCreateSession,
+      [this](auto* call) { HandleCreateSession(call); });
+}
+
+void SessionServiceImpl::HandleCreateSession(
+    UnaryCall<kvlingo::v1::CreateSessionRequest, kvlingo::v1::Session>* call) {
+  grpc::CallbackServerContext* context = call->context;
+  [[maybe_unused]] const kvlingo::v1::CreateSessionRequest* request = &call->request;
+  [[maybe_unused]] kvlingo::v1::Session* response = &call->response;
   absl::StatusOr<Caller> caller = Authorize(deps_, context, Right::kChat, "CreateSession");
   std::vector<int64_t> preamble;
   absl::Status valid = caller.status();
@@ -414,124 +502,189 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(
   }
   absl::StatusOr<std::string> id =
       valid.ok() ? NewSessionId(*caller, request->session_id()) : valid;
-  absl::StatusOr<SessionView> created =
-      id.ok() ? CreateForCaller(deps_, *caller, *id, request->system_prompt(), std::move(preamble))
-              : absl::StatusOr<SessionView>(id.status());
-  if (created.ok()) {
-    ToProto(deps_, *created, response);
-    response->set_session_id(ClientSessionId(*caller, created->session_id));
-    deps_.metrics->SetCacheStats(deps_.store->Stats());
-    SPDLOG_DEBUG("session {} created", created->session_id);
-  } else if (absl::IsResourceExhausted(created.status()) &&
-             !absl::StrContains(created.status().message(), "auth.tenants.")) {
-    deps_.metrics->OnRejected("max_sessions");  // the tenant's limit counted itself
+  if (!id.ok()) {
+    call->Finish(ForClient(caller, id.status()));
+    return;
   }
-  return FinishUnary(context, deps_.metrics, RpcMethod::kCreateSession,
-                     ForClient(caller, created.status()));
+  FinishOffThread(call, deps_, caller->tenant,
+                  [deps = deps_, caller = *caller, id = *id, request, response,
+                   preamble = std::move(preamble)]() mutable -> absl::Status {
+                    absl::StatusOr<SessionView> created = CreateForCaller(
+                        deps, caller, id, request->system_prompt(), std::move(preamble));
+                    if (!created.ok()) return created.status();
+                    ToProto(deps, *created, response);
+                    response->set_session_id(ClientSessionId(caller, created->session_id));
+                    deps.metrics->SetCacheStats(deps.sessions->CacheStats());
+                    SPDLOG_DEBUG("session {} created", created->session_id);
+                    return absl::OkStatus();
+                  });
 }
 
-grpc::ServerUnaryReactor* SessionServiceImpl::GetSession(
-    grpc::CallbackServerContext* context, const kvlingo::v1::GetSessionRequest* request,
-    kvlingo::v1::Session* response) {
+grpc::ServerUnaryReactor* SessionServiceImpl::GetSession(grpc::CallbackServerContext* context,
+                                                         const grpc::ByteBuffer* request,
+                                                         grpc::ByteBuffer* response) {
+  return UnaryDispatch<kvlingo::v1::GetSessionRequest, kvlingo::v1::Session>(
+      context, request, response, deps_.metrics, RpcMethod::kGetSession,
+      [this](auto* call) { HandleGetSession(call); });
+}
+
+void SessionServiceImpl::HandleGetSession(
+    UnaryCall<kvlingo::v1::GetSessionRequest, kvlingo::v1::Session>* call) {
+  grpc::CallbackServerContext* context = call->context;
+  [[maybe_unused]] const kvlingo::v1::GetSessionRequest* request = &call->request;
+  [[maybe_unused]] kvlingo::v1::Session* response = &call->response;
   absl::StatusOr<Caller> caller = Authorize(deps_, context, Right::kChat, "GetSession");
-  absl::Status header = caller.ok() ? CheckSessionHeader(context, request->session_id())
-                                    : caller.status();
+  absl::Status header =
+      caller.ok() ? CheckSessionHeader(context, request->session_id()) : caller.status();
   absl::StatusOr<std::string> id = header.ok() ? StoreIdOf(*caller, request->session_id()) : header;
-  absl::StatusOr<SessionView> view =
-      id.ok() ? deps_.sessions->View(*id) : absl::StatusOr<SessionView>(id.status());
-  if (view.ok()) {
-    ToProto(deps_, *view, response);
-    response->set_session_id(request->session_id());
+  if (!id.ok()) {
+    call->Finish(ForClient(caller, id.status()));
+    return;
   }
-  return FinishUnary(context, deps_.metrics, RpcMethod::kGetSession,
-                     ForClient(caller, view.status()));
+  FinishOffThread(call, deps_, caller->tenant,
+                  [deps = deps_, id = *id, request, response]() -> absl::Status {
+                    absl::StatusOr<SessionView> view = deps.sessions->View(id);
+                    if (!view.ok()) return view.status();
+                    ToProto(deps, *view, response);
+                    response->set_session_id(request->session_id());
+                    return absl::OkStatus();
+                  });
 }
 
-grpc::ServerUnaryReactor* SessionServiceImpl::ListSessions(
-    grpc::CallbackServerContext* context, const kvlingo::v1::ListSessionsRequest* request,
-    kvlingo::v1::ListSessionsResponse* response) {
+grpc::ServerUnaryReactor* SessionServiceImpl::ListSessions(grpc::CallbackServerContext* context,
+                                                           const grpc::ByteBuffer* request,
+                                                           grpc::ByteBuffer* response) {
+  return UnaryDispatch<kvlingo::v1::ListSessionsRequest, kvlingo::v1::ListSessionsResponse>(
+      context, request, response, deps_.metrics, RpcMethod::kListSessions,
+      [this](auto* call) { HandleListSessions(call); });
+}
+
+void SessionServiceImpl::HandleListSessions(
+    UnaryCall<kvlingo::v1::ListSessionsRequest, kvlingo::v1::ListSessionsResponse>* call) {
+  grpc::CallbackServerContext* context = call->context;
+  [[maybe_unused]] const kvlingo::v1::ListSessionsRequest* request = &call->request;
+  [[maybe_unused]] kvlingo::v1::ListSessionsResponse* response = &call->response;
   absl::StatusOr<Caller> caller = Authorize(deps_, context, Right::kChat, "ListSessions");
-  // The caller's tenant's sessions; with auth off, every session.
-  absl::StatusOr<SessionPage> page =
-      caller.ok() ? deps_.store->List(request->page_size(), request->page_token(),
-                                      caller->tenant.empty() ? "" : caller->tenant + "/")
-                  : absl::StatusOr<SessionPage>(caller.status());
-  if (page.ok()) {
-    for (const SessionView& view : page->sessions) {
-      kvlingo::v1::Session* session = response->add_sessions();
-      ToProto(deps_, view, session);
-      session->set_session_id(ClientSessionId(*caller, view.session_id));
-    }
-    response->set_next_page_token(page->next_page_token);
+  if (!caller.ok()) {
+    call->Finish(caller.status());
+    return;
   }
-  return FinishUnary(context, deps_.metrics, RpcMethod::kListSessions, page.status());
+  FinishOffThread(call, deps_, caller->tenant,
+                  [deps = deps_, caller = *caller, request, response]() -> absl::Status {
+                    // The caller's tenant's sessions; with auth off, every session.
+                    absl::StatusOr<SessionPage> page =
+                        deps.sessions->List(request->page_size(), request->page_token(),
+                                            caller.tenant.empty() ? "" : caller.tenant + "/");
+                    if (!page.ok()) return page.status();
+                    for (const SessionView& view : page->sessions) {
+                      kvlingo::v1::Session* session = response->add_sessions();
+                      ToProto(deps, view, session);
+                      session->set_session_id(ClientSessionId(caller, view.session_id));
+                    }
+                    response->set_next_page_token(page->next_page_token);
+                    return absl::OkStatus();
+                  });
 }
 
-grpc::ServerUnaryReactor* SessionServiceImpl::DeleteSession(
-    grpc::CallbackServerContext* context, const kvlingo::v1::DeleteSessionRequest* request,
-    kvlingo::v1::DeleteSessionResponse* /*response*/) {
+grpc::ServerUnaryReactor* SessionServiceImpl::DeleteSession(grpc::CallbackServerContext* context,
+                                                            const grpc::ByteBuffer* request,
+                                                            grpc::ByteBuffer* response) {
+  return UnaryDispatch<kvlingo::v1::DeleteSessionRequest, kvlingo::v1::DeleteSessionResponse>(
+      context, request, response, deps_.metrics, RpcMethod::kDeleteSession,
+      [this](auto* call) { HandleDeleteSession(call); });
+}
+
+void SessionServiceImpl::HandleDeleteSession(
+    UnaryCall<kvlingo::v1::DeleteSessionRequest, kvlingo::v1::DeleteSessionResponse>* call) {
+  grpc::CallbackServerContext* context = call->context;
+  [[maybe_unused]] const kvlingo::v1::DeleteSessionRequest* request = &call->request;
+  [[maybe_unused]] kvlingo::v1::DeleteSessionResponse* response = &call->response;
   absl::StatusOr<Caller> caller = Authorize(deps_, context, Right::kChat, "DeleteSession");
   absl::Status status = caller.status();
   if (status.ok()) status = CheckSessionHeader(context, request->session_id());
   absl::StatusOr<std::string> id = status.ok() ? StoreIdOf(*caller, request->session_id()) : status;
-  status = id.ok() ? deps_.sessions->Remove(*id) : id.status();
-  if (status.ok()) {
-    deps_.metrics->SetCacheStats(deps_.store->Stats());
-    SPDLOG_DEBUG("session {} deleted", request->session_id());
+  if (!id.ok()) {
+    call->Finish(ForClient(caller, id.status()));
+    return;
   }
-  return FinishUnary(context, deps_.metrics, RpcMethod::kDeleteSession, ForClient(caller, status));
+  FinishOffThread(call, deps_, caller->tenant, [deps = deps_, id = *id]() -> absl::Status {
+    absl::Status removed = deps.sessions->Remove(id);
+    if (!removed.ok()) return removed;
+    deps.metrics->SetCacheStats(deps.sessions->CacheStats());
+    SPDLOG_DEBUG("session {} deleted", id);
+    return absl::OkStatus();
+  });
 }
 
-grpc::ServerUnaryReactor* SessionServiceImpl::GetTranscript(
-    grpc::CallbackServerContext* context, const kvlingo::v1::GetTranscriptRequest* request,
-    kvlingo::v1::Transcript* response) {
+grpc::ServerUnaryReactor* SessionServiceImpl::GetTranscript(grpc::CallbackServerContext* context,
+                                                            const grpc::ByteBuffer* request,
+                                                            grpc::ByteBuffer* response) {
+  return UnaryDispatch<kvlingo::v1::GetTranscriptRequest, kvlingo::v1::Transcript>(
+      context, request, response, deps_.metrics, RpcMethod::kGetTranscript,
+      [this](auto* call) { HandleGetTranscript(call); });
+}
+
+void SessionServiceImpl::HandleGetTranscript(
+    UnaryCall<kvlingo::v1::GetTranscriptRequest, kvlingo::v1::Transcript>* call) {
+  grpc::CallbackServerContext* context = call->context;
+  [[maybe_unused]] const kvlingo::v1::GetTranscriptRequest* request = &call->request;
+  [[maybe_unused]] kvlingo::v1::Transcript* response = &call->response;
   absl::StatusOr<Caller> caller = Authorize(deps_, context, Right::kChat, "GetTranscript");
   absl::Status status = caller.status();
   if (status.ok()) status = CheckSessionHeader(context, request->session_id());
   absl::StatusOr<std::string> id = status.ok() ? StoreIdOf(*caller, request->session_id()) : status;
-  absl::StatusOr<SessionRecord> record =
-      id.ok() ? deps_.sessions->Transcript(*id) : absl::StatusOr<SessionRecord>(id.status());
-  if (record.ok()) {
-    response->set_session_id(request->session_id());
-    response->set_system_prompt(record->system_prompt);
-    response->set_created_unix_seconds(record->created_unix_seconds);
-    for (const TurnRecord& t : record->turns) {
-      kvlingo::v1::TranscriptTurn* turn = response->add_turns();
-      turn->set_request_id(t.request_id);
-      turn->set_user_message(t.user_message);
-      turn->set_reply(t.reply);
-      turn->set_model(t.model);
-      kvlingo::v1::FinishReason reason = kvlingo::v1::FINISH_REASON_UNSPECIFIED;
-      kvlingo::v1::FinishReason_Parse(t.finish_reason, &reason);
-      turn->set_finish_reason(reason);
-      turn->set_committed_unix_seconds(t.unix_seconds);
-      turn->set_history_tokens(static_cast<uint32_t>(t.history_begin + t.tokens.size()));
-    }
+  if (!id.ok()) {
+    call->Finish(ForClient(caller, id.status()));
+    return;
   }
-  return FinishUnary(context, deps_.metrics, RpcMethod::kGetTranscript,
-                     ForClient(caller, record.status()));
+  FinishOffThread(
+      call, deps_, caller->tenant, [deps = deps_, id = *id, request, response]() -> absl::Status {
+        absl::StatusOr<SessionRecord> record = deps.sessions->Transcript(id);
+        if (!record.ok()) return record.status();
+        response->set_session_id(request->session_id());
+        response->set_system_prompt(record->system_prompt);
+        response->set_created_unix_seconds(record->created_unix_seconds);
+        for (const TurnRecord& t : record->turns) {
+          kvlingo::v1::TranscriptTurn* turn = response->add_turns();
+          turn->set_request_id(t.request_id);
+          turn->set_user_message(t.user_message);
+          turn->set_reply(t.reply);
+          turn->set_model(t.model);
+          kvlingo::v1::FinishReason reason = kvlingo::v1::FINISH_REASON_UNSPECIFIED;
+          kvlingo::v1::FinishReason_Parse(t.finish_reason, &reason);
+          turn->set_finish_reason(reason);
+          turn->set_committed_unix_seconds(t.unix_seconds);
+          turn->set_history_tokens(static_cast<uint32_t>(t.history_begin + t.tokens.size()));
+        }
+        return absl::OkStatus();
+      });
 }
 
-grpc::ServerUnaryReactor* SessionServiceImpl::ImportSession(
-    grpc::CallbackServerContext* context, const kvlingo::v1::ImportSessionRequest* request,
-    kvlingo::v1::Session* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+grpc::ServerUnaryReactor* SessionServiceImpl::ImportSession(grpc::CallbackServerContext* context,
+                                                            const grpc::ByteBuffer* request,
+                                                            grpc::ByteBuffer* response) {
+  return UnaryDispatch<kvlingo::v1::ImportSessionRequest, kvlingo::v1::Session>(
+      context, request, response, deps_.metrics, RpcMethod::kImportSession,
+      [this](auto* call) { HandleImportSession(call); });
+}
+
+void SessionServiceImpl::HandleImportSession(
+    UnaryCall<kvlingo::v1::ImportSessionRequest, kvlingo::v1::Session>* call) {
+  grpc::CallbackServerContext* context = call->context;
+  [[maybe_unused]] const kvlingo::v1::ImportSessionRequest* request = &call->request;
+  [[maybe_unused]] kvlingo::v1::Session* response = &call->response;
   absl::StatusOr<Caller> caller = Authorize(deps_, context, Right::kImport, "ImportSession");
-  auto finish = [metrics = deps_.metrics, reactor,
-                 tenant = caller.ok() ? caller->tenant : std::string()](const absl::Status& status) {
-    grpc::Status result = ToGrpcStatus(ForClient(tenant, status));
-    metrics->CountRpc(RpcMethod::kImportSession, result.error_code());
-    reactor->Finish(std::move(result));
-  };
+  auto finish = [call, tenant = caller.ok() ? caller->tenant : std::string()](
+                    const absl::Status& status) { call->Finish(ForClient(tenant, status)); };
   if (!caller.ok()) {
     finish(caller.status());
-    return reactor;
+    return;
   }
   if (deps_.router == nullptr) {
     finish(absl::UnimplementedError(
         "no models are loaded: the server was started without models, so it cannot read an "
         "imported conversation"));
-    return reactor;
+    return;
   }
   std::vector<int64_t> preamble;
   absl::Status valid = PreambleOf(deps_, request->system_prompt(), &preamble);
@@ -546,64 +699,52 @@ grpc::ServerUnaryReactor* SessionServiceImpl::ImportSession(
       turns.ok() ? NewSessionId(*caller, request->session_id()) : turns.status();
   if (!id.ok()) {
     finish(id.status());
-    return reactor;
+    return;
   }
+  // On the turn pool: the import runs its turns (model work) on the session
+  // staged by Sessions::Create, which records the session with all its turns
+  // at once; a turn that fails leaves no session anywhere.
   deps_.pool->Submit([deps = deps_, finish, response, context, id = *id, caller = *caller,
                       prompt = request->system_prompt(), preamble = std::move(preamble),
                       turns = *std::move(turns)]() mutable {
-    absl::StatusOr<SessionView> created =
-        CreateForCaller(deps, caller, id, prompt, std::move(preamble));
-    if (!created.ok()) {
-      if (absl::IsResourceExhausted(created.status()) &&
-          !absl::StrContains(created.status().message(), "auth.tenants.")) {
-        deps.metrics->OnRejected("max_sessions");
-      }
-      finish(created.status());
-      return;
-    }
-    const std::string& session_id = created->session_id;
-    for (size_t i = 0; i < turns.size(); ++i) {
-      router::TurnOptions options;
-      options.user_message = turns[i].user_message;
-      options.policy = router::Policy::kExplicit;
-      options.explicit_model = turns[i].model;
-      options.reply = turns[i].reply;
-      options.on_commit = [&](const ConversationState& before, const ConversationState& after,
-                              const router::TurnResult& result) {
-        return deps.sessions->Record(
-            session_id, before, after,
-            RecordOf(*deps.router, "", options.user_message, result, std::string()));
-      };
-      options.cancelled = [context] { return context->IsCancelled(); };
-      absl::StatusOr<router::TurnResult> read = deps.router->RunTurn(session_id, options, {});
-      if (!read.ok()) {
-        if (absl::Status removed = deps.sessions->Remove(session_id); !removed.ok()) {
-          // The store cannot be reached: this replica's copy goes at least,
-          // and the store's record stays behind (its TTL ends it).
-          deps.store->Remove(session_id).IgnoreError();
-          spdlog::warn("session {}: a failed import left its record in the session store: {}",
-                       session_id, removed.ToString());
+    auto populate = [&](const std::string& session_id,
+                        std::vector<TurnRecord>* records) -> absl::Status {
+      for (size_t i = 0; i < turns.size(); ++i) {
+        router::TurnOptions options;
+        options.user_message = turns[i].user_message;
+        options.policy = router::Policy::kExplicit;
+        options.explicit_model = turns[i].model;
+        options.reply = turns[i].reply;
+        options.on_commit = [&](const ConversationState& before, const ConversationState& after,
+                                const router::TurnResult& result) {
+          records->push_back(deps.sessions->CompleteTurn(
+              before, after,
+              RecordOf(*deps.router, "", options.user_message, result, std::string())));
+          return absl::OkStatus();
+        };
+        options.cancelled = [context] { return context->IsCancelled(); };
+        absl::StatusOr<router::TurnResult> read = deps.router->RunTurn(session_id, options, {});
+        if (!read.ok()) {
+          return absl::Status(read.status().code(),
+                              absl::StrCat("turns[", i, "]: ", read.status().message()));
         }
-        deps.metrics->SetCacheStats(deps.store->Stats());
-        finish(absl::Status(read.status().code(),
-                            absl::StrCat("turns[", i, "]: ", read.status().message())));
-        return;
       }
+      return absl::OkStatus();
+    };
+    absl::StatusOr<SessionView> created =
+        CreateForCaller(deps, caller, id, prompt, std::move(preamble), populate);
+    deps.metrics->SetCacheStats(deps.sessions->CacheStats());
+    if (created.ok()) {
+      ToProto(deps, *created, response);
+      response->set_session_id(ClientSessionId(caller, created->session_id));
+      SPDLOG_DEBUG("session {} imported ({} turns)", created->session_id, turns.size());
     }
-    absl::StatusOr<SessionView> view = deps.sessions->View(session_id);
-    if (view.ok()) {
-      ToProto(deps, *view, response);
-      response->set_session_id(ClientSessionId(caller, session_id));
-    }
-    deps.metrics->SetCacheStats(deps.store->Stats());
-    SPDLOG_DEBUG("session {} imported ({} turns)", session_id, turns.size());
-    finish(view.status());
+    finish(created.status());
   });
-  return reactor;
 }
 
-grpc::ServerWriteReactor<ChatResponse>* ChatServiceImpl::Chat(
-    grpc::CallbackServerContext* context, const kvlingo::v1::ChatRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ChatServiceImpl::Chat(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw_request) {
   const auto received = std::chrono::steady_clock::now();
   const DrainGate::Admission admission = deps_.chat_gate->TryEnter(deps_.max_concurrent_streams);
   auto* reactor = new ChatReactor(deps_, admission == DrainGate::Admission::kAdmitted);
@@ -625,6 +766,12 @@ grpc::ServerWriteReactor<ChatResponse>* ChatServiceImpl::Chat(
     reactor->FinishWith(caller.status());
     return reactor;
   }
+  kvlingo::v1::ChatRequest parsed;
+  if (absl::Status s = ParseRequest(*raw_request, &parsed); !s.ok()) {
+    reactor->FinishWith(s);
+    return reactor;
+  }
+  const kvlingo::v1::ChatRequest* request = &parsed;
   static const std::vector<std::string> kNoModels;
   absl::StatusOr<TurnRequest> turn = ParseChatRequest(
       *request, deps_.limits, deps_.router != nullptr ? deps_.router->model_names() : kNoModels);
@@ -644,14 +791,16 @@ grpc::ServerWriteReactor<ChatResponse>* ChatServiceImpl::Chat(
   }
   reactor->HoldTenantTurn(caller->tenant);
   if (deps_.router == nullptr) {
-    // An unknown session is still NOT_FOUND.
-    if (absl::Status s = deps_.sessions->store().Check(turn->session_id, "").status(); !s.ok()) {
-      reactor->FinishWith(s);
-      return reactor;
-    }
-    reactor->FinishWith(absl::UnimplementedError(
-        "no models are loaded: the server was started without models (config 'models' is "
-        "empty), so it only manages sessions"));
+    // An unknown session is still NOT_FOUND (the store is read off gRPC's
+    // threads).
+    deps_.session_pool->Submit([deps = deps_, reactor, session_id = turn->session_id] {
+      absl::Status known = deps.sessions->View(session_id).status();
+      reactor->FinishWith(
+          known.ok() ? absl::UnimplementedError("no models are loaded: the server was started "
+                                                "without models (config 'models' is empty), so it "
+                                                "only manages sessions")
+                     : known);
+    });
     return reactor;
   }
   if (absl::Status s = deps_.router->ValidateTurn(turn->options); !s.ok()) {
@@ -699,9 +848,9 @@ grpc::ServerWriteReactor<ChatResponse>* ChatServiceImpl::Chat(
     options.on_commit = [&](const ConversationState& before, const ConversationState& after,
                             const router::TurnResult& result) {
       router::TurnResult final_result = result;
-      final_result.total_seconds = std::chrono::duration<double>(
-                                       std::chrono::steady_clock::now() - options.received)
-                                       .count();
+      final_result.total_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - options.received)
+              .count();
       summary = SummaryOf(final_result);
       std::vector<ChatResponse> events = streamed;
       events.push_back(summary);
@@ -739,7 +888,7 @@ grpc::ServerWriteReactor<ChatResponse>* ChatServiceImpl::Chat(
     };
     absl::StatusOr<router::TurnResult> result =
         deps.router->RunTurn(session_id, options, callbacks);
-    deps.metrics->SetCacheStats(deps.store->Stats());
+    deps.metrics->SetCacheStats(deps.sessions->CacheStats());
     if (!result.ok()) {
       if (result.status().code() != absl::StatusCode::kCancelled) {
         spdlog::warn("session {}: turn failed: {}", session_id, result.status().ToString());
@@ -767,12 +916,23 @@ grpc::ServerWriteReactor<ChatResponse>* ChatServiceImpl::Chat(
   return reactor;
 }
 
-grpc::ServerUnaryReactor* ModelServiceImpl::ListModels(
-    grpc::CallbackServerContext* context, const kvlingo::v1::ListModelsRequest* /*request*/,
-    kvlingo::v1::ListModelsResponse* response) {
+grpc::ServerUnaryReactor* ModelServiceImpl::ListModels(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  return UnaryDispatch<kvlingo::v1::ListModelsRequest, kvlingo::v1::ListModelsResponse>(
+      context, request, response, deps_.metrics, RpcMethod::kListModels,
+      [this](auto* call) { HandleListModels(call); });
+}
+
+void ModelServiceImpl::HandleListModels(
+    UnaryCall<kvlingo::v1::ListModelsRequest, kvlingo::v1::ListModelsResponse>* call) {
+  grpc::CallbackServerContext* context = call->context;
+  [[maybe_unused]] const kvlingo::v1::ListModelsRequest* request = &call->request;
+  [[maybe_unused]] kvlingo::v1::ListModelsResponse* response = &call->response;
   absl::StatusOr<Caller> caller = Authorize(deps_, context, Right::kModels, "ListModels");
   if (!caller.ok()) {
-    return FinishUnary(context, deps_.metrics, RpcMethod::kListModels, caller.status());
+    call->Finish(caller.status());
+    return;
   }
   if (deps_.router != nullptr) {
     for (int i = 0; i < deps_.router->n_models(); ++i) {
@@ -793,15 +953,26 @@ grpc::ServerUnaryReactor* ModelServiceImpl::ListModels(
       info->set_cache_bytes_per_token(static_cast<uint64_t>(deps_.router->BytesPerToken(i)));
     }
   }
-  return FinishUnary(context, deps_.metrics, RpcMethod::kListModels, absl::OkStatus());
+  call->Finish(absl::OkStatus());
 }
 
-grpc::ServerUnaryReactor* ModelServiceImpl::ListTranslators(
-    grpc::CallbackServerContext* context, const kvlingo::v1::ListTranslatorsRequest* /*request*/,
-    kvlingo::v1::ListTranslatorsResponse* response) {
+grpc::ServerUnaryReactor* ModelServiceImpl::ListTranslators(grpc::CallbackServerContext* context,
+                                                            const grpc::ByteBuffer* request,
+                                                            grpc::ByteBuffer* response) {
+  return UnaryDispatch<kvlingo::v1::ListTranslatorsRequest, kvlingo::v1::ListTranslatorsResponse>(
+      context, request, response, deps_.metrics, RpcMethod::kListTranslators,
+      [this](auto* call) { HandleListTranslators(call); });
+}
+
+void ModelServiceImpl::HandleListTranslators(
+    UnaryCall<kvlingo::v1::ListTranslatorsRequest, kvlingo::v1::ListTranslatorsResponse>* call) {
+  grpc::CallbackServerContext* context = call->context;
+  [[maybe_unused]] const kvlingo::v1::ListTranslatorsRequest* request = &call->request;
+  [[maybe_unused]] kvlingo::v1::ListTranslatorsResponse* response = &call->response;
   absl::StatusOr<Caller> caller = Authorize(deps_, context, Right::kModels, "ListTranslators");
   if (!caller.ok()) {
-    return FinishUnary(context, deps_.metrics, RpcMethod::kListTranslators, caller.status());
+    call->Finish(caller.status());
+    return;
   }
   if (deps_.router != nullptr) {
     for (const router::LoadedTranslator& t : deps_.router->translators()) {
@@ -824,7 +995,7 @@ grpc::ServerUnaryReactor* ModelServiceImpl::ListTranslators(
       info->set_compute_dtype(DTypeName(t.translator->compute_dtype()));
     }
   }
-  return FinishUnary(context, deps_.metrics, RpcMethod::kListTranslators, absl::OkStatus());
+  call->Finish(absl::OkStatus());
 }
 
 }  // namespace kvl::server

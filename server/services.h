@@ -1,5 +1,13 @@
 // The kvlingo.v1 gRPC services, on gRPC's callback API. Handlers validate,
-// convert to native types and hand off; they never block on model work.
+// convert to native types and hand off; they never block on model work or on
+// the session store.
+//
+// Threading: gRPC's callback threads run the handlers' first part only
+// (authentication, validation, tokenizing a system prompt). Whatever touches
+// the session store (server/sessions.h, possibly a Redis round trip) runs on
+// the session pool (CreateSession, GetSession, ListSessions, DeleteSession,
+// GetTranscript, Chat without models) or on the turn pool (Chat,
+// ImportSession: they run model work too), and finishes the call from there.
 //
 // Every RPC is counted once, with its final code, in
 // kvlingo_grpc_requests_total.
@@ -13,7 +21,6 @@
 #include "kvlingo/v1/chat.grpc.pb.h"
 #include "kvlingo/v1/model.grpc.pb.h"
 #include "kvlingo/v1/session.grpc.pb.h"
-#include "cache_store/cache_store.h"
 #include "router/router.h"
 #include "server/auth.h"
 #include "server/chat_request.h"
@@ -26,8 +33,9 @@ namespace kvl::server {
 
 // What the services share; owned by the Server, which outlives the services.
 struct ServiceDeps {
-  CacheStore* store = nullptr;  // the session registry; never null
-  Sessions* sessions = nullptr;  // the registry with the durable store; never null
+  // The one owner of sessions (the replica's registry and the durable
+  // store); never null.
+  Sessions* sessions = nullptr;
   ServerMetrics* metrics = nullptr;
   DrainGate* chat_gate = nullptr;
   TurnLimits limits;
@@ -36,7 +44,10 @@ struct ServiceDeps {
   // Null when the server was started without models: Chat then answers
   // UNIMPLEMENTED and sessions hold no history.
   router::Router* router = nullptr;
-  TurnPool* pool = nullptr;
+  TurnPool* pool = nullptr;  // turns; null without a router
+  // The session calls' store work, apart from the turns so that a pool full
+  // of long turns never holds them up; never null.
+  TurnPool* session_pool = nullptr;
   // Model dtypes as configured, by model index (for ListModels).
   std::vector<std::string> model_dtypes;
   // API keys and tenants; never null (it lets everyone in when no keys are
@@ -44,60 +55,114 @@ struct ServiceDeps {
   Authenticator* auth = nullptr;
 };
 
-class SessionServiceImpl final : public kvlingo::v1::SessionService::CallbackService {
+// A unary call as the services handle it: the request parsed from the bytes
+// that came (UnaryDispatch, services.cc), the response to fill, and Finish,
+// which sends the response when the status is OK, counts the call in
+// kvlingo_grpc_requests_total and deletes the call. Finish may be called from
+// any thread, once.
+template <class Request, class Response>
+struct UnaryCall {
+  grpc::CallbackServerContext* context = nullptr;
+  grpc::ServerUnaryReactor* reactor = nullptr;  // the context's default one
+  Request request;
+  Response response;
+  grpc::ByteBuffer* out = nullptr;  // gRPC's, for the serialized response
+  ServerMetrics* metrics = nullptr;
+  RpcMethod method{};
+  void Finish(const absl::Status& status);
+};
+
+// The methods are registered raw (bytes in, bytes out) and parsed here: gRPC
+// answers a request its own parser refuses with UNIMPLEMENTED and no message,
+// which tells a client the method does not exist; these answer
+// INVALID_ARGUMENT naming the message type.
+using RawSessionService = kvlingo::v1::SessionService::WithRawCallbackMethod_CreateSession<
+    kvlingo::v1::SessionService::WithRawCallbackMethod_GetSession<
+        kvlingo::v1::SessionService::WithRawCallbackMethod_ListSessions<
+            kvlingo::v1::SessionService::WithRawCallbackMethod_DeleteSession<
+                kvlingo::v1::SessionService::WithRawCallbackMethod_GetTranscript<
+                    kvlingo::v1::SessionService::WithRawCallbackMethod_ImportSession<
+                        kvlingo::v1::SessionService::Service>>>>>>;
+using RawChatService =
+    kvlingo::v1::ChatService::WithRawCallbackMethod_Chat<kvlingo::v1::ChatService::Service>;
+using RawModelService = kvlingo::v1::ModelService::WithRawCallbackMethod_ListModels<
+    kvlingo::v1::ModelService::WithRawCallbackMethod_ListTranslators<
+        kvlingo::v1::ModelService::Service>>;
+
+class SessionServiceImpl final : public RawSessionService {
  public:
   explicit SessionServiceImpl(const ServiceDeps& deps) : deps_(deps) {}
 
   grpc::ServerUnaryReactor* CreateSession(grpc::CallbackServerContext* context,
-                                          const kvlingo::v1::CreateSessionRequest* request,
-                                          kvlingo::v1::Session* response) override;
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* context,
-                                       const kvlingo::v1::GetSessionRequest* request,
-                                       kvlingo::v1::Session* response) override;
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
-                                         const kvlingo::v1::ListSessionsRequest* request,
-                                         kvlingo::v1::ListSessionsResponse* response) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* DeleteSession(grpc::CallbackServerContext* context,
-                                          const kvlingo::v1::DeleteSessionRequest* request,
-                                          kvlingo::v1::DeleteSessionResponse* response) override;
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetTranscript(grpc::CallbackServerContext* context,
-                                          const kvlingo::v1::GetTranscriptRequest* request,
-                                          kvlingo::v1::Transcript* response) override;
-  // Validates on the gRPC thread, then reads the turns on the turn pool.
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
+  // Validates on the gRPC thread, then reads the turns on the turn pool, on
+  // a session that exists for no one else until they are all read and the
+  // session is recorded (Sessions::Create with a Populate): a failed import
+  // leaves nothing.
   grpc::ServerUnaryReactor* ImportSession(grpc::CallbackServerContext* context,
-                                          const kvlingo::v1::ImportSessionRequest* request,
-                                          kvlingo::v1::Session* response) override;
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
 
  private:
+  void HandleCreateSession(
+      UnaryCall<kvlingo::v1::CreateSessionRequest, kvlingo::v1::Session>* call);
+  void HandleGetSession(UnaryCall<kvlingo::v1::GetSessionRequest, kvlingo::v1::Session>* call);
+  void HandleListSessions(
+      UnaryCall<kvlingo::v1::ListSessionsRequest, kvlingo::v1::ListSessionsResponse>* call);
+  void HandleDeleteSession(
+      UnaryCall<kvlingo::v1::DeleteSessionRequest, kvlingo::v1::DeleteSessionResponse>* call);
+  void HandleGetTranscript(
+      UnaryCall<kvlingo::v1::GetTranscriptRequest, kvlingo::v1::Transcript>* call);
+  void HandleImportSession(
+      UnaryCall<kvlingo::v1::ImportSessionRequest, kvlingo::v1::Session>* call);
+
   ServiceDeps deps_;
 };
 
 // Chat validates the request on the gRPC thread (INVALID_ARGUMENT, NOT_FOUND,
 // UNAVAILABLE come back before any model work), then runs the turn on the
 // turn pool and streams its events.
-class ChatServiceImpl final : public kvlingo::v1::ChatService::CallbackService {
+class ChatServiceImpl final : public RawChatService {
  public:
   explicit ChatServiceImpl(const ServiceDeps& deps) : deps_(deps) {}
 
-  grpc::ServerWriteReactor<kvlingo::v1::ChatResponse>* Chat(
-      grpc::CallbackServerContext* context, const kvlingo::v1::ChatRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Chat(grpc::CallbackServerContext* context,
+                                                   const grpc::ByteBuffer* request) override;
 
  private:
   ServiceDeps deps_;
 };
 
-class ModelServiceImpl final : public kvlingo::v1::ModelService::CallbackService {
+class ModelServiceImpl final : public RawModelService {
  public:
   explicit ModelServiceImpl(const ServiceDeps& deps) : deps_(deps) {}
 
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
-                                       const kvlingo::v1::ListModelsRequest* request,
-                                       kvlingo::v1::ListModelsResponse* response) override;
-  grpc::ServerUnaryReactor* ListTranslators(
-      grpc::CallbackServerContext* context, const kvlingo::v1::ListTranslatorsRequest* request,
-      kvlingo::v1::ListTranslatorsResponse* response) override;
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ListTranslators(grpc::CallbackServerContext* context,
+                                            const grpc::ByteBuffer* request,
+                                            grpc::ByteBuffer* response) override;
 
  private:
+  void HandleListModels(
+      UnaryCall<kvlingo::v1::ListModelsRequest, kvlingo::v1::ListModelsResponse>* call);
+  void HandleListTranslators(
+      UnaryCall<kvlingo::v1::ListTranslatorsRequest, kvlingo::v1::ListTranslatorsResponse>* call);
+
   ServiceDeps deps_;
 };
 

@@ -5,7 +5,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "spdlog/spdlog.h"
 
 namespace kvl::server {
@@ -48,8 +50,9 @@ absl::StatusOr<ConversationState> StateFromRecord(const SessionRecord& record,
     }
     AppendLedgerSpan(&state.ledger, span.begin, span.end, ModelIndex(model_names, span.model));
   }
-  if (state.ledger.empty() ? !state.history.empty()
-                           : state.ledger.back().end != static_cast<int64_t>(state.history.size())) {
+  if (state.ledger.empty()
+          ? !state.history.empty()
+          : state.ledger.back().end != static_cast<int64_t>(state.history.size())) {
     return absl::DataLossError(
         absl::StrCat("session ", record.session_id, ": the stored ledger ends before the history"));
   }
@@ -63,84 +66,118 @@ Sessions::Sessions(CacheStore* cache, std::unique_ptr<SessionStore> store,
                    std::vector<std::string> model_names)
     : cache_(cache), store_(std::move(store)), model_names_(std::move(model_names)) {}
 
+std::string Sessions::NewGeneration() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return absl::StrCat(absl::Hex(rng_(), absl::kZeroPad16));
+}
+
 absl::StatusOr<SessionView> Sessions::Create(std::string_view session_id,
                                              std::string system_prompt,
-                                             std::vector<int64_t> preamble) {
-  absl::StatusOr<SessionView> view = cache_->Create(session_id, system_prompt, preamble);
-  if (absl::IsAlreadyExists(view.status()) && store_->shared()) {
-    // This replica's copy may be of a session deleted through another
-    // replica: the store decides.
-    const std::string id(session_id);
-    if (absl::IsNotFound(store_->Check(id, "").status())) {
-      cache_->Remove(id).IgnoreError();
-      ForgetGeneration(id);
-      view = cache_->Create(session_id, system_prompt, preamble);
+                                             std::vector<int64_t> preamble,
+                                             const Populate& populate) {
+  // With a shared store, a local copy under the id may be of a session
+  // deleted through another replica: the store decides, and only a copy of
+  // nothing is replaced.
+  bool replace = false;
+  if (store_->shared() && !session_id.empty() && cache_->View(std::string(session_id)).ok()) {
+    absl::Status in_store = store_->Check(std::string(session_id), "").status();
+    if (in_store.ok()) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("session_id: session ", std::string(session_id), " already exists"));
     }
+    if (!absl::IsNotFound(in_store)) return in_store;
+    replace = true;
   }
-  if (!view.ok()) return view.status();
   SessionRecord record;
-  record.session_id = view->session_id;
-  record.system_prompt = std::move(system_prompt);
-  record.preamble = std::move(preamble);
-  record.created_unix_seconds = view->created_unix_seconds;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    record.generation = absl::StrCat(absl::Hex(rng_(), absl::kZeroPad16));
+  record.system_prompt = system_prompt;
+  record.preamble = preamble;
+  absl::StatusOr<std::unique_ptr<SessionReservation>> reservation =
+      cache_->Reserve(session_id, std::move(system_prompt), std::move(preamble), replace);
+  if (!reservation.ok()) return reservation.status();
+  record.session_id = (*reservation)->session_id();
+  record.created_unix_seconds = (*reservation)->created_unix_seconds();
+  record.generation = NewGeneration();
+  if (populate) {
+    if (absl::Status s = populate(record.session_id, &record.turns); !s.ok()) return s;
   }
-  if (absl::Status s = store_->Create(record); !s.ok()) {
-    cache_->Remove(view->session_id).IgnoreError();
-    return s;
-  }
-  SetGeneration(record.session_id, record.generation);
-  return view;
+  if (absl::Status s = store_->Create(record); !s.ok()) return s;
+  return (*reservation)->Commit(std::move(record.generation));
 }
 
 absl::Status Sessions::Remove(const std::string& session_id) {
   const absl::Status stored = store_->Remove(session_id);
   if (!stored.ok() && !absl::IsNotFound(stored)) return stored;
   const absl::Status local = cache_->Remove(session_id);
-  ForgetGeneration(session_id);
   return stored.ok() ? absl::OkStatus() : local;
 }
 
-bool Sessions::LocalIsCurrent(const std::string& session_id, const TurnCheck& check) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = generations_.find(session_id);
-    if (it == generations_.end() || it->second != check.generation) return false;
-  }
+std::optional<SessionView> Sessions::CurrentLocal(const std::string& session_id,
+                                                  const TurnCheck& check) {
   absl::StatusOr<SessionView> local = cache_->View(session_id);
-  return local.ok() && local->state.turns == check.turns;
-}
-
-void Sessions::SetGeneration(const std::string& session_id, std::string generation) {
-  std::lock_guard<std::mutex> lock(mu_);
-  generations_[session_id] = std::move(generation);
-}
-
-void Sessions::ForgetGeneration(const std::string& session_id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  generations_.erase(session_id);
+  if (!local.ok() || local->generation != check.generation || local->state.turns != check.turns) {
+    return std::nullopt;
+  }
+  return *std::move(local);
 }
 
 absl::StatusOr<SessionView> Sessions::View(const std::string& session_id) {
-  absl::StatusOr<SessionView> local = cache_->View(session_id);
-  if (!store_->shared()) return local;
+  if (!store_->shared()) return cache_->View(session_id);
   absl::StatusOr<SessionRecord> record = store_->Load(session_id);
   if (!record.ok()) return record.status();
   TurnCheck current;
   current.turns = static_cast<int64_t>(record->turns.size());
   current.generation = record->generation;
-  if (local.ok() && LocalIsCurrent(session_id, current)) return local;
+  if (std::optional<SessionView> local = CurrentLocal(session_id, current)) return *local;
   absl::StatusOr<ConversationState> state = StateFromRecord(*record, model_names_);
   if (!state.ok()) return state.status();
   SessionView view;
   view.session_id = session_id;
+  view.generation = record->generation;
   view.system_prompt = record->system_prompt;
   view.created_unix_seconds = record->created_unix_seconds;
   view.last_active_unix_seconds = record->last_active_unix_seconds;
   view.state = *std::move(state);
   return view;
+}
+
+namespace {
+// Tokens of the shared-store listing: the last id of the page before.
+constexpr absl::string_view kAfterToken = "after:";
+}  // namespace
+
+absl::StatusOr<SessionPage> Sessions::List(uint32_t page_size, std::string_view page_token,
+                                           std::string_view id_prefix) {
+  if (!store_->shared()) return cache_->List(page_size, page_token, id_prefix);
+  if (page_size == 0) page_size = CacheStore::kDefaultPageSize;
+  page_size = std::min(page_size, CacheStore::kMaxPageSize);
+  absl::string_view after(page_token.data(), page_token.size());
+  if (!after.empty() && (!absl::ConsumePrefix(&after, kAfterToken) ||
+                         !IsValidStoreSessionId(std::string_view(after.data(), after.size())) ||
+                         !absl::StartsWith(after, absl::string_view(id_prefix.data(),
+                                                                    id_prefix.size())))) {
+    return absl::InvalidArgumentError(
+        "page_token: not a token returned by ListSessions (leave it empty for the first page)");
+  }
+  // One more than a page: whether another page follows.
+  absl::StatusOr<std::vector<std::string>> ids =
+      store_->ListIds(id_prefix, std::string_view(after.data(), after.size()), page_size + 1);
+  if (!ids.ok()) return ids.status();
+  SessionPage page;
+  for (size_t i = 0; i < ids->size() && i < page_size; ++i) {
+    absl::StatusOr<SessionView> view = View((*ids)[i]);
+    if (absl::IsNotFound(view.status())) continue;  // deleted since it was listed
+    if (!view.ok()) return view.status();
+    page.sessions.push_back(*std::move(view));
+  }
+  if (ids->size() > page_size) {
+    page.next_page_token = absl::StrCat(kAfterToken, (*ids)[page_size - 1]);
+  }
+  return page;
+}
+
+absl::StatusOr<int64_t> Sessions::Count(std::string_view id_prefix) {
+  if (!store_->shared()) return cache_->CountWithPrefix(id_prefix);
+  return store_->Count(id_prefix);
 }
 
 absl::StatusOr<SessionRecord> Sessions::Transcript(const std::string& session_id) {
@@ -151,15 +188,15 @@ absl::StatusOr<std::optional<TurnRecord>> Sessions::Prepare(const std::string& s
                                                             const std::string& request_id) {
   absl::StatusOr<TurnCheck> check = store_->Check(session_id, request_id);
   if (absl::IsNotFound(check.status())) {
-    // Deleted or expired in the store (by another replica): gone here too.
+    // Deleted or expired in the store (by another replica): the copy here is
+    // of nothing.
     cache_->Remove(session_id).IgnoreError();
-    ForgetGeneration(session_id);
     return check.status();
   }
   if (!check.ok()) return check.status();
   if (check->replay) return std::move(check->replay);
   cache_->Touch(session_id).IgnoreError();
-  if (LocalIsCurrent(session_id, *check)) return std::nullopt;
+  if (CurrentLocal(session_id, *check)) return std::nullopt;
   const bool had_copy = cache_->View(session_id).ok();
 
   absl::StatusOr<SessionRecord> record = store_->Load(session_id);
@@ -168,17 +205,16 @@ absl::StatusOr<std::optional<TurnRecord>> Sessions::Prepare(const std::string& s
   if (!state.ok()) return state.status();
   absl::StatusOr<SessionView> adopted =
       cache_->Adopt(session_id, record->system_prompt, *std::move(state),
-                    record->created_unix_seconds);
+                    record->created_unix_seconds, record->generation);
   if (!adopted.ok()) return adopted.status();
-  SetGeneration(session_id, record->generation);
   spdlog::info("session {}: restored from the session store ({} turns, {} tokens){}", session_id,
                record->turns.size(), adopted->state.history.size(),
                had_copy ? ", replacing an older copy" : "");
   return std::nullopt;
 }
 
-absl::Status Sessions::Record(const std::string& session_id, const ConversationState& before,
-                              const ConversationState& after, TurnRecord turn) {
+TurnRecord Sessions::CompleteTurn(const ConversationState& before, const ConversationState& after,
+                                  TurnRecord turn) const {
   turn.unix_seconds = NowSeconds();
   turn.history_begin = static_cast<int64_t>(before.history.size());
   turn.tokens.assign(after.history.begin() + before.history.size(), after.history.end());
@@ -191,11 +227,18 @@ absl::Status Sessions::Record(const std::string& session_id, const ConversationS
   }
   turn.tail_begin = after.tail_begin;
   turn.cascade_level = after.cascade_level;
-  absl::Status s = store_->AppendTurn(session_id, before.turns, turn);
+  return turn;
+}
+
+absl::Status Sessions::Record(const std::string& session_id, const ConversationState& before,
+                              const ConversationState& after, TurnRecord turn) {
+  const std::string request_id = turn.request_id;
+  absl::Status s =
+      store_->AppendTurn(session_id, before.turns, CompleteTurn(before, after, std::move(turn)));
   if (absl::IsAlreadyExists(s)) {
     // A retry of this request committed while this one ran.
     return absl::AbortedError(absl::StrCat(
-        "request_id: a turn with request id ", turn.request_id,
+        "request_id: a turn with request id ", request_id,
         " was committed by another call while this one ran; this one was not committed: retry "
         "it to receive the committed turn's answer"));
   }
@@ -204,9 +247,9 @@ absl::Status Sessions::Record(const std::string& session_id, const ConversationS
 
 std::vector<std::string> Sessions::RemoveIdle(int64_t idle_seconds) {
   std::vector<std::string> removed = cache_->RemoveIdle(idle_seconds);
-  for (const std::string& id : removed) {
-    ForgetGeneration(id);
-    if (!store_->shared()) store_->Remove(id).IgnoreError();
+  if (!store_->shared()) {
+    // The in-process store's sessions live as long as this replica's copies.
+    for (const std::string& id : removed) store_->Remove(id).IgnoreError();
   }
   return removed;
 }

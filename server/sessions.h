@@ -1,28 +1,49 @@
-// The server's sessions, kept in two places (issue 35): the replica's
-// CacheStore (conversation state and KV cache lines, cache_store.h) and the
-// durable SessionStore (system prompt and committed turns, session_store.h).
-// The store is the truth; the CacheStore is this replica's working copy.
+// The one owner of a session's life (issue 50): create, restore, commit with
+// write-through, replay, list, count, delete and expire, over this replica's
+// CacheStore (its working copy: conversation state and KV cache lines,
+// cache_store.h) and the durable SessionStore (system prompt and committed
+// turns, session_store.h). The services see only this class; the router
+// leases sessions from the CacheStore for the length of a turn and commits
+// through Record.
 //
-//   - Create writes both; Remove removes from both.
-//   - Before a turn, Prepare asks the store how many turns the session has
-//     committed (and whether the request id has committed already, to
-//     replay it). A replica that lacks the session, or holds an older copy
-//     (another replica continued it), rebuilds it from the store: state
-//     only, no lines, and the answering model prefills (CachePath::kRestored).
-//   - A turn is written through to the store (Record) before it becomes the
-//     local session's, as a compare-and-set on the turn count; a turn that
-//     cannot be written fails and the session stays as it was.
+// The store is the truth; the CacheStore holds copies. Each copy carries the
+// store's generation (SessionView::generation), so a copy is current when its
+// generation and turn count are the store's; there is no second registry to
+// keep in step.
 //
-// Thread-safe.
+// No step needs undoing: every operation writes the store first and then
+// changes the CacheStore in a step that cannot fail, so a failure leaves
+// nothing behind:
+//   - Create reserves the id locally (invisible, SessionReservation), writes
+//     the record (with the turns an import ran on the staged session), then
+//     commits the reservation; any failure drops the reservation.
+//   - Remove removes from the store, then drops the local copy.
+//   - Prepare (before a turn) asks the store for the turn count (and whether
+//     the request id has committed, to replay it); a replica lacking a current
+//     copy rebuilds it from the store: state only, no lines, and the
+//     answering model prefills (CachePath::kRestored).
+//   - Record writes a turn through to the store, as a compare-and-set on the
+//     turn count, before the router commits it locally; a turn that cannot be
+//     written fails and the session stays as it was.
+//
+// With a shared store (Redis), View, List and Count read the store, so they
+// are true across replicas; with the in-process store they read the
+// CacheStore, which then holds every session.
+//
+// Threading: thread-safe. Every call but CacheStats and model_names may block
+// on the store (a Redis round trip, up to its timeout): never call them on
+// gRPC's callback threads (server/services.h runs them on the session pool or
+// the turn pool).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <random>
 #include <string>
-#include <unordered_map>
+#include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -45,14 +66,28 @@ class Sessions {
   Sessions(CacheStore* cache, std::unique_ptr<SessionStore> store,
            std::vector<std::string> model_names);
 
-  SessionStore& store() { return *store_; }
-  CacheStore& cache() { return *cache_; }
+  // The store, for logs ("memory", "redis host:port"); whether it can be
+  // reached now (Unavailable when not).
+  std::string DescribeStore() const { return store_->Describe(); }
+  absl::Status PingStore() { return store_->Ping(); }
+  // This replica's cache accounting (for metrics); never blocks on the store.
+  CacheStoreStats CacheStats() const { return cache_->Stats(); }
 
-  // As CacheStore::Create, and recorded in the store first: AlreadyExists
-  // when the store has the id (from another replica), Unavailable when it
-  // cannot be reached (nothing created then).
+  // Runs a new session's first turns (ImportSession) on the session staged
+  // under `session_id`, before it exists for anyone else; each turn the
+  // router commits goes to *turns (CompleteTurn), not to the store.
+  using Populate =
+      std::function<absl::Status(const std::string& session_id, std::vector<TurnRecord>* turns)>;
+
+  // A new session (an empty id gets a generated one), with the turns
+  // `populate` runs when it is set. InvalidArgument for a malformed id;
+  // AlreadyExists when the store (or, with the in-process store, this
+  // replica) has the id; ResourceExhausted past limits.max_sessions;
+  // Unavailable when the store cannot be reached; populate's error. On any
+  // error nothing is created.
   absl::StatusOr<SessionView> Create(std::string_view session_id, std::string system_prompt,
-                                     std::vector<int64_t> preamble);
+                                     std::vector<int64_t> preamble,
+                                     const Populate& populate = nullptr);
   // Removes the session from the store and this replica. NotFound when
   // neither has it; Unavailable (nothing removed) when the store cannot be
   // reached.
@@ -60,6 +95,14 @@ class Sessions {
   // This replica's view when it holds the current session (with its lines);
   // otherwise the store's (no lines). NotFound for an unknown id.
   absl::StatusOr<SessionView> View(const std::string& session_id);
+  // Sessions whose id begins with `id_prefix` (a tenant's), paged as
+  // CacheStore::List: in creation order with the in-process store, in id
+  // order with a shared one (each page reads the store). InvalidArgument for
+  // a token this call did not hand out.
+  absl::StatusOr<SessionPage> List(uint32_t page_size, std::string_view page_token,
+                                   std::string_view id_prefix);
+  // How many sessions have an id beginning with `id_prefix` (a tenant's).
+  absl::StatusOr<int64_t> Count(std::string_view id_prefix);
   // The store's record. NotFound for an unknown id.
   absl::StatusOr<SessionRecord> Transcript(const std::string& session_id);
 
@@ -69,10 +112,13 @@ class Sessions {
   // the store's errors (Unavailable).
   absl::StatusOr<std::optional<TurnRecord>> Prepare(const std::string& session_id,
                                                     const std::string& request_id);
-  // Writes a turn through to the store: `turn` with the history, ledger and
-  // counters of `after` filled in. Aborted when another turn committed first
-  // (also one with the same request id: a retry then gets its replay),
-  // Unavailable when the store cannot be reached.
+  // `turn` with the history, ledger and counters of `after` filled in (what
+  // the store keeps of a turn that took the session from `before`).
+  TurnRecord CompleteTurn(const ConversationState& before, const ConversationState& after,
+                          TurnRecord turn) const;
+  // Writes a turn through to the store (CompleteTurn). Aborted when another
+  // turn committed first (also one with the same request id: a retry then
+  // gets its replay), Unavailable when the store cannot be reached.
   absl::Status Record(const std::string& session_id, const ConversationState& before,
                       const ConversationState& after, TurnRecord turn);
   // Removes this replica's sessions idle for `idle_seconds`; with a store
@@ -81,19 +127,16 @@ class Sessions {
   std::vector<std::string> RemoveIdle(int64_t idle_seconds);
 
  private:
-  // Whether this replica's copy of the session is the store's current one:
-  // the same creation (generation) and turn count.
-  bool LocalIsCurrent(const std::string& session_id, const TurnCheck& check);
-  void SetGeneration(const std::string& session_id, std::string generation);
-  void ForgetGeneration(const std::string& session_id);
+  // The local copy when it is the store's current one: the same creation
+  // (generation) and turn count.
+  std::optional<SessionView> CurrentLocal(const std::string& session_id, const TurnCheck& check);
+  std::string NewGeneration();
 
   CacheStore* cache_;
   std::unique_ptr<SessionStore> store_;
   std::vector<std::string> model_names_;
   std::mutex mu_;
-  // The generation of each session this replica holds a copy of.
-  std::unordered_map<std::string, std::string> generations_ ABSL_GUARDED_BY(mu_);
-  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_){std::random_device{}()};
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_){std::random_device{}()};  // generations
 };
 
 }  // namespace kvl::server

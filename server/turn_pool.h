@@ -1,5 +1,7 @@
 // A fixed set of threads that run chat turns, so that gRPC reactions only
-// enqueue (a turn blocks its thread on model work for its whole length).
+// enqueue (a turn blocks its thread on model work for its whole length). The
+// server keeps a second, small one for the session calls' store work
+// (server/services.h), so that they never wait behind turns.
 //
 // Thread-safe: Submit may be called from any thread. The destructor runs what
 // is queued, then joins.

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <regex>
 #include <set>
 #include <string>
@@ -79,6 +80,75 @@ TEST(SessionRegistryTest, GetAndDelete) {
   EXPECT_EQ(table.Remove("a").code(), absl::StatusCode::kNotFound);
   // A deleted id can be taken again.
   EXPECT_TRUE(table.Create("a", "", {}).ok());
+}
+
+TEST(SessionRegistryTest, AReservedSessionIsInvisibleUntilCommitted) {
+  int64_t now = 1000;
+  CacheStore table(Options([&] { return now; }));
+  absl::StatusOr<std::unique_ptr<SessionReservation>> r =
+      table.Reserve("a", "prompt", {1, 2}, /*replace=*/false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)->session_id(), "a");
+  EXPECT_EQ((*r)->created_unix_seconds(), 1000);
+  // Nobody sees it but a lease (its creator's turns)...
+  EXPECT_EQ(table.View("a").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(table.Touch("a").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(table.Remove("a").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(table.CountWithPrefix(""), 0);
+  EXPECT_EQ(Size(table), 0u);
+  EXPECT_TRUE(table.List(0, "")->sessions.empty());
+  EXPECT_TRUE(table.Begin("a").ok());
+  // ...yet it holds its id.
+  EXPECT_EQ(table.Create("a", "", {}).status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(table.Reserve("a", "", {}, /*replace=*/true).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  const SessionView view = (*r)->Commit("gen-1");
+  EXPECT_EQ(view.session_id, "a");
+  EXPECT_EQ(view.generation, "gen-1");
+  EXPECT_EQ(view.state.preamble, (std::vector<int64_t>{1, 2}));
+  r->reset();
+  absl::StatusOr<SessionView> got = table.View("a");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->generation, "gen-1");
+  EXPECT_EQ(table.CountWithPrefix(""), 1);
+  EXPECT_THAT(Ids(table.List(0, "")->sessions), ElementsAre("a"));
+}
+
+TEST(SessionRegistryTest, AReservationDroppedUncommittedLeavesNothing) {
+  CacheStoreOptions o = Options();
+  o.max_sessions = 1;
+  CacheStore table(o);
+  {
+    absl::StatusOr<std::unique_ptr<SessionReservation>> r = table.Reserve("", "", {}, false);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(std::regex_match((*r)->session_id(), std::regex("s-[0-9a-f]{24}")));
+    // It takes the one place under max_sessions while held.
+    EXPECT_EQ(table.Create("b", "", {}).status().code(), absl::StatusCode::kResourceExhausted);
+  }
+  EXPECT_EQ(Size(table), 0u);
+  EXPECT_TRUE(table.Create("b", "", {}).ok());
+  EXPECT_EQ(table.Reserve("c", "", {}, false).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(table.Reserve("bad id", "", {}, false).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SessionRegistryTest, AReservationWithReplaceTakesTheIdOfAnIdleCopy) {
+  CacheStore table(Options());
+  ASSERT_TRUE(table.Create("a", "old", {}).ok());
+  EXPECT_EQ(table.Reserve("a", "new", {}, /*replace=*/false).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  {
+    absl::StatusOr<std::unique_ptr<TurnLease>> busy = table.Begin("a");
+    ASSERT_TRUE(busy.ok());
+    EXPECT_EQ(table.Reserve("a", "new", {}, /*replace=*/true).status().code(),
+              absl::StatusCode::kAborted);
+  }
+  absl::StatusOr<std::unique_ptr<SessionReservation>> r = table.Reserve("a", "new", {}, true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  (*r)->Commit("gen-2");
+  EXPECT_EQ(table.View("a")->system_prompt, "new");
+  EXPECT_EQ(Size(table), 1u);
 }
 
 TEST(SessionRegistryTest, ListPagesInCreationOrderAcrossDeletions) {

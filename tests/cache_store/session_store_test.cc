@@ -219,6 +219,44 @@ TEST_P(SessionStoreTest, AnIdleSessionExpiresAfterItsTtlAndUseKeepsItAlive) {
   EXPECT_EQ(store_->Load("s").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST_P(SessionStoreTest, ASessionIsCreatedWithItsTurnsAllAtOnce) {
+  ASSERT_NE(store_, nullptr);
+  SessionRecord imported = Session("imp");
+  imported.turns = {Turn(0, 4, "kvl-small", ""), Turn(4, 3, "kvl-large", "r9")};
+  ASSERT_TRUE(store_->Create(imported).ok());
+  absl::StatusOr<SessionRecord> r = store_->Load("imp");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->turns.size(), 2u);
+  EXPECT_EQ(r->turns[0], imported.turns[0]);
+  EXPECT_EQ(r->turns[1], imported.turns[1]);
+  // The turn count and the request ids are the appended turns' would be.
+  absl::StatusOr<TurnCheck> check = store_->Check("imp", "r9");
+  ASSERT_TRUE(check.ok()) << check.status();
+  EXPECT_EQ(check->turns, 2);
+  ASSERT_TRUE(check->replay.has_value());
+  EXPECT_EQ(*check->replay, imported.turns[1]);
+  EXPECT_TRUE(store_->AppendTurn("imp", 2, Turn(7, 2, "kvl-small", "")).ok());
+}
+
+TEST_P(SessionStoreTest, ListsAndCountsTheIdsOfAPrefixInByteOrder) {
+  ASSERT_NE(store_, nullptr);
+  for (const char* id : {"acme/b", "acme/a", "bolt/a", "acme/c", "plain"}) {
+    ASSERT_TRUE(store_->Create(Session(id)).ok()) << id;
+  }
+  EXPECT_EQ(*store_->Count("acme/"), 3);
+  EXPECT_EQ(*store_->Count("bolt/"), 1);
+  EXPECT_EQ(*store_->Count(""), 5);
+  EXPECT_EQ(*store_->Count("zed/"), 0);
+  using Ids = std::vector<std::string>;
+  EXPECT_EQ(*store_->ListIds("acme/", "", 0), (Ids{"acme/a", "acme/b", "acme/c"}));
+  EXPECT_EQ(*store_->ListIds("acme/", "", 2), (Ids{"acme/a", "acme/b"}));
+  EXPECT_EQ(*store_->ListIds("acme/", "acme/b", 2), (Ids{"acme/c"}));
+  EXPECT_EQ(*store_->ListIds("", "bolt/a", 0), (Ids{"plain"}));
+  ASSERT_TRUE(store_->Remove("acme/b").ok());
+  EXPECT_EQ(*store_->Count("acme/"), 2);
+  EXPECT_EQ(*store_->ListIds("acme/", "", 0), (Ids{"acme/a", "acme/c"}));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, SessionStoreTest, ::testing::Values("memory", "redis"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;

@@ -15,9 +15,11 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kvlingo/v1/chat.grpc.pb.h"
+#include "kvlingo/v1/model.grpc.pb.h"
 #include "kvlingo/v1/session.grpc.pb.h"
 #include "tests/router/model_fixture.h"
 #include "tests/testing/grpc_probe.h"
@@ -325,6 +327,35 @@ TEST_F(DurableSessionsTest, ARedisOutageIsUnavailableChangesNothingAndTheServerR
   EXPECT_TRUE(retried.ok() || retried.error_code() == grpc::StatusCode::ALREADY_EXISTS)
       << retried.error_message();
   EXPECT_TRUE(Get(a, "t").ok());
+}
+
+// Session calls wait on the store off gRPC's callback threads
+// (server/services.h): while many of them wait on a Redis that does not
+// answer, a call that needs no store is answered at once.
+TEST_F(DurableSessionsTest, CallsWaitingOnAStalledStoreHoldUpNoOtherCall) {
+  Replica a = Start("redis");
+  ASSERT_TRUE(Create(a, "s").ok());
+  ASSERT_TRUE(redis_->Pause().ok());
+  std::vector<std::thread> waiting;
+  for (int i = 0; i < 8; ++i) {
+    waiting.emplace_back([&] {
+      EXPECT_EQ(Get(a, "s").status().code(), absl::StatusCode::kUnavailable);
+    });
+  }
+  std::this_thread::sleep_for(100ms);  // let them reach the server: a head start, not a wait
+  auto models = v1::ModelService::NewStub(a.channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+  v1::ListModelsResponse listed;
+  const auto t0 = std::chrono::steady_clock::now();
+  const grpc::Status status = models->ListModels(&ctx, v1::ListModelsRequest(), &listed);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  // Eight store calls of up to 500 ms each (timeout_ms) on gRPC's two
+  // callback threads would hold it up about 2 s.
+  EXPECT_LT(took, 1s);
+  for (std::thread& t : waiting) t.join();
+  ASSERT_TRUE(redis_->Resume().ok());
 }
 
 TEST_F(DurableSessionsTest, BadInputToTheNewApiGetsItsCodeAndChangesNothing) {

@@ -360,6 +360,102 @@ TEST_F(ServerProcessTest, InvalidUtf8TurnIsRejectedNamingTheField) {
   EXPECT_THAT(status.error_message(), HasSubstr("user_message"));
 }
 
+// One unary call of `method` with `bytes` as its request message, whatever
+// they are.
+grpc::Status RawUnaryCall(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
+                          const std::string& bytes) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + 10s);
+  grpc::CompletionQueue cq;
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1);
+  auto call = stub.PrepareUnaryCall(&context, method, request, &cq);
+  call->StartCall();
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  int tag = 0;
+  call->Finish(&response, &status, &tag);
+  void* got = nullptr;
+  bool ok = false;
+  cq.Next(&got, &ok);
+  return status;
+}
+
+// One server-streaming call of `method` with `bytes` as its request message;
+// its final status.
+grpc::Status RawStreamingCall(const std::shared_ptr<grpc::Channel>& channel,
+                              const std::string& method, const std::string& bytes) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + 10s);
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareCall(&context, method, &cq);
+  int tag = 0;
+  void* got = nullptr;
+  bool ok = false;
+  call->StartCall(&tag);
+  cq.Next(&got, &ok);
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer buffer(&slice, 1);
+  call->WriteLast(buffer, grpc::WriteOptions(), &tag);
+  cq.Next(&got, &ok);
+  grpc::Status status;
+  call->Finish(&status, &tag);
+  cq.Next(&got, &ok);
+  return status;
+}
+
+TEST_F(ServerProcessTest, BytesThatAreNotTheRequestMessageAreInvalidArgumentNamingIt) {
+  // Field 1 as a varint, then a length that runs past the end.
+  const std::string garbage("\x08\x01\x12\x7f\xff\xff", 6);
+  const std::vector<std::pair<std::string, std::string>> unary = {
+      {"/kvlingo.v1.SessionService/CreateSession", "kvlingo.v1.CreateSessionRequest"},
+      {"/kvlingo.v1.SessionService/GetSession", "kvlingo.v1.GetSessionRequest"},
+      {"/kvlingo.v1.SessionService/ListSessions", "kvlingo.v1.ListSessionsRequest"},
+      {"/kvlingo.v1.SessionService/DeleteSession", "kvlingo.v1.DeleteSessionRequest"},
+      {"/kvlingo.v1.SessionService/GetTranscript", "kvlingo.v1.GetTranscriptRequest"},
+      {"/kvlingo.v1.SessionService/ImportSession", "kvlingo.v1.ImportSessionRequest"},
+      {"/kvlingo.v1.ModelService/ListModels", "kvlingo.v1.ListModelsRequest"},
+      {"/kvlingo.v1.ModelService/ListTranslators", "kvlingo.v1.ListTranslatorsRequest"},
+  };
+  for (const auto& [method, type] : unary) {
+    const grpc::Status status = RawUnaryCall(server_.channel, method, garbage);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+    EXPECT_THAT(status.error_message(), HasSubstr(type)) << method;
+  }
+  const grpc::Status chat =
+      RawStreamingCall(server_.channel, "/kvlingo.v1.ChatService/Chat", garbage);
+  EXPECT_EQ(chat.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(chat.error_message(), HasSubstr("kvlingo.v1.ChatRequest"));
+  // Well-formed calls still work, raw or not.
+  v1::Session session;
+  EXPECT_TRUE(Create("after-garbage", &session).ok());
+  EXPECT_EQ(session.session_id(), "after-garbage");
+}
+
+TEST_F(ServerProcessTest, InvalidUtf8InStringFieldsLogsABoundedNumberOfLines) {
+  // CreateSessionRequest.session_id (field 1, a proto3 string) = "\xff": the
+  // parser refuses it and libprotobuf logs one line per call; the server
+  // routes those through its log, rate-limited (server/protobuf_log.h).
+  const std::string bad("\x0a\x01\xff", 3);
+  constexpr int kCalls = 300;
+  for (int i = 0; i < kCalls; ++i) {
+    const grpc::Status status =
+        RawUnaryCall(server_.channel, "/kvlingo.v1.SessionService/CreateSession", bad);
+    ASSERT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  // The calls are answered after the parser logged: the lines are written.
+  ASSERT_TRUE(server_.process->WaitForLine(testing::Stream::kStderr, "protobuf:", 10s).ok())
+      << server_.process->Describe();
+  const std::string err = server_.process->stderr_text();
+  int64_t lines = 0, protobuf_lines = 0;
+  for (size_t at = 0; (at = err.find("UTF-8", at)) != std::string::npos; ++at) ++lines;
+  for (size_t at = 0; (at = err.find("protobuf:", at)) != std::string::npos; ++at) ++protobuf_lines;
+  EXPECT_LE(lines, 10) << "of " << kCalls << " calls";
+  EXPECT_EQ(lines, protobuf_lines) << "every parser line goes through the server's log";
+}
+
 TEST_F(ServerProcessTest, MetricsEndpointPassesPromtool) {
   if (std::string(KVL_PROMTOOL).empty()) GTEST_FAIL() << "promtool not found at configure time (scripts/setup.sh installs it)";
   v1::Session session;

@@ -1,0 +1,178 @@
+// server/sessions.h, the one owner of a session's life, over a CacheStore
+// and a durable store: an operation that fails leaves nothing behind, and
+// with a shared store (a private redis-server) two replicas list and count
+// the same sessions.
+#include "server/sessions.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tests/testing/redis.h"
+
+namespace kvl::server {
+namespace {
+
+using ::testing::ElementsAre;
+
+// A store kept in the process that can be told to refuse creations.
+class RefusingStore final : public SessionStore {
+ public:
+  RefusingStore() : inner_(*OpenSessionStore({})) {}
+  bool refuse_create = false;
+
+  std::string Describe() const override { return "refusing"; }
+  absl::Status Create(const SessionRecord& session) override {
+    if (refuse_create) return absl::UnavailableError("session store refusing: down");
+    return inner_->Create(session);
+  }
+  absl::StatusOr<SessionRecord> Load(const std::string& id) override { return inner_->Load(id); }
+  absl::StatusOr<TurnCheck> Check(const std::string& id, const std::string& request) override {
+    return inner_->Check(id, request);
+  }
+  absl::Status AppendTurn(const std::string& id, int64_t expected,
+                          const TurnRecord& turn) override {
+    return inner_->AppendTurn(id, expected, turn);
+  }
+  absl::Status Remove(const std::string& id) override { return inner_->Remove(id); }
+  absl::Status Ping() override { return absl::OkStatus(); }
+  bool shared() const override { return false; }
+  absl::StatusOr<std::vector<std::string>> ListIds(std::string_view prefix, std::string_view after,
+                                                   int64_t limit) override {
+    return inner_->ListIds(prefix, after, limit);
+  }
+  absl::StatusOr<int64_t> Count(std::string_view prefix) override {
+    return inner_->Count(prefix);
+  }
+
+ private:
+  std::unique_ptr<SessionStore> inner_;
+};
+
+std::vector<std::string> Ids(const SessionPage& page) {
+  std::vector<std::string> ids;
+  for (const SessionView& s : page.sessions) ids.push_back(s.session_id);
+  return ids;
+}
+
+TEST(SessionsTest, ACreationTheStoreRefusesLeavesNothing) {
+  CacheStore cache(CacheStoreOptions{});
+  auto owned = std::make_unique<RefusingStore>();
+  RefusingStore* store = owned.get();
+  Sessions sessions(&cache, std::move(owned), {});
+  store->refuse_create = true;
+  EXPECT_EQ(sessions.Create("a", "p", {}).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(cache.View("a").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(*sessions.Count(""), 0);
+  EXPECT_EQ(cache.Stats().sessions, 0);
+  // Nothing to undo: the same id is created once the store takes it.
+  store->refuse_create = false;
+  absl::StatusOr<SessionView> created = sessions.Create("a", "p", {});
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_FALSE(created->generation.empty());
+  EXPECT_EQ(sessions.View("a")->generation, created->generation);
+  EXPECT_EQ(sessions.Transcript("a")->generation, created->generation);
+}
+
+TEST(SessionsTest, AFailedPopulateLeavesNothingAndASuccessfulOneIsRecordedWhole) {
+  CacheStore cache(CacheStoreOptions{});
+  Sessions sessions(&cache, *OpenSessionStore({}), {});
+  std::string staged;
+  auto fail = [&](const std::string& id, std::vector<TurnRecord>* turns) {
+    staged = id;
+    // The staged session is there for the populating turns only.
+    EXPECT_TRUE(cache.Begin(id).ok());
+    EXPECT_EQ(cache.View(id).status().code(), absl::StatusCode::kNotFound);
+    turns->push_back(TurnRecord{});
+    return absl::InvalidArgumentError("turns[1]: no");
+  };
+  EXPECT_EQ(sessions.Create("imp", "", {}, fail).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(staged, "imp");
+  EXPECT_EQ(sessions.Transcript("imp").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(cache.Begin("imp").status().code(), absl::StatusCode::kNotFound);
+
+  auto two_turns = [](const std::string&, std::vector<TurnRecord>* turns) {
+    turns->resize(2);
+    (*turns)[0].user_message = "one";
+    (*turns)[1].user_message = "two";
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE(sessions.Create("imp", "", {}, two_turns).ok());
+  absl::StatusOr<SessionRecord> record = sessions.Transcript("imp");
+  ASSERT_TRUE(record.ok()) << record.status();
+  ASSERT_EQ(record->turns.size(), 2u);
+  EXPECT_EQ(record->turns[1].user_message, "two");
+}
+
+// Two replicas: two registries, one Redis.
+class SharedStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<testing::RedisServer>> r = testing::RedisServer::Start();
+    ASSERT_TRUE(r.ok()) << r.status();
+    redis_ = *std::move(r);
+    a_ = Replica(&cache_a_);
+    b_ = Replica(&cache_b_);
+  }
+
+  std::unique_ptr<Sessions> Replica(CacheStore* cache) {
+    SessionStoreOptions o;
+    o.backend = "redis";
+    o.redis_address = redis_->address();
+    o.timeout_ms = 1000;
+    absl::StatusOr<std::unique_ptr<SessionStore>> store = OpenSessionStore(o);
+    EXPECT_TRUE(store.ok()) << store.status();
+    return std::make_unique<Sessions>(cache, *std::move(store), std::vector<std::string>{});
+  }
+
+  std::unique_ptr<testing::RedisServer> redis_;
+  CacheStore cache_a_{CacheStoreOptions{}}, cache_b_{CacheStoreOptions{}};
+  std::unique_ptr<Sessions> a_, b_;
+};
+
+TEST_F(SharedStoreTest, BothReplicasListAndCountEverySessionOfATenant) {
+  ASSERT_TRUE(a_->Create("acme/1", "", {}).ok());
+  ASSERT_TRUE(a_->Create("acme/2", "", {}).ok());
+  ASSERT_TRUE(b_->Create("acme/3", "", {}).ok());
+  ASSERT_TRUE(b_->Create("bolt/1", "", {}).ok());
+  for (Sessions* replica : {a_.get(), b_.get()}) {
+    EXPECT_EQ(*replica->Count("acme/"), 3);
+    EXPECT_EQ(*replica->Count("bolt/"), 1);
+    absl::StatusOr<SessionPage> first = replica->List(2, "", "acme/");
+    ASSERT_TRUE(first.ok()) << first.status();
+    EXPECT_THAT(Ids(*first), ElementsAre("acme/1", "acme/2"));
+    ASSERT_FALSE(first->next_page_token.empty());
+    absl::StatusOr<SessionPage> second = replica->List(2, first->next_page_token, "acme/");
+    ASSERT_TRUE(second.ok()) << second.status();
+    EXPECT_THAT(Ids(*second), ElementsAre("acme/3"));
+    EXPECT_TRUE(second->next_page_token.empty());
+    // Another tenant's token is no token of this listing.
+    EXPECT_EQ(replica->List(2, first->next_page_token, "bolt/").status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  // A deletion through one replica is seen by the other at once.
+  ASSERT_TRUE(a_->Remove("acme/3").ok());
+  EXPECT_EQ(*b_->Count("acme/"), 2);
+  EXPECT_EQ(b_->View("acme/3").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(b_->Create("acme/1", "", {}).status().code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST_F(SharedStoreTest, AStaleCopyOfADeletedSessionGivesWayToTheNewOne) {
+  absl::StatusOr<SessionView> first = a_->Create("s", "old", {});
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(b_->Prepare("s", "").ok());  // b now holds a copy
+  EXPECT_EQ(cache_b_.View("s")->generation, first->generation);
+  ASSERT_TRUE(a_->Remove("s").ok());
+  absl::StatusOr<SessionView> again = b_->Create("s", "new", {});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_NE(again->generation, first->generation);
+  EXPECT_EQ(cache_b_.View("s")->system_prompt, "new");
+  EXPECT_EQ(a_->View("s")->system_prompt, "new");
+}
+
+}  // namespace
+}  // namespace kvl::server
