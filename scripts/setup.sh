@@ -22,7 +22,7 @@ BUILD_PACKAGES=(
 # tools they run as peers and oracles (Redis, nginx, Prometheus, Docker with
 # debootstrap for the base image, Python's gRPC), gnuplot for the plots, and
 # clang 14 with its sanitizer and libFuzzer runtimes and llvm-symbolizer for
-# the fuzz and ASan checks (scripts/fuzz.sh, scripts/asan_check.sh).
+# the fuzz and ASan checks (scripts/ci/fuzz.sh, scripts/ci/asan_check.sh).
 TEST_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   redis-server nginx docker.io docker-compose debootstrap

@@ -8,8 +8,8 @@ BUILD_DIR=${KVL_BUILD_DIR:-build}
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" --timeout 900 "$@"
 # The batch scheduler's concurrency test under ThreadSanitizer (its own build
 # dir, build-tsan/; experiments/tsan_scheduler/README.md).
-scripts/tsan_check.sh
+scripts/ci/tsan_check.sh
 # The parser tests under ASan+UBSan, then every fuzz target for 30 s from its
 # seeds (one clang build dir, build-fuzz/; docs/testing.md).
-scripts/asan_check.sh
-scripts/fuzz.sh --seconds 30
+scripts/ci/asan_check.sh
+scripts/ci/fuzz.sh --seconds 30
