@@ -6,6 +6,8 @@
 #   KVL_SANITIZE=address scripts/setup.sh   # address+undefined; or thread
 #   KVL_SKIP_BUILD=1 scripts/setup.sh       # packages only
 #   KVL_SETUP=build KVL_SKIP_BUILD=1 scripts/setup.sh  # only what building the binaries needs
+#   KVL_BUILD_BENCH=OFF scripts/setup.sh    # without the benchmarks (scripts/test.sh's build);
+#                                           # ON brings them back; unset: as the build dir has it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -64,5 +66,6 @@ fi
 BUILD_DIR=${KVL_BUILD_DIR:-build}
 cmake -S . -B "$BUILD_DIR" -G Ninja \
   -DCMAKE_BUILD_TYPE="${KVL_BUILD_TYPE:-Release}" \
-  -DKVL_SANITIZE="${KVL_SANITIZE:-}"
+  -DKVL_SANITIZE="${KVL_SANITIZE:-}" \
+  ${KVL_BUILD_BENCH:+-DKVL_BUILD_BENCH="$KVL_BUILD_BENCH"}
 cmake --build "$BUILD_DIR" -j "$(nproc)"
