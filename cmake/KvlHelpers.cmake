@@ -28,18 +28,27 @@ function(kvl_executable name)
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} ${KVL_TSAN_SYNC})
 endfunction()
 
-# kvl_test(<name> SOURCES ... DEPS ... [LABELS ...]): a GoogleTest binary whose
-# cases are registered with ctest one by one. Tests run from the source tree root
-# and see KVL_SOURCE_DIR / KVL_BINARY_DIR in their environment, and
-# OMP_WAIT_POLICY=PASSIVE as kvl, kvl-server and the benchmarks set it for
-# themselves (model/omp_wait.h).
+# kvl_test(<name> SOURCES ... DEPS ... [LABELS ...] [TIER fast|slow]
+#          [SLOW_CASES <gtest filter>] [TIMEOUT <s>]): a GoogleTest binary whose
+# cases are registered with ctest one by one, each labelled with LABELS and
+# its tier (docs/testing.md, "Tiers"): TIER (default fast) for every case, or,
+# with SLOW_CASES, slow for the cases the filter selects and fast for the rest.
+# Tests run from the source tree root and see KVL_SOURCE_DIR / KVL_BINARY_DIR
+# in their environment, and OMP_WAIT_POLICY=PASSIVE as kvl, kvl-server and the
+# benchmarks set it for themselves (model/omp_wait.h).
 function(kvl_test name)
-  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "TIMEOUT;TIER;SLOW_CASES" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_compile_options(${name} PRIVATE ${KVL_WARNINGS})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gmock GTest::gtest_main ${KVL_TSAN_SYNC})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 600)
+  endif()
+  if(NOT ARG_TIER)
+    set(ARG_TIER fast)
+  endif()
+  if(NOT ARG_TIER MATCHES "^(fast|slow)$")
+    message(FATAL_ERROR "kvl_test(${name}): TIER must be fast or slow, got '${ARG_TIER}'")
   endif()
   # Sanitizers slow the code several times over (the training tests most), and
   # a per-test TIMEOUT is not overridden by ctest's --timeout: in a sanitizer
@@ -47,19 +56,40 @@ function(kvl_test name)
   if(NOT KVL_SANITIZE STREQUAL "")
     math(EXPR ARG_TIMEOUT "${ARG_TIMEOUT} * 3")
   endif()
-  # Discovery runs each binary with --gtest_list_tests as part of the build. It
-  # takes under a second here, but a CI build once had the first two binaries
-  # that load LibTorch time out at 60 s while listing (cause not found; the
-  # same listing takes under a second on a cold page cache here). A binary that
-  # truly hangs still fails the build, only later.
+  if(ARG_SLOW_CASES)
+    _kvl_discover_tests(${name} fast "-${ARG_SLOW_CASES}" "${ARG_LABELS}" ${ARG_TIMEOUT})
+    _kvl_discover_tests(${name} slow "${ARG_SLOW_CASES}" "${ARG_LABELS}" ${ARG_TIMEOUT})
+  else()
+    _kvl_discover_tests(${name} ${ARG_TIER} "" "${ARG_LABELS}" ${ARG_TIMEOUT})
+  endif()
+endfunction()
+
+# The cases of <name> that <filter> selects (all when empty), registered when
+# ctest runs (DISCOVERY_MODE PRE_TEST): building never runs a test binary.
+# (Listing them at build time once timed out at 60 s for the first two binaries
+# that load LibTorch on a CI machine; the cause was not found.) ctest lists a
+# binary again only when it is newer than its last listing. A binary that
+# cannot list its cases stops ctest with an error naming it.
+# The properties are set by an include file of our own, run after the
+# listing: CMake 3.25's PRE_TEST mode writes a list-valued PROPERTIES entry
+# (LABELS "a;b", ENVIRONMENT) unquoted, which splits it.
+function(_kvl_discover_tests name tier filter labels timeout)
   gtest_discover_tests(${name}
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
+    DISCOVERY_MODE PRE_TEST
     DISCOVERY_TIMEOUT 600
-    PROPERTIES
-      TIMEOUT ${ARG_TIMEOUT}
-      LABELS "${ARG_LABELS}"
-      ENVIRONMENT
-        "KVL_SOURCE_DIR=${PROJECT_SOURCE_DIR};KVL_BINARY_DIR=${PROJECT_BINARY_DIR};OMP_WAIT_POLICY=PASSIVE")
+    TEST_FILTER "${filter}"
+    TEST_LIST ${name}_${tier}_TESTS)
+  set(_labels ${labels} ${tier})
+  set(_env KVL_SOURCE_DIR=${PROJECT_SOURCE_DIR} KVL_BINARY_DIR=${PROJECT_BINARY_DIR}
+           OMP_WAIT_POLICY=PASSIVE)
+  set(_file ${CMAKE_CURRENT_BINARY_DIR}/${name}_${tier}_properties.cmake)
+  file(WRITE ${_file}
+    "foreach(_t IN LISTS ${name}_${tier}_TESTS)\n"
+    "  set_tests_properties(\"\${_t}\" PROPERTIES TIMEOUT ${timeout}\n"
+    "    LABELS \"${_labels}\" ENVIRONMENT \"${_env}\")\n"
+    "endforeach()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${_file})
 endfunction()
 
 # kvl_link_closure(<target> <out-var>): every target <target> links, directly

@@ -1,7 +1,7 @@
 // A small English grammar (a few hundred words) for the chat-data generator:
 // filler turns between facts and questions, and short chit-chat conversations.
 //
-// Contract relied on by the task generators and by scripts/check_suite.py:
+// Contract relied on by the task generators and by scripts/oracles/check_suite.py:
 // generated text contains no digits, no first-person "I"/"my", no "key-", no
 // double quotes and none of the phrases the task templates use ("lives in",
 // "number is", "is on", "called", "named", "the list", "the code"), so filler

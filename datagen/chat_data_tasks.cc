@@ -1,6 +1,6 @@
 // The exact-answer task generators of the chat-data set (docs/data.md).
 //
-// The wording here is a contract with scripts/check_suite.py, which re-derives
+// The wording here is a contract with scripts/oracles/check_suite.py, which re-derives
 // every answer from the conversation text with its own parser: a template
 // changed here must be changed there too (the C++ test runs the checker).
 #include <algorithm>

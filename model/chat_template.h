@@ -1,7 +1,7 @@
 // Qwen3's chat template (ChatML with <think> reasoning blocks), rendered in C++
 // byte for byte as the chat_template of Qwen3's tokenizer_config.json renders
 // without tools. Checked against goldens from @huggingface/jinja
-// (scripts/gen_chat_template_goldens.mjs).
+// (scripts/oracles/gen_chat_template_goldens.mjs).
 //
 // Thread-safe: free functions over their arguments.
 #pragma once

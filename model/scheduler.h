@@ -27,7 +27,7 @@
 //
 // The scheduler synchronises with std::mutex / std::condition_variable, not
 // absl::Mutex: ThreadSanitizer sees pthread, but not the uninstrumented
-// shared libabsl (experiments/tsan_scheduler/README.md, scripts/tsan_check.sh).
+// shared libabsl (experiments/tsan_scheduler/README.md, scripts/ci/tsan_check.sh).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -17,10 +17,10 @@ LISTEN=${KVL_LISTEN:-127.0.0.1:50051}
 METRICS=${KVL_METRICS:-127.0.0.1:9464}
 
 # The embedded default serves the house models; they are trained by
-# scripts/train_house_models.sh (and the translators by `kvl fit`).
+# scripts/train/train_house_models.sh (and the translators by `kvl fit`).
 for m in kvl-small kvl-small-b kvl-large; do
   if [ ! -f "models/$m/config.json" ] && [ "$CONFIG" = configs/server.json ]; then
-    echo "models/$m is missing: train the house models first (scripts/train_house_models.sh)," >&2
+    echo "models/$m is missing: train the house models first (scripts/train/train_house_models.sh)," >&2
     echo "fit the translators listed in configs/server.json, or set KVL_CONFIG." >&2
     exit 1
   fi

@@ -6,6 +6,8 @@
 #   KVL_SANITIZE=address scripts/setup.sh   # address+undefined; or thread
 #   KVL_SKIP_BUILD=1 scripts/setup.sh       # packages only
 #   KVL_SETUP=build KVL_SKIP_BUILD=1 scripts/setup.sh  # only what building the binaries needs
+#   KVL_BUILD_BENCH=OFF scripts/setup.sh    # without the benchmarks (scripts/test.sh's build);
+#                                           # ON brings them back; unset: as the build dir has it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,7 +24,7 @@ BUILD_PACKAGES=(
 # tools they run as peers and oracles (Redis, nginx, Prometheus, Docker with
 # debootstrap for the base image, Python's gRPC), gnuplot for the plots, and
 # clang 14 with its sanitizer and libFuzzer runtimes and llvm-symbolizer for
-# the fuzz and ASan checks (scripts/fuzz.sh, scripts/asan_check.sh).
+# the fuzz and ASan checks (scripts/ci/fuzz.sh, scripts/ci/asan_check.sh).
 TEST_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   redis-server nginx docker.io docker-compose debootstrap
@@ -64,5 +66,6 @@ fi
 BUILD_DIR=${KVL_BUILD_DIR:-build}
 cmake -S . -B "$BUILD_DIR" -G Ninja \
   -DCMAKE_BUILD_TYPE="${KVL_BUILD_TYPE:-Release}" \
-  -DKVL_SANITIZE="${KVL_SANITIZE:-}"
+  -DKVL_SANITIZE="${KVL_SANITIZE:-}" \
+  ${KVL_BUILD_BENCH:+-DKVL_BUILD_BENCH="$KVL_BUILD_BENCH"}
 cmake --build "$BUILD_DIR" -j "$(nproc)"

@@ -41,7 +41,7 @@ absl::StatusOr<std::vector<SuiteItem>> LoadSuite(const std::string& path);
 // corpus never contains one, so the model has never seen it.
 std::string SuitePrompt(const SuiteItem& item);
 
-// The documented normalisation (docs/data.md, scripts/check_suite.py): strip
+// The documented normalisation (docs/data.md, scripts/oracles/check_suite.py): strip
 // surrounding whitespace, drop one trailing period and the whitespace before
 // it; exact_ci then lower-cases (ASCII).
 std::string NormalizeAnswer(std::string_view text, std::string_view scoring);

@@ -52,7 +52,7 @@ struct SwitchEvalOptions {
   uint64_t seed = 32;
   int difficulty = 0;  // 1..3; 0: items cycle through 1, 2, 3
   // The generator's difficulty knobs at level 3: by default the house
-  // corpus's (scripts/train_house_models.sh), so that items are what the
+  // corpus's (scripts/train/train_house_models.sh), so that items are what the
   // house models were trained on.
   datagen::DataOptions data = HouseCorpusKnobs();
   std::vector<int64_t> native_tails = {0, 32};

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # How much slower do the training tests run in the ASan+UBSan build (build-fuzz/,
-# scripts/asan_suite.sh) than in Release (build/), and is ASan's allocator the cause?
+# scripts/ci/asan_suite.sh) than in Release (build/), and is ASan's allocator the cause?
 #   experiments/asan_training_slowdown/run.sh            # ResumedRun, three ways
 #   experiments/asan_training_slowdown/run.sh --copy     # also the copy test in both builds (~25 min)
 # Needs build/ and build-fuzz/ built. Prints one line per run: build, ASAN_OPTIONS, seconds.

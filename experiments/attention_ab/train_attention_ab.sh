@@ -3,7 +3,7 @@
 # alternating in one sitting: does bench/train_step_bench's gain (forward,
 # loss and backward alone) show in a full step (batching, loss weighting,
 # clipping and the AdamW update included)? Each run trains MODEL's config from
-# a random initialisation for STEPS steps as scripts/house_stage.sh does
+# a random initialisation for STEPS steps as scripts/train/house_stage.sh does
 # (batch 8 x 512, bf16 autocast, --threads THREADS, no validation) on
 # WORK/data/train.txt; the first 5 steps are dropped as warm-up.
 #   experiments/attention_ab/train_attention_ab.sh WORK [MODEL] [STEPS] [ROUNDS] [WEIGHT]

@@ -3,7 +3,7 @@
 # kv is 0 of 50 in every direction) because the translators never trained on
 # kv hand-overs? Continues the committed kvl-small -> kvl-large translator for
 # STEPS (default 400) steps of `kvl distill` on the 16,082 level-1-2 kv
-# conversations of scripts/make_kv_corpora.sh (WORK/kvextra/kv12.jsonl, held-out
+# conversations of scripts/train/make_kv_corpora.sh (WORK/kvextra/kv12.jsonl, held-out
 # documents removed; the last 200 for validation), prefixes of 383 tokens
 # ending at the reply, only the answer's positions scored, lr 1e-3, bf16;
 # then `kvl eval-translator` on the test split (64 windows, kv and facts
@@ -19,7 +19,7 @@ KVL=${KVL_BIN:-build/tools/kvl}
 work=$1 steps=${2:-400}
 d="$work/kvhandover"
 mkdir -p "$d"
-scripts/make_kv_corpora.sh "$work"
+scripts/train/make_kv_corpora.sh "$work"
 head -n -200 "$work/kvextra/kv12.jsonl" > "$d/train.jsonl"
 tail -n 200 "$work/kvextra/kv12.jsonl" > "$d/valid.jsonl"
 t=models/translators/kvl-small__kvl-large.safetensors

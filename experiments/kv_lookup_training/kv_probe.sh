@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # How the house models learned the kv task (docs/data.md), which every model
 # answered at chance after the task stage: fine-tunes the task stage's weights
-# (WORK/curriculum/MODEL/tasks, scripts/train_house_models.sh) for 1500 steps
-# per run on one of the corpora of scripts/make_kv_corpora.sh (WORK/kvextra/):
+# (WORK/curriculum/MODEL/tasks, scripts/train/train_house_models.sh) for 1500 steps
+# per run on one of the corpora of scripts/train/make_kv_corpora.sh (WORK/kvextra/):
 #   kv        24,133 extra kv conversations, levels 1-3
 #   kv1       the 8,067 of them at level 1 (conversations of at most ~360 tokens)
 #   tasks     the task corpus (WORK/data/train.txt), as the house recipe's task stage
 #   tasks+kv  the task corpus with all the extra kv conversations appended
 #   tasks+kv12, tasks+kv1: ... with those at levels 1-2 (16,082), at level 1
-# Each run is a stage of the recipe (scripts/house_stage.sh) at the task
+# Each run is a stage of the recipe (scripts/train/house_stage.sh) at the task
 # stage's lr, with ASSISTANT_WEIGHT W (the loss weight of assistant-written
 # tokens; 1 is the task stage's). Then `kvl eval` on the test split's five
 # suites and test.txt, and the kv items answered by kind and level
@@ -36,13 +36,13 @@ esac
 work=$1; shift
 FROM="$work/curriculum/$MODEL/tasks"
 grep -qs '"finished": true' "$FROM/summary.json" ||
-  { echo "$FROM: no finished task stage (scripts/train_house_models.sh)" >&2; exit 1; }
+  { echo "$FROM: no finished task stage (scripts/train/train_house_models.sh)" >&2; exit 1; }
 d="$work/kvprobe"
 r="$d/$MODEL"  # the runs
 mkdir -p "$r"
 TIMES="$r/times.tsv"
-source scripts/timed.sh
-source scripts/house_stage.sh
+source scripts/train/timed.sh
+source scripts/train/house_stage.sh
 
 # The runs: NAME INIT (a run's name or "from") CORPUS WEIGHT SEED.
 RUNS="kvonly from kv 1 21
@@ -59,7 +59,7 @@ for name in "$@"; do
   cut -d" " -f1 <<< "$RUNS" | grep -qx "$name" || { echo "unknown run $name" >&2; exit 2; }
 done
 
-scripts/make_kv_corpora.sh "$work"
+scripts/train/make_kv_corpora.sh "$work"
 
 corpus() { [ "$1" = tasks ] && echo "$work/data/train.txt" || echo "$work/kvextra/$1.txt"; }
 run() {  # run NAME INIT CORPUS WEIGHT SEED

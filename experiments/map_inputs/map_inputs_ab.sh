@@ -4,7 +4,7 @@
 #   experiments/map_inputs/map_inputs_ab.sh WORK_DIR [closed-form|distill|cross|cross-plain|cross-eval|all]
 # WORK_DIR/data from kvl make-data (the recipe's corpus). Writes under
 # WORK_DIR/map_inputs_ab/ and prints the tables of experiments/map_inputs/map_inputs_ab.txt:
-#  closed-form: both inputs fitted as scripts/train_translators.sh fits them
+#  closed-form: both inputs fitted as scripts/train/train_translators.sh fits them
 #    (256 training chats of up to 512 tokens, every source layer), for all
 #    four directions, then kvl eval-translator on the test split (64 windows);
 #  distill: kvl-small -> kvl-small-b from each closed form, 2400 steps on

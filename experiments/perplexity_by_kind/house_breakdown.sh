@@ -4,7 +4,7 @@
 # (test.jsonl's "task", same order) and runs `kvl eval --text` on each part
 # (up to 32768 predicted tokens each, 512-token windows), for every model.
 #   experiments/perplexity_by_kind/house_breakdown.sh WORK_DIR MODEL_DIR [MODEL_DIR ...]
-# WORK_DIR holds data/test.{txt,jsonl} (kvl make-data, as scripts/train_house_models.sh
+# WORK_DIR holds data/test.{txt,jsonl} (kvl make-data, as scripts/train/train_house_models.sh
 # writes it). Prints a Markdown table: nats/token per kind and model, each kind's
 # share of test.txt's characters, and the last model minus the first.
 set -euo pipefail

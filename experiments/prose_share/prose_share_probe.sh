@@ -32,7 +32,7 @@ knobs=(--seed 1 --facts-distractors 3 --facts-filler 4 --kv-max-bytes 2000 --ari
 [ -f "$work/data6400/manifest.json" ] ||
   "$KVL" make-data --out "$work/data6400" "${knobs[@]}" --train-conversations 6400 \
     --valid-conversations 240 --test-conversations 240 > /dev/null
-[ -d "$suites" ] || { echo "needs $suites (scripts/train_house_models.sh's corpus)" >&2; exit 1; }
+[ -d "$suites" ] || { echo "needs $suites (scripts/train/train_house_models.sh's corpus)" >&2; exit 1; }
 suite_flags=$(for t in facts kv arith lists strings; do echo --suite "$suites/test_$t.jsonl"; done)
 
 for m in kvl-small kvl-large kvl-small-b; do

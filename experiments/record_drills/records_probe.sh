@@ -3,7 +3,7 @@
 # (multi-token keys such as key-7g7g, docs/data.md), which every committed model
 # answers at chance? From the weights of FROM (a model directory):
 #   1. DRILL_STEPS steps on 40k drills, half of them record documents
-#      (scripts/retrieval_drills.py kinds records,records,copy,recall), lr 3e-3;
+#      (scripts/train/retrieval_drills.py kinds records,records,copy,recall), lr 3e-3;
 #   2. TASK_STEPS steps of the task corpus from those weights (the house
 #      recipe's task stage: lr 3e-3, warm-up 50, windows at conversation starts);
 #      with KVL_RECORDS_IN_TASKS=1 the task corpus has the first 20k drills of
@@ -16,7 +16,7 @@
 # reverse lookups) and level. DRILL_STEPS 0 is the control: no drill round,
 # the task stage starts from FROM.
 #   experiments/record_drills/records_probe.sh WORK FROM NAME DRILL_STEPS TASK_STEPS
-# WORK holds data/ (kvl make-data) as for scripts/train_house_models.sh.
+# WORK holds data/ (kvl make-data) as for scripts/train/train_house_models.sh.
 # KVL_DRILL_CONFIG: the model shape (default models/configs/kvl-small.json);
 # KVL_TRAIN_THREADS: threads (default 2). Finished stages are not retrained.
 # Output: WORK/drills/NAME-tasks/probe.txt (NAME-mix/ with KVL_RECORDS_IN_TASKS=1;
@@ -30,7 +30,7 @@ work=$1 from=$2 name=$3 drill_steps=$4 task_steps=$5
 d="$work/drills"
 mkdir -p "$d"
 drills() {  # drills OUT N SEED KINDS
-  [ -f "$d/$1" ] || /usr/bin/python3 scripts/retrieval_drills.py "$work/data/train.txt" "$d/$1" "${@:2}"
+  [ -f "$d/$1" ] || /usr/bin/python3 scripts/train/retrieval_drills.py "$work/data/train.txt" "$d/$1" "${@:2}"
 }
 drills records_mix.txt 40000 6 records,records,copy,recall
 drills records_valid.txt 500 7 records,records,copy,recall

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Does a first curriculum stage of retrieval drills (scripts/retrieval_drills.py)
+# Does a first curriculum stage of retrieval drills (scripts/train/retrieval_drills.py)
 # teach kvl-small's shape to copy from its context? Trains NAME for STEPS steps
 # on 100k drill conversations (extra arguments go to kvl train-lm, e.g.
 # --lr 1e-2 or --batch 32 --seq-len 128), then prints
@@ -18,7 +18,7 @@ THREADS=${KVL_TRAIN_THREADS:-2}
 work=$1 name=$2 steps=$3; shift 3
 d="$work/drills"
 mkdir -p "$d/$name"
-scripts/make_drills.sh "$work"
+scripts/train/make_drills.sh "$work"
 # A finished model (e.g. a curriculum stage linked in as $d/NAME/model) is
 # only probed.
 grep -qs '"finished": true' "$d/$name/model/summary.json" ||

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The learning rate of scripts/train_translators.sh's stage 3 (chat
+# The learning rate of scripts/train/train_translators.sh's stage 3 (chat
 # hand-overs) for a direction with joint maps: stage 3 again from the same
 # stage-2 maps at other peak lrs (each decaying to a tenth, as the recipe's
 # 1e-4 -> 1e-5), the recipe's other flags unchanged, then `kvl eval-translator`
@@ -12,7 +12,7 @@
 # stage-3 maps train_translators.sh leaves in WORK_DIR/translators
 # (S__T.any.safetensors, S__T.chat.safetensors; e.g.
 # KVL_TRANSLATOR_PAIRS=S:T KVL_SKIP_EVAL=1 KVL_HOUSE_WORK=WORK_DIR
-# scripts/train_translators.sh, which also rewrites the committed S__T files
+# scripts/train/train_translators.sh, which also rewrites the committed S__T files
 # in models/translators and docs/results/training: `git checkout models/translators
 # docs/results/training` to keep them). Writes WORK_DIR/stage3_lr/S__T.lrX.* and
 # experiments/stage3_lr/results/S__T.json with each variant's distillation log

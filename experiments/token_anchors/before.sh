@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Recall after a switch with the translators committed before issue 32 (no
 # anchors; git show b4c37a8:models/translators/...), every direction, as
-# scripts/switch_recall.sh measures the committed ones: the "before" column of
+# scripts/report/switch_recall.sh measures the committed ones: the "before" column of
 # docs/results/switch_recall.md's comparison.
 #   experiments/token_anchors/before.sh WORK [ITEMS]
 set -euo pipefail

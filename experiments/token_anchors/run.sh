@@ -5,7 +5,7 @@
 # inputs) with anchor windows W, each measured by kvl eval-switch beside the
 # committed (distilled, unanchored) translator.
 #   experiments/token_anchors/run.sh WORK [ITEMS] [WINDOWS]
-#     WORK/data from the house corpus (kvl make-data as scripts/train_house_models.sh);
+#     WORK/data from the house corpus (kvl make-data as scripts/train/train_house_models.sh);
 #     defaults: 100 items per task, windows "0 1 2 4". KVL_SKIP_COMMITTED=1 skips
 #     the committed translator's evaluation, KVL_ANCHOR_VARIANTS=0 the W=2 variants.
 set -euo pipefail

@@ -2,7 +2,7 @@
 # Which target layers limit each committed (distilled) house translator:
 # `kvl ablate-translator` on the test split, prefixes ending where the target
 # starts a reply (the hand-over of a switch before the answer), for all four
-# directions. Needs the corpus of scripts/train_house_models.sh.
+# directions. Needs the corpus of scripts/train/train_house_models.sh.
 #   experiments/translator_ablation/translator_ablation.sh [WORK_DIR]   # default build/house; needs WORK_DIR/data
 # Output: experiments/translator_ablation/translator_ablation.txt (the printed tables) and one
 # JSON file per direction in experiments/translator_ablation/results/<S>__<T>.json.

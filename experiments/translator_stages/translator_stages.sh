@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What each distillation stage of scripts/train_translators.sh buys: `kvl
+# What each distillation stage of scripts/train/train_translators.sh buys: `kvl
 # eval-translator` on the test split (64 windows, the five test suites, no
 # multi-turn run) of every stage's maps of a direction, one run per direction:
 # the closed form ($WORK/translators/S__T.closed-form.safetensors), stage 2 on

@@ -2,7 +2,7 @@
 # Builds the batch scheduler's test with ThreadSanitizer and runs it with the
 # suppressions in tsan.supp here (no halt_on_error: every report is counted);
 # writes the warning count and the distinct top frames to summary.txt here.
-# The pass/fail check for CI is scripts/tsan_check.sh.
+# The pass/fail check for CI is scripts/ci/tsan_check.sh.
 #   TSAN_BUILD_DIR=/tmp/build-tsan KVL_TSAN_JOBS=1 experiments/tsan_scheduler/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Counts ThreadSanitizer reports per process for a few concurrency tests of
-# the TSan build (scripts/tsan_suite.sh builds it), with and without the
+# the TSan build (scripts/ci/tsan_suite.sh builds it), with and without the
 # suppressions of tests/tsan.supp (third-party libraries only) and with and
 # without the happens-before edges of base/tsan/hidden_sync.cc
 # (KVL_TSAN_HIDDEN_SYNC=0 turns them off). Writes summary.txt here.

@@ -1,6 +1,6 @@
 // Tests of the chat-data generator (`kvl make-data`): determinism, split
 // disjointness, difficulty knobs, and answers re-derived by the independent
-// checker scripts/check_suite.py.
+// checker scripts/oracles/check_suite.py.
 #include "datagen/chat_data.h"
 
 #include <filesystem>
@@ -49,7 +49,7 @@ DataOptions SmallOptions(uint64_t seed) {
 
 int RunChecker(const std::string& dir, std::string* output) {
   auto proc = kvl::testing::Subprocess::Start(
-      {KVL_SYSTEM_PYTHON, std::string(KVL_SOURCE_DIR) + "/scripts/check_suite.py", dir});
+      {KVL_SYSTEM_PYTHON, std::string(KVL_SOURCE_DIR) + "/scripts/oracles/check_suite.py", dir});
   if (!proc.ok()) {
     *output = std::string(proc.status().message());
     return -1;

@@ -1,4 +1,4 @@
-// scripts/retrieval_drills.py writes the first stage of the house models'
+// scripts/train/retrieval_drills.py writes the first stage of the house models'
 // curriculum. Its answers must be right by construction: each item is checked
 // here by re-reading its prompt (independently of the generator's code), and
 // the output must be deterministic.
@@ -48,7 +48,7 @@ class RetrievalDrillsTest : public ::testing::Test {
   // Runs the script; returns its exit code and fills *err.
   int Run(const std::vector<std::string>& args, std::string* err = nullptr) {
     std::vector<std::string> argv = {KVL_SYSTEM_PYTHON,
-                                     std::string(KVL_SOURCE_DIR) + "/scripts/retrieval_drills.py"};
+                                     std::string(KVL_SOURCE_DIR) + "/scripts/train/retrieval_drills.py"};
     argv.insert(argv.end(), args.begin(), args.end());
     absl::StatusOr<kvl::testing::RunResult> r =
         kvl::testing::RunProcess(argv, std::chrono::seconds(60));

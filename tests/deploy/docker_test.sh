@@ -2,7 +2,7 @@
 # The CPU image and the compose stack, built and run (issue 37):
 #   tests/deploy/docker_test.sh BUILD_DIR [--from-source] [--out FILE]
 # 1. a private Docker daemon and the base image local/debian:12 made by
-#    debootstrap (scripts/docker_daemon.sh; nothing is pulled from a registry);
+#    debootstrap (scripts/ci/docker_daemon.sh; nothing is pulled from a registry);
 # 2. deploy/Dockerfile.cpu's runtime stage with the binaries BUILD_DIR holds
 #    (deploy/Dockerfile.cpu's runtime-base stage, then the binaries copied in):
 #    non-root, no build or test tools inside, OpenBLAS;
@@ -52,7 +52,7 @@ cleanup() {
   set +e
   for c in "${containers[@]}"; do "$docker" rm -f "$c" >/dev/null 2>&1; done
   [ -n "$compose_project" ] && compose_cmd down --volumes >/dev/null 2>&1
-  [ "$started_daemon" = 1 ] && "$repo/scripts/docker_daemon.sh" stop "$docker_dir"
+  [ "$started_daemon" = 1 ] && "$repo/scripts/ci/docker_daemon.sh" stop "$docker_dir"
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -60,8 +60,8 @@ trap cleanup EXIT
 # 1. Daemon and base image.
 [ -S "$docker_dir/docker.sock" ] && DOCKER_HOST="unix://$docker_dir/docker.sock" "$docker" info >/dev/null 2>&1 || started_daemon=1
 export DOCKER_HOST
-DOCKER_HOST=$("$repo/scripts/docker_daemon.sh" start "$docker_dir") || fail "the Docker daemon did not start"
-"$repo/scripts/docker_daemon.sh" base "$docker_dir" || fail "no base image"
+DOCKER_HOST=$("$repo/scripts/ci/docker_daemon.sh" start "$docker_dir") || fail "the Docker daemon did not start"
+"$repo/scripts/ci/docker_daemon.sh" base "$docker_dir" || fail "no base image"
 log "daemon at $DOCKER_HOST, base image local/debian:12"
 
 # 2. The runtime image: this build's binaries in the runtime stage, or the

@@ -35,7 +35,7 @@ for tool in "$server_bin" "$prometheus_bin" "$python" "$protoc"; do
 done
 for m in kvl-small kvl-small-b kvl-large; do
   [[ -f "models/$m/config.json" ]] ||
-    fail "models/$m is missing: train the house models first (scripts/train_house_models.sh)"
+    fail "models/$m is missing: train the house models first (scripts/train/train_house_models.sh)"
 done
 dashboard=deploy/grafana/dashboards/kvlingo.json
 [[ -f "$dashboard" ]] || fail "no $dashboard"

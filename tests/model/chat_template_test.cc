@@ -1,5 +1,5 @@
 // Qwen3's chat template: every golden rendered by @huggingface/jinja from the
-// real chat_template (scripts/gen_chat_template_goldens.mjs) must match byte
+// real chat_template (scripts/oracles/gen_chat_template_goldens.mjs) must match byte
 // for byte; the incremental helpers are checked against the goldens and
 // against full renderings.
 #include "model/chat_template.h"

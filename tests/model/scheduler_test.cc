@@ -424,7 +424,7 @@ TEST(BatchScheduler, PrefillMatchesTheEngineInTheForegroundAndTheBackground) {
 }
 
 // The scheduler's own concurrency: many threads submit, cancel and finish at
-// once against one loop (run under ThreadSanitizer by scripts/tsan_check.sh;
+// once against one loop (run under ThreadSanitizer by scripts/ci/tsan_check.sh;
 // experiments/tsan_scheduler/README.md).
 TEST(BatchScheduler, ManyThreadsSubmittingAndCancellingAtOnce) {
   const Checkpoint c = TinyCheckpoint();

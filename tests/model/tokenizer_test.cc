@@ -1,5 +1,5 @@
 // kvl::Tokenizer against the real Qwen3 tokenizer.json and goldens produced by
-// an independent JavaScript encoder (scripts/gen_tokenizer_goldens.mjs).
+// an independent JavaScript encoder (scripts/oracles/gen_tokenizer_goldens.mjs).
 #include "model/tokenizer.h"
 
 #include <gtest/gtest.h>
@@ -79,7 +79,7 @@ class Qwen3TokenizerTest : public ::testing::Test {
     ASSERT_EQ(load_error_, nullptr) << *load_error_;
     ASSERT_NE(tokenizer_, nullptr);
     ASSERT_GE(goldens_->size(), 300u) << "goldens missing or short: " << kGoldenPath
-                                      << " (node scripts/gen_tokenizer_goldens.mjs)";
+                                      << " (node scripts/oracles/gen_tokenizer_goldens.mjs)";
   }
   const Tokenizer& tok() const { return *tokenizer_; }
 

@@ -146,7 +146,7 @@ std::string GreedyByReference(const Checkpoint& ckpt, const Tokenizer& tok,
   return tok.Decode(generated);
 }
 
-// The normalisation as scripts/check_suite.py writes it, independently.
+// The normalisation as scripts/oracles/check_suite.py writes it, independently.
 std::string PyNormalize(std::string a, const std::string& scoring) {
   auto is_space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
   while (!a.empty() && is_space(a.back())) a.pop_back();

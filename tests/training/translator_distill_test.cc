@@ -584,7 +584,7 @@ TEST(CommittedTranslatorsTest, RecordEveryTrainingStage) {
     EXPECT_GE(distilled_steps, 500) << path;
   }
   auto check = testing::RunProcess(
-      {KVL_SYSTEM_PYTHON, src + "/scripts/restamp_translator_history.py", "--check",
+      {KVL_SYSTEM_PYTHON, src + "/scripts/train/restamp_translator_history.py", "--check",
        src + "/models/translators"},
       std::chrono::seconds(60));
   ASSERT_TRUE(check.ok()) << check.status();

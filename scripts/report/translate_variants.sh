@@ -9,14 +9,14 @@
 #   routing.native_tail_tokens), in float32.
 # KVL_VARIANT_TAILS="64 128" runs only those tails, KVL_VARIANT_BF16=0 skips
 # the bfloat16 run (both set empty / 0: only the table is remade).
-# Needs the corpus of scripts/train_house_models.sh.
-#   scripts/translate_variants.sh [WORK_DIR]   # default build/house; needs WORK_DIR/data
-#   KVL_VARIANT_PAIRS="kvl-small:kvl-small-b" scripts/translate_variants.sh build/house2
+# Needs the corpus of scripts/train/train_house_models.sh.
+#   scripts/report/translate_variants.sh [WORK_DIR]   # default build/house; needs WORK_DIR/data
+#   KVL_VARIANT_PAIRS="kvl-small:kvl-small-b" scripts/report/translate_variants.sh build/house2
 #     reruns only those directions (the table is made from every JSON in the folder).
 # Output: one JSON per run in docs/results/translate_variants/<S>__<T>.<dtype>.tail<W>.json
 # and the summary table docs/results/translate_variants.txt.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 KVL=${KVL_BIN:-build/tools/kvl}
 PY=${KVL_PYTHON:-/usr/bin/python3}
 work=${1:-build/house}
@@ -38,7 +38,7 @@ done
 "$PY" - "$dir" <<'PY' | tee docs/results/translate_variants.txt
 import glob, json, os, sys
 d = sys.argv[1]
-print("# scripts/translate_variants.sh: distilled translators, test split "
+print("# scripts/report/translate_variants.sh: distilled translators, test split "
       "(64 windows, prefix 255, continuation 128; 5 suites x 50 items)")
 print()
 print("| direction | dtype | native tail | gap | gap first 32 | recovered first 32 | "

@@ -6,16 +6,16 @@
 # any target crashed, leaked, timed out or ran out of memory; the input that
 # did is saved under BUILD/crashes/<target>/ (add it to tests/fuzz/crashes/ with
 # the fix, and the suite replays it from then on).
-#   scripts/fuzz.sh                        # every target, 60 s each
-#   scripts/fuzz.sh --seconds 30 tokenizer safetensors
-#   scripts/fuzz.sh --runs 10000000 --seconds 3600 --out docs/results/fuzz_campaign.txt
+#   scripts/ci/fuzz.sh                        # every target, 60 s each
+#   scripts/ci/fuzz.sh --seconds 30 tokenizer safetensors
+#   scripts/ci/fuzz.sh --runs 10000000 --seconds 3600 --out docs/results/fuzz_campaign.txt
 #                                          # whichever comes first
-#   scripts/fuzz.sh --report tokenizer     # only the lines, from the last run's logs
-#   KVL_FUZZ_BUILD_DIR=/tmp/f KVL_FUZZ_JOBS=1 scripts/fuzz.sh
+#   scripts/ci/fuzz.sh --report tokenizer     # only the lines, from the last run's logs
+#   KVL_FUZZ_BUILD_DIR=/tmp/f KVL_FUZZ_JOBS=1 scripts/ci/fuzz.sh
 # The corpus each run grows is kept in BUILD/corpus/<target>/ and reused by
 # the next run; the committed seeds stay as they are.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 # Symbolized reports (file:line) need llvm-symbolizer; Debian's is versioned.
 if [[ -z ${ASAN_SYMBOLIZER_PATH:-} ]] && command -v llvm-symbolizer-14 >/dev/null; then
   export ASAN_SYMBOLIZER_PATH=$(command -v llvm-symbolizer-14)
@@ -47,7 +47,7 @@ for t in "${targets[@]}"; do
   [[ " ${ALL[*]} " == *" $t "* ]] || { echo "fuzz.sh: unknown target '$t' (targets: ${ALL[*]})" >&2; exit 2; }
 done
 
-[[ $report_only -eq 1 ]] || scripts/sanitizer_build.sh "$BUILD" fuzz fuzz "$JOBS" "${targets[@]/#/fuzz_}"
+[[ $report_only -eq 1 ]] || scripts/ci/sanitizer_build.sh "$BUILD" fuzz fuzz "$JOBS" "${targets[@]/#/fuzz_}"
 
 status=0
 report=()
@@ -90,9 +90,9 @@ for t in "${targets[@]}"; do
 done
 if [[ -n $out ]]; then
   { if [[ $report_only -eq 1 ]]; then
-      echo "# scripts/fuzz.sh --report ${targets[*]}: the last run of each target, from its log"
+      echo "# scripts/ci/fuzz.sh --report ${targets[*]}: the last run of each target, from its log"
     else
-      echo "# scripts/fuzz.sh --seconds $seconds --runs $runs ${targets[*]} (0 s, -1 runs: no limit)"
+      echo "# scripts/ci/fuzz.sh --seconds $seconds --runs $runs ${targets[*]} (0 s, -1 runs: no limit)"
     fi
     echo "# $(date -u +%Y-%m-%dT%H:%MZ), $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(clang++-14 --version | head -1)"
     printf '%s\n' "${report[@]}"; } >"$out"

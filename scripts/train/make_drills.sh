@@ -5,14 +5,14 @@
 #   train.txt, valid.txt  100k / 1k drills (copy, recall, next; seeds 1 and 2)
 #   test.jsonl            600 held-out drills as a kvl eval suite (seed 3)
 #   copy_{16,all}_{rep,fresh}.txt  the copying probe of experiments/retrieval_drills_stage/drill_probe.sh
-#   scripts/make_drills.sh WORK
+#   scripts/train/make_drills.sh WORK
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 work=$1
 d="$work/drills"
 mkdir -p "$d"
 drills() {  # drills OUT N SEED [KINDS]
-  [ -f "$d/$1" ] || /usr/bin/python3 scripts/retrieval_drills.py "$work/data/train.txt" "$d/$1" "${@:2}"
+  [ -f "$d/$1" ] || /usr/bin/python3 scripts/train/retrieval_drills.py "$work/data/train.txt" "$d/$1" "${@:2}"
 }
 drills train.txt 100000 1
 drills valid.txt 1000 2

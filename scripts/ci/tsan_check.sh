@@ -2,20 +2,20 @@
 # The batch scheduler's concurrency test under ThreadSanitizer: configures (once)
 # and builds a TSan build dir holding only tests/model_scheduler_test, runs it,
 # prints one line, and exits non-zero on a test failure or any TSan warning.
-#   scripts/tsan_check.sh                       # build dir build-tsan/ (git-ignored)
-#   KVL_TSAN_BUILD_DIR=/tmp/t scripts/tsan_check.sh --gtest_filter='*ManyThreads*'
-#   KVL_TSAN_JOBS=1 scripts/tsan_check.sh       # build jobs (default: nproc)
+#   scripts/ci/tsan_check.sh                       # build dir build-tsan/ (git-ignored)
+#   KVL_TSAN_BUILD_DIR=/tmp/t scripts/ci/tsan_check.sh --gtest_filter='*ManyThreads*'
+#   KVL_TSAN_JOBS=1 scripts/ci/tsan_check.sh       # build jobs (default: nproc)
 # Arguments go to the test binary. The full log is BUILD_DIR/tsan_check.log.
 # Why and what it found: experiments/tsan_scheduler/README.md.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 BUILD=${KVL_TSAN_BUILD_DIR:-build-tsan}
 JOBS=${KVL_TSAN_JOBS:-$(nproc)}
 TARGET=tests/model_scheduler_test
 SUPP=$PWD/tests/tsan.supp
 
-scripts/sanitizer_build.sh "$BUILD" thread tsan_check "$JOBS" "$TARGET"
+scripts/ci/sanitizer_build.sh "$BUILD" thread tsan_check "$JOBS" "$TARGET"
 
 log=$BUILD/tsan_check.log
 start=$(date +%s)

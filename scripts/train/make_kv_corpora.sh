@@ -9,9 +9,9 @@
 #   tasks+kv12.txt, tasks+kv1.txt: ... with those at levels 1-2 (16,082), at level 1
 # (~0.6 GB in all, with data2/, make-data's output). Deterministic; files
 # already there are kept.
-#   scripts/make_kv_corpora.sh WORK
+#   scripts/train/make_kv_corpora.sh WORK
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 KVL=${KVL_BIN:-build/tools/kvl}
 work=$1
 d="$work/kvextra"

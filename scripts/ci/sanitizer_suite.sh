@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite under a sanitizer, for scripts/asan_suite.sh and
-# scripts/tsan_suite.sh (their headers say what each covers):
-#   scripts/sanitizer_suite.sh address|thread [ctest arguments...]
-# Builds everything in the sanitizer's build dir (scripts/sanitizer_build.sh)
+# The whole test suite under a sanitizer, for scripts/ci/asan_suite.sh and
+# scripts/ci/tsan_suite.sh (their headers say what each covers):
+#   scripts/ci/sanitizer_suite.sh address|thread [ctest arguments...]
+# Builds everything in the sanitizer's build dir (scripts/ci/sanitizer_build.sh)
 # and runs its ctest suite there. Every instrumented process (test binaries,
 # and the kvl-server and kvl they start) writes any report to
 # BUILD/sanitizer_reports/ (log_path), so a report from a child process counts
@@ -10,8 +10,8 @@
 # a failed test or any report. Left out: the Docker and soak tests
 # (docs/testing.md says why).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-KIND=${1:?usage: scripts/sanitizer_suite.sh address|thread [ctest arguments...]}
+cd "$(dirname "$0")/../.."
+KIND=${1:?usage: scripts/ci/sanitizer_suite.sh address|thread [ctest arguments...]}
 shift
 case $KIND in
   address)
@@ -36,7 +36,7 @@ case $KIND in
   *) echo "sanitizer_suite.sh: KIND must be address or thread, got '$KIND'" >&2; exit 2 ;;
 esac
 
-scripts/sanitizer_build.sh "$BUILD" "$build_kind" "$name" "$JOBS"
+scripts/ci/sanitizer_build.sh "$BUILD" "$build_kind" "$name" "$JOBS"
 
 reports=$(cd "$BUILD" && pwd)/sanitizer_reports  # absolute: every test's cwd differs
 log=$BUILD/$name.log

@@ -13,7 +13,7 @@ bytes are unchanged (checked). It first checks that the last stage it rebuilds
 equals the record the file already holds, so a summary that does not belong to
 the file is refused.
 
-Usage: /usr/bin/python3 scripts/restamp_translator_history.py [--check] [DIR]
+Usage: /usr/bin/python3 scripts/train/restamp_translator_history.py [--check] [DIR]
 (DIR: models/translators; the summaries are read from docs/results/training/
 of this repository). --check changes nothing and fails if a file's
 history differs from the one the summaries give.
@@ -24,8 +24,8 @@ import struct
 import sys
 
 KEY = "kvlingo_translator"
-# Where scripts/train_translators.sh keeps each translator's training logs.
-LOGS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results" / "training"
+# Where scripts/train/train_translators.sh keeps each translator's training logs.
+LOGS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "results" / "training"
 
 
 def read_header(path):

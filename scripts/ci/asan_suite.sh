@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite under AddressSanitizer + UndefinedBehaviorSanitizer, in
-# the clang build dir of scripts/fuzz.sh (build-fuzz/, git-ignored), with every
-# process's reports collected (scripts/sanitizer_suite.sh does the work).
-#   scripts/asan_suite.sh                  # build, then the whole suite
-#   scripts/asan_suite.sh -R RouterE2e     # extra arguments go to ctest
+# the clang build dir of scripts/ci/fuzz.sh (build-fuzz/, git-ignored), with every
+# process's reports collected (scripts/ci/sanitizer_suite.sh does the work).
+#   scripts/ci/asan_suite.sh                  # build, then the whole suite
+#   scripts/ci/asan_suite.sh -R RouterE2e     # extra arguments go to ctest
 # Left out, each for its reason (docs/testing.md):
 #   the Docker test: it builds an image from the build dir's binaries, and
 #     the image's health checks and commands do not carry the sanitizer's

@@ -2,9 +2,9 @@
 """docs/results/translators.md from the kvl eval-translator JSON reports.
 
 Reads docs/results/translators/<source>__<target>.json (written by
-scripts/train_translators.sh), the server's native tail runs of
-scripts/translate_variants.sh and the many-window runs of
-scripts/translator_precision.sh where they exist, and writes docs/results/translators.md: per
+scripts/train/train_translators.sh), the server's native tail runs of
+scripts/report/translate_variants.sh and the many-window runs of
+scripts/report/translator_precision.sh where they exist, and writes docs/results/translators.md: per
 direction the continuation log-perplexity of the target natively, with no
 prefix, and from the closed-form and distilled translated caches (gap and share
 of the prefix benefit recovered, over the whole continuation and its first
@@ -12,7 +12,7 @@ tokens), the issue's targets checked one by one, task accuracy per condition,
 and the multi-turn comparison of span-wise translation, whole-prefix
 re-translation and re-prefill.
 
-usage: scripts/translator_report.py
+usage: scripts/report/translator_report.py
 """
 import glob
 import json
@@ -20,7 +20,7 @@ import os
 import re
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ORDER = ["kvl-small__kvl-large", "kvl-large__kvl-small", "kvl-small__kvl-small-b",
          "kvl-small-b__kvl-small"]
 
@@ -137,7 +137,7 @@ def main():
     names = [n for n in ORDER if n in reports] + sorted(n for n in reports if n not in ORDER)
     first_k = next(iter(reports.values()))["first_k"]
     # The same translators with the server's default native tail
-    # (scripts/translate_variants.sh), where that run exists.
+    # (scripts/report/translate_variants.sh), where that run exists.
     w = server_native_tail()
     with_tail = {}
     for n in names:
@@ -147,8 +147,8 @@ def main():
     md = [
         "# Translators between the house models: results",
         "",
-        "Produced by `scripts/train_translators.sh` (kvl fit, kvl distill, kvl eval-translator",
-        "per direction) and `scripts/translator_report.py`; raw reports in",
+        "Produced by `scripts/train/train_translators.sh` (kvl fit, kvl distill, kvl eval-translator",
+        "per direction) and `scripts/report/translator_report.py`; raw reports in",
         "[translators/](translators/). Test split conversations the translators never saw;",
         "log-perplexity in nats/token over the continuation after the prefix.",
         "Maps: in both pairs each target layer reads every source layer (`kvl fit",
@@ -157,7 +157,7 @@ def main():
         "→ kvl-small and the shape-preserving pair read the source's keys and values",
         "together (`--inputs joint`) and are distilled with whitened steps (`kvl distill",
         "--whiten`), kvl-small → kvl-large's maps are split. Closed form, then distilled on",
-        "windows that start anywhere (scripts/train_translators.sh; what the anchors and",
+        "windows that start anywhere (scripts/train/train_translators.sh; what the anchors and",
         "each stage buy: [token_anchors](../../experiments/token_anchors/README.md)).",
         "",
         f"Log-perplexity of the target over the continuation (all / first {first_k} tokens):",
@@ -179,7 +179,7 @@ def main():
         f"recovered, distilled | distillation factor (all) |",
         "|---|---|---|---|---|---|",
     ]
-    # The same translators over more windows (scripts/translator_precision.sh).
+    # The same translators over more windows (scripts/report/translator_precision.sh).
     precision = {}
     for n in names:
         for tail in (0, w):

@@ -79,7 +79,7 @@ by its deadline, --turn-timeout for turns).
 Uses Debian's /usr/bin/python3 (python3-grpcio, python3-protobuf), protoc and
 gnuplot; the server's helpers come from bench/server_bench.py.
 
-usage: /usr/bin/python3 scripts/soak.py --server BUILD/server/kvl-server
+usage: /usr/bin/python3 scripts/ci/soak.py --server BUILD/server/kvl-server
            [--sessions 64] [--seconds 1800] [--budget-mib 32] [--out PREFIX] [--seed 1]
 short (ctest): --sessions 16 --seconds 60 --out TMPDIR/soak
 """
@@ -99,7 +99,7 @@ import urllib.request
 
 import grpc
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                 "bench"))
 import server_bench as sb  # noqa: E402  (config, server start-up, client, words)
 
@@ -480,7 +480,7 @@ def plot(prefix, bound, rss_start):
     top = {col: 1.3 * max([float(r[col]) for r in rows] or [1]) for col in (2, 3)}
     script = f"""set terminal pngcairo size 1000,700 font ",10" noenhanced
 set output "{os.path.abspath(prefix + '.png')}"
-set multiplot layout 2,1 title "kvl-server soak (scripts/soak.py)"
+set multiplot layout 2,1 title "kvl-server soak (scripts/ci/soak.py)"
 set grid
 set key bottom right opaque
 set offsets graph 0, 0, 0.15, 0
@@ -563,8 +563,8 @@ def main():
             sampling = threading.Thread(target=sampler, args=(soak, proc.pid, samples, t0),
                                         daemon=True)
             sampling.start()
-            emit("kvlingo soak test (scripts/soak.py)")
-            emit(f"command: /usr/bin/python3 scripts/soak.py {' '.join(sys.argv[1:])}")
+            emit("kvlingo soak test (scripts/ci/soak.py)")
+            emit(f"command: /usr/bin/python3 scripts/ci/soak.py {' '.join(sys.argv[1:])}")
             emit(f"date: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}  {sb.load_line()}")
             emit(f"server: {args.server} pid {proc.pid}; models {', '.join(MODELS)}; budget "
                  f"{args.budget_mib} MiB; runtime.threads {args.threads}; batching.max_running 4; "

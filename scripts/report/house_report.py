@@ -2,10 +2,10 @@
 """Model cards and the results table of the house models.
 
 Reads, for each model, from docs/results/training/<name>/ (where
-scripts/train_house_models.sh keeps a model's training logs): summary.json and
+scripts/train/train_house_models.sh keeps a model's training logs): summary.json and
 summary_<stage>.json (written by kvl train-lm) and eval_test.json (kvl eval on
 the test suites and test.txt); the step times in
-$WORK/times.tsv (scripts/train_house_models.sh); the test suites, for the
+$WORK/times.tsv (scripts/train/train_house_models.sh); the test suites, for the
 chance baselines. Writes models/<name>/README.md and
 docs/results/house_models.{md,json} and docs/results/house_times.tsv. Touches
 nothing else.
@@ -17,7 +17,7 @@ drawn uniformly among those that are the expected answer of some item of the
 suite (it knows the answer's type and that it was stated: for retrieval tasks
 it is well above chance).
 
-usage: scripts/house_report.py WORK_DIR [MODEL ...]
+usage: scripts/report/house_report.py WORK_DIR [MODEL ...]
 """
 import collections
 import glob
@@ -27,7 +27,7 @@ import re
 import sys
 
 TASKS = ["facts", "kv", "arith", "lists", "strings"]
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LOGS = os.path.join(ROOT, "docs", "results", "training")
 
 
@@ -71,9 +71,9 @@ def times(work):
 
 
 STAGE_DATA = {
-    "drills1": "retrieval drills (scripts/make_drills.sh)",
+    "drills1": "retrieval drills (scripts/train/make_drills.sh)",
     "tasks": "the task corpus, from the last drill round's weights",
-    "kvdocs": "the 8,067 level-1 kv conversations (scripts/make_kv_corpora.sh), from the task "
+    "kvdocs": "the 8,067 level-1 kv conversations (scripts/train/make_kv_corpora.sh), from the task "
               "stage's weights",
     "mix": "the task corpus plus the 16,082 level-1-2 kv conversations, from kvdocs' weights",
 }
@@ -107,7 +107,7 @@ def card(name, summary, stages, ev, t, chances, picks):
         f"# {name}",
         "",
         "A house model of kvlingo: a Qwen3-architecture decoder trained from scratch on",
-        "the generated chat corpus (docs/data.md) by `scripts/train_house_models.sh`.",
+        "the generated chat corpus (docs/data.md) by `scripts/train/train_house_models.sh`.",
         "Hugging Face layout (`config.json`, bf16 `model.safetensors`, tokenizer files: links to "
         "the shared `../tokenizer/`).",
         "",
@@ -171,7 +171,7 @@ def card(name, summary, stages, ev, t, chances, picks):
         "",
         f"Training logs and plots (loss curve `loss.png`, `train_log.jsonl`, each stage's "
         f"`summary*.json`, `eval_test.json`): [docs/results/training/{name}/]"
-        f"(../../docs/results/training/{name}/). Reproduce: `scripts/train_house_models.sh` "
+        f"(../../docs/results/training/{name}/). Reproduce: `scripts/train/train_house_models.sh` "
         "(docs/results/house_models.md).",
         "",
     ]
@@ -202,11 +202,11 @@ def main():
     md = [
         "# House models: test-split results",
         "",
-        "Produced by `scripts/train_house_models.sh` (which runs `kvl eval` on each model and",
-        "then `scripts/house_report.py`). Accuracy: greedy decoding, exact match after the",
+        "Produced by `scripts/train/train_house_models.sh` (which runs `kvl eval` on each model and",
+        "then `scripts/report/house_report.py`). Accuracy: greedy decoding, exact match after the",
         "suite's normalisation. Chance: always giving the suite's most frequent answer; pick: a",
         "stronger heuristic that answers with a random prompt word of the answer's type",
-        "(definitions in scripts/house_report.py).",
+        "(definitions in scripts/report/house_report.py).",
         "Log-perplexity: nats/token on test.txt, 512-token windows.",
         "",
         "| model | params | nats/token | " + " | ".join(TASKS) + " |",

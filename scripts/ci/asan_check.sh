@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The parser tests under AddressSanitizer + UndefinedBehaviorSanitizer: builds
-# them in the clang build dir scripts/fuzz.sh uses (build-fuzz/, git-ignored;
-# scripts/sanitizer_build.sh), runs each, prints one line and exits non-zero
+# them in the clang build dir scripts/ci/fuzz.sh uses (build-fuzz/, git-ignored;
+# scripts/ci/sanitizer_build.sh), runs each, prints one line and exits non-zero
 # on a test failure or any sanitizer report.
-#   scripts/asan_check.sh
-#   KVL_FUZZ_BUILD_DIR=/tmp/f KVL_ASAN_JOBS=1 scripts/asan_check.sh
+#   scripts/ci/asan_check.sh
+#   KVL_FUZZ_BUILD_DIR=/tmp/f KVL_ASAN_JOBS=1 scripts/ci/asan_check.sh
 # The tests: those that run neither kvl-server nor kvl (KVL_TESTS_WITHOUT_BINARIES
 # in tests/CMakeLists.txt): safetensors, checkpoint config, chat template,
 # server config, chat request validation, and the batch scheduler. Logs are
 # BUILD/asan_<test>.log.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 # Symbolized reports (file:line) need llvm-symbolizer; Debian's is versioned.
 if [[ -z ${ASAN_SYMBOLIZER_PATH:-} ]] && command -v llvm-symbolizer-14 >/dev/null; then
   export ASAN_SYMBOLIZER_PATH=$(command -v llvm-symbolizer-14)
@@ -21,7 +21,7 @@ JOBS=${KVL_ASAN_JOBS:-$(nproc)}
 TESTS=(model_safetensors_test model_config_test model_chat_template_test server_config_test
        server_chat_request_test model_scheduler_test)
 
-scripts/sanitizer_build.sh "$BUILD" fuzz asan_check "$JOBS" "${TESTS[@]/#/tests/}"
+scripts/ci/sanitizer_build.sh "$BUILD" fuzz asan_check "$JOBS" "${TESTS[@]/#/tests/}"
 
 start=$(date +%s)
 failed=()

@@ -6,13 +6,13 @@
 // enable_thinking is true/false, or null when the variable is left undefined
 // (the template's default: thinking on).
 //
-// usage: node scripts/gen_chat_template_goldens.mjs [out.jsonl]
+// usage: node scripts/oracles/gen_chat_template_goldens.mjs [out.jsonl]
 //   (default out: tests/data/chat_template/qwen3_golden.jsonl)
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 
-const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 const modules = path.join(root, "tools/npm/node_modules");
 const { Template } = await import(path.join(modules, "@huggingface/jinja/dist/index.js"));
 const config = JSON.parse(
