@@ -18,7 +18,7 @@ fi
 
 BUILD=${KVL_FUZZ_BUILD_DIR:-build-fuzz}
 JOBS=${KVL_ASAN_JOBS:-$(nproc)}
-TESTS=(model_safetensors_test model_config_test model_chat_template_test server_config_test
+TESTS=(model_safetensors_test model_config_test model_chat_template_test model_utf8_test server_config_test
        server_chat_request_test model_scheduler_test)
 
 scripts/ci/sanitizer_build.sh "$BUILD" fuzz asan_check "$JOBS" "${TESTS[@]/#/tests/}"
