@@ -1,7 +1,9 @@
 // What the router reports as it works: the metric sink the server implements
 // (server/metrics.h). Calls come from turn threads, the models' engine loops
 // and the repair thread; implementations must be cheap, thread-safe and must
-// not call back into the router.
+// not call back into the router. The observer must outlive the Router: an
+// engine loop reports a step after the requests in it have finished, so a
+// call can come after RunTurn has returned.
 #pragma once
 
 #include <cstdint>

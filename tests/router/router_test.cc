@@ -36,6 +36,7 @@ TEST_F(RouterTest, ASwitchSizesTheTargetsLineOnceAndRunsItsNativeTailWithTheTurn
   routing.native_tail_tokens = 4;
   PrefillCalls prefills;
   MakeRouter(routing, int64_t{1} << 30, DType::kFloat32, &prefills);
+  absl::Cleanup done = [&] { router_.reset(); };  // the router calls the observer
   ASSERT_TRUE(store_->Create("s", "", {}).ok());
   std::string long_turn;
   for (int i = 0; i < 80; ++i) long_turn += absl::StrFormat("word%d ", i);
@@ -83,6 +84,7 @@ TEST_F(RouterTest, ASwitchSizesTheTargetsLineOnceAndRunsItsNativeTailWithTheTurn
 TEST_F(RouterTest, AnUntranslatableSpanRunsWithTheTurnWhileAReprefillStaysInTheSwitch) {
   PrefillCalls prefills;
   MakeRouter(Explicit(), int64_t{1} << 30, DType::kFloat32, &prefills);
+  absl::Cleanup done = [&] { router_.reset(); };  // the router calls the observer
   const std::string ask = "Over to you.";
   const int64_t n_ask = static_cast<int64_t>(TurnTokens(ask).size());
 
@@ -452,6 +454,7 @@ TEST_F(RouterTest, BatchedCascadeScoresInTheEngineLoopAndEqualsTheUnbatchedRoute
   StepCount steps;
   r.batching = true;
   MakeRouter(r, int64_t{1} << 30, DType::kFloat32, &steps);
+  absl::Cleanup done = [&] { router_.reset(); };  // the router calls the observer
   std::vector<std::vector<TurnResult>> got(kSessions);
   std::vector<std::thread> threads;
   for (int i = 0; i < kSessions; ++i) {
@@ -519,9 +522,11 @@ struct QueueLog : TurnObserver {
   std::mutex mu;
   std::condition_variable changed;
   std::vector<int> waiting ABSL_GUARDED_BY(mu) = std::vector<int>(3, 0);
+  std::vector<int> running ABSL_GUARDED_BY(mu) = std::vector<int>(3, 0);
   std::vector<std::string> rejected ABSL_GUARDED_BY(mu);
-  void OnModelQueue(int model, int running, int w) override {
+  void OnModelQueue(int model, int r, int w) override {
     std::lock_guard<std::mutex> lock(mu);
+    running[model] = r;
     waiting[model] = w;
     changed.notify_all();
   }
@@ -529,9 +534,11 @@ struct QueueLog : TurnObserver {
     std::lock_guard<std::mutex> lock(mu);
     rejected.push_back(limit);
   }
+  // n requests wait behind a running one. (A report from before the running
+  // one was admitted, delivered late, says none runs.)
   void AwaitWaiting(int model, int n) {
     std::unique_lock<std::mutex> lock(mu);
-    changed.wait(lock, [this, model, n] { return waiting[model] >= n; });
+    changed.wait(lock, [this, model, n] { return running[model] >= 1 && waiting[model] >= n; });
   }
 };
 
@@ -544,6 +551,7 @@ TEST_F(RouterTest, TurnsWaitForAModelInArrivalOrderAndPastTheLimitAreRefused) {
   RoutingConfig routing = Explicit();
   routing.max_waiting_turns_per_model = 3;
   MakeRouter(routing, int64_t{1} << 30, DType::kFloat32, &log);
+  absl::Cleanup done = [&] { router_.reset(); };  // the router calls the observer
   std::mutex mu;
   std::condition_variable changed;
   bool released = false;
