@@ -237,15 +237,10 @@ CacheStore::~CacheStore() = default;
 absl::StatusOr<SessionView> CacheStore::Create(std::string_view session_id,
                                                std::string system_prompt,
                                                std::vector<int64_t> preamble) {
-  if (!session_id.empty() && !IsValidStoreSessionId(session_id)) {
-    return absl::InvalidArgumentError(
-        "session_id: expected 1-128 characters of [A-Za-z0-9._:-] (or empty to have one "
-        "generated)");
-  }
-  auto entry = std::make_shared<Entry>(options_.n_models);
-  entry->state.preamble = std::move(preamble);
-  entry->system_prompt = std::move(system_prompt);
-  entry->created_unix_seconds = entry->last_active_unix_seconds = options_.clock();
+  absl::StatusOr<std::shared_ptr<Entry>> made =
+      NewEntry(session_id, std::move(system_prompt), std::move(preamble));
+  if (!made.ok()) return made.status();
+  std::shared_ptr<Entry> entry = *std::move(made);
   std::lock_guard<std::mutex> lock(mu_);
   std::string id(session_id);
   if (id.empty()) {
@@ -259,6 +254,20 @@ absl::StatusOr<SessionView> CacheStore::Create(std::string_view session_id,
   SessionView view = ViewOf(id, *entry);
   sessions_.emplace(std::move(id), std::move(entry));
   return view;
+}
+
+absl::StatusOr<std::shared_ptr<CacheStore::Entry>> CacheStore::NewEntry(
+    std::string_view session_id, std::string system_prompt, std::vector<int64_t> preamble) const {
+  if (!session_id.empty() && !IsValidStoreSessionId(session_id)) {
+    return absl::InvalidArgumentError(
+        "session_id: expected 1-128 characters of [A-Za-z0-9._:-] (or empty to have one "
+        "generated)");
+  }
+  auto entry = std::make_shared<Entry>(options_.n_models);
+  entry->state.preamble = std::move(preamble);
+  entry->system_prompt = std::move(system_prompt);
+  entry->created_unix_seconds = entry->last_active_unix_seconds = options_.clock();
+  return entry;
 }
 
 std::string CacheStore::NewId() {
@@ -284,15 +293,10 @@ absl::Status CacheStore::CheckRoom(int64_t n_more) const {
 absl::StatusOr<std::unique_ptr<SessionReservation>> CacheStore::Reserve(
     std::string_view session_id, std::string system_prompt, std::vector<int64_t> preamble,
     bool replace) {
-  if (!session_id.empty() && !IsValidStoreSessionId(session_id)) {
-    return absl::InvalidArgumentError(
-        "session_id: expected 1-128 characters of [A-Za-z0-9._:-] (or empty to have one "
-        "generated)");
-  }
-  auto entry = std::make_shared<Entry>(options_.n_models);
-  entry->state.preamble = std::move(preamble);
-  entry->system_prompt = std::move(system_prompt);
-  entry->created_unix_seconds = entry->last_active_unix_seconds = options_.clock();
+  absl::StatusOr<std::shared_ptr<Entry>> made =
+      NewEntry(session_id, std::move(system_prompt), std::move(preamble));
+  if (!made.ok()) return made.status();
+  std::shared_ptr<Entry> entry = *std::move(made);
   entry->staged = true;
   std::shared_ptr<Entry> replaced;  // its lines are freed after the lock is released
   std::lock_guard<std::mutex> lock(mu_);

@@ -348,6 +348,11 @@ class CacheStore {
   SessionView ViewOf(const std::string& id, const Entry& e) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A new id for Create and Reserve, free in the registry.
+  // A new session's entry (not yet registered); InvalidArgument for a bad
+  // non-empty id. Create and Reserve share it.
+  absl::StatusOr<std::shared_ptr<Entry>> NewEntry(std::string_view session_id,
+                                                  std::string system_prompt,
+                                                  std::vector<int64_t> preamble) const;
   std::string NewId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ResourceExhausted when `n_more` sessions would be past max_sessions.
   absl::Status CheckRoom(int64_t n_more) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
