@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "base/status_macros.h"
 
 namespace kvl {
 namespace {
@@ -146,16 +147,14 @@ void TurnLease::ReplaceLine(int model, std::unique_ptr<KvCache> line) {
 
 absl::Status TurnLease::Reserve(int64_t bytes) {
   if (bytes <= 0) return absl::OkStatus();
-  if (absl::Status s = store_->ReserveBytes(entry_.get(), bytes, "this turn"); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(store_->ReserveBytes(entry_.get(), bytes, "this turn"));
   reserved_ += bytes;
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<ByteReservation>> TurnLease::ReserveDetached(int64_t bytes) {
   bytes = std::max<int64_t>(bytes, 0);
-  if (absl::Status s = store_->ReserveBytes(entry_.get(), bytes, "a repair copy"); !s.ok()) {
-    return s;
-  }
+  KVL_RETURN_IF_ERROR(store_->ReserveBytes(entry_.get(), bytes, "a repair copy"));
   return std::unique_ptr<ByteReservation>(new ByteReservation(store_, bytes));
 }
 
@@ -248,7 +247,7 @@ absl::StatusOr<SessionView> CacheStore::Create(std::string_view session_id,
   } else if (sessions_.count(id) != 0) {
     return absl::AlreadyExistsError(absl::StrCat("session '", id, "' already exists"));
   }
-  if (absl::Status s = CheckRoom(1); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(CheckRoom(1));
   entry->seq = next_seq_++;
   by_seq_.emplace(entry->seq, id);
   SessionView view = ViewOf(id, *entry);
@@ -315,7 +314,7 @@ absl::StatusOr<std::unique_ptr<SessionReservation>> CacheStore::Reserve(
     // replaces holds no turn and is only a copy.
     replaced = Erase(it);
   }
-  if (absl::Status s = CheckRoom(1); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(CheckRoom(1));
   const int64_t created = entry->created_unix_seconds;
   sessions_.emplace(id, entry);
   return std::unique_ptr<SessionReservation>(
@@ -369,7 +368,7 @@ absl::StatusOr<SessionView> CacheStore::Adopt(const std::string& session_id,
     replaced = Erase(it);
     entry->seq = seq;  // it keeps its place in List
   } else {
-    if (absl::Status s = CheckRoom(1); !s.ok()) return s;
+    KVL_RETURN_IF_ERROR(CheckRoom(1));
     entry->seq = next_seq_++;
   }
   by_seq_.emplace(entry->seq, session_id);

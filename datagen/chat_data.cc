@@ -14,9 +14,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/files.h"
-#include "model/tokenizer.h"  // Sha256Hex
-#include "nlohmann/json.hpp"
+#include "base/sha256.h"
+#include "base/status_macros.h"
 #include "datagen/chat_data_rng.h"
+#include "nlohmann/json.hpp"
 
 namespace kvl::datagen {
 namespace {
@@ -218,7 +219,7 @@ std::string RenderChatMl(const std::vector<ChatMessage>& messages) {
 }
 
 absl::StatusOr<ChatDataset> GenerateChatData(const DataOptions& options) {
-  if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ValidateOptions(options));
   ChatDataset data;
   data.options = options;
 
@@ -405,17 +406,13 @@ absl::Status WriteChatData(const ChatDataset& data, const std::string& out_dir) 
       }
     }
     const fs::path dir(out_dir);
-    if (absl::Status s = WriteTextFile((dir / (name + ".jsonl")).string(), jsonl); !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = WriteTextFile((dir / (name + ".txt")).string(), text); !s.ok()) return s;
+    KVL_RETURN_IF_ERROR(WriteTextFile((dir / (name + ".jsonl")).string(), jsonl));
+    KVL_RETURN_IF_ERROR(WriteTextFile((dir / (name + ".txt")).string(), text));
     files[name + ".jsonl"] = Sha256Hex(jsonl);
     files[name + ".txt"] = Sha256Hex(text);
     for (const auto& [task, lines] : suite_lines) {
       const std::string file = name + "_" + task + ".jsonl";
-      if (absl::Status s = WriteTextFile((dir / "suites" / file).string(), lines); !s.ok()) {
-        return s;
-      }
+      KVL_RETURN_IF_ERROR(WriteTextFile((dir / "suites" / file).string(), lines));
       files["suites/" + file] = Sha256Hex(lines);
     }
     Json by_task_json = Json::object();

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/files.h"
+#include "base/status_macros.h"
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
 
@@ -246,11 +247,8 @@ absl::Status SaveCheckpoint(const std::string& dir, const ModelConfig& config,
 
   ModelConfig stored = config;
   stored.torch_dtype = DTypeName(dtype);
-  if (absl::Status s =
-          WriteTextFile((fs::path(dir) / kConfigFile).string(), stored.ToJson().dump(2) + "\n");
-      !s.ok()) {
-    return s;
-  }
+  KVL_RETURN_IF_ERROR(
+      WriteTextFile((fs::path(dir) / kConfigFile).string(), stored.ToJson().dump(2) + "\n"));
 
   json generation = {{"do_sample", false}};
   if (config.bos_token_id >= 0) generation["bos_token_id"] = config.bos_token_id;
@@ -259,11 +257,8 @@ absl::Status SaveCheckpoint(const std::string& dir, const ModelConfig& config,
   } else if (!config.eos_token_ids.empty()) {
     generation["eos_token_id"] = config.eos_token_ids;
   }
-  if (absl::Status s = WriteTextFile((fs::path(dir) / kGenerationConfigFile).string(),
-                                     generation.dump(2) + "\n");
-      !s.ok()) {
-    return s;
-  }
+  KVL_RETURN_IF_ERROR(
+      WriteTextFile((fs::path(dir) / kGenerationConfigFile).string(), generation.dump(2) + "\n"));
 
   at::ScalarType scalar_type = at::kFloat;
   if (dtype == DType::kBFloat16) scalar_type = at::kBFloat16;
@@ -271,11 +266,8 @@ absl::Status SaveCheckpoint(const std::string& dir, const ModelConfig& config,
   std::map<std::string, at::Tensor> named = weights.Named(config);
   for (auto& [name, tensor] : named) tensor = tensor.to(at::kCPU, scalar_type);
   // transformers refuses safetensors files without format metadata.
-  if (absl::Status s =
-          WriteSafetensors((fs::path(dir) / kWeightsFile).string(), named, {{"format", "pt"}});
-      !s.ok()) {
-    return s;
-  }
+  KVL_RETURN_IF_ERROR(
+      WriteSafetensors((fs::path(dir) / kWeightsFile).string(), named, {{"format", "pt"}}));
 
   for (const auto& [source, name] : {std::pair{tokenizer_json, "tokenizer.json"},
                                      std::pair{tokenizer_config_json, "tokenizer_config.json"}}) {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/files.h"
+#include "base/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace kvl {
@@ -33,7 +34,7 @@ absl::Status ReadInt(const json& j, const char* key, bool required, int64_t* out
 }
 
 absl::Status ReadPositiveInt(const json& j, const char* key, int64_t* out) {
-  if (absl::Status s = ReadInt(j, key, /*required=*/true, out); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ReadInt(j, key, /*required=*/true, out));
   if (*out <= 0) return Refuse(key, j.at(key), "must be positive");
   return absl::OkStatus();
 }
@@ -75,7 +76,7 @@ absl::Status CheckRopeScaling(const json& j) {
 
 absl::Status CheckSlidingWindow(const json& j) {
   bool use_sliding_window = false;
-  if (absl::Status s = ReadBool(j, "use_sliding_window", &use_sliding_window); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ReadBool(j, "use_sliding_window", &use_sliding_window));
   if (use_sliding_window) {
     return Refuse("use_sliding_window", j.at("use_sliding_window"),
                   "sliding-window attention is not supported");
@@ -184,17 +185,17 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j) {
                           {"intermediate_size", &c.intermediate_size},
                           {"num_hidden_layers", &c.n_layer},
                           {"num_attention_heads", &c.n_head}}) {
-    if (absl::Status s = ReadPositiveInt(j, key, out); !s.ok()) return s;
+    KVL_RETURN_IF_ERROR(ReadPositiveInt(j, key, out));
   }
   // Older configs omit num_key_value_heads for plain multi-head attention.
   c.n_head_kv = c.n_head;
-  if (absl::Status s = ReadInt(j, "num_key_value_heads", false, &c.n_head_kv); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ReadInt(j, "num_key_value_heads", false, &c.n_head_kv));
   if (c.n_head_kv <= 0 || c.n_head % c.n_head_kv != 0) {
     return Refuse("num_key_value_heads", c.n_head_kv,
                   absl::StrCat("must be positive and divide num_attention_heads = ", c.n_head));
   }
   c.head_dim = 0;
-  if (absl::Status s = ReadInt(j, "head_dim", false, &c.head_dim); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ReadInt(j, "head_dim", false, &c.head_dim));
   if (c.head_dim == 0) {
     if (c.hidden_size % c.n_head != 0) {
       return Refuse("hidden_size", c.hidden_size,
@@ -208,24 +209,19 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j) {
     return Refuse("head_dim", c.head_dim, "must be positive and even (RoPE rotates pairs)");
   }
 
-  if (absl::Status s = ReadDouble(j, "rms_norm_eps", &c.rms_norm_eps); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ReadDouble(j, "rms_norm_eps", &c.rms_norm_eps));
   if (!(c.rms_norm_eps > 0)) return Refuse("rms_norm_eps", c.rms_norm_eps, "must be positive");
-  if (absl::Status s = ReadDouble(j, "rope_theta", &c.rope_theta); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ReadDouble(j, "rope_theta", &c.rope_theta));
   if (!(c.rope_theta > 0)) return Refuse("rope_theta", c.rope_theta, "must be positive");
-  if (absl::Status s = ReadInt(j, "max_position_embeddings", false, &c.max_position_embeddings);
-      !s.ok()) {
-    return s;
-  }
+  KVL_RETURN_IF_ERROR(ReadInt(j, "max_position_embeddings", false, &c.max_position_embeddings));
   if (c.max_position_embeddings <= 0) {
     return Refuse("max_position_embeddings", c.max_position_embeddings, "must be positive");
   }
-  if (absl::Status s = ReadBool(j, "tie_word_embeddings", &c.tie_word_embeddings); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = ReadBool(j, "attention_bias", &c.attention_bias); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ReadBool(j, "tie_word_embeddings", &c.tie_word_embeddings));
+  KVL_RETURN_IF_ERROR(ReadBool(j, "attention_bias", &c.attention_bias));
 
   bool mlp_bias = false;
-  if (absl::Status s = ReadBool(j, "mlp_bias", &mlp_bias); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ReadBool(j, "mlp_bias", &mlp_bias));
   if (mlp_bias) return Refuse("mlp_bias", true, "biases in the MLP are not supported");
 
   auto act = j.find("hidden_act");
@@ -235,8 +231,8 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j) {
   if (auto q = j.find("quantization_config"); q != j.end() && !q->is_null()) {
     return Refuse("quantization_config", *q, "quantized checkpoints are not supported");
   }
-  if (absl::Status s = CheckRopeScaling(j); !s.ok()) return s;
-  if (absl::Status s = CheckSlidingWindow(j); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(CheckRopeScaling(j));
+  KVL_RETURN_IF_ERROR(CheckSlidingWindow(j));
 
   // "torch_dtype" (transformers < 4.56) or "dtype" (newer).
   for (const char* key : {"torch_dtype", "dtype"}) {
@@ -249,7 +245,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j) {
     break;
   }
 
-  if (absl::Status s = ReadInt(j, "bos_token_id", false, &c.bos_token_id); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ReadInt(j, "bos_token_id", false, &c.bos_token_id));
   auto eos = j.find("eos_token_id");
   if (eos != j.end() && !eos->is_null()) {
     if (eos->is_number_integer()) {

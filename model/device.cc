@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "base/status_macros.h"
 
 namespace kvl {
 namespace {
@@ -33,7 +34,7 @@ absl::Status ParseDeviceName(const std::string& device) {
 }
 
 absl::Status CheckDeviceAvailable(const std::string& device) {
-  if (absl::Status s = ParseDeviceName(device); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ParseDeviceName(device));
   if (device == "cpu") return absl::OkStatus();
   if (!at::hasCUDA()) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "model/decoder.h"
 
 namespace kvl {
@@ -139,7 +140,7 @@ absl::Status Engine::CheckIds(const KvCache& cache, const std::vector<int64_t>& 
 
 absl::StatusOr<at::Tensor> Engine::Prefill(KvCache& cache, const std::vector<int64_t>& ids,
                                            bool all_logits) {
-  if (absl::Status s = CheckIds(cache, ids); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(CheckIds(cache, ids));
   const int64_t n_start = cache.Length();
   absl::StatusOr<at::Tensor> result = Guarded("prefill", [&]() -> absl::StatusOr<at::Tensor> {
     c10::InferenceMode inference;
@@ -201,7 +202,7 @@ absl::StatusOr<Engine::ContinuationScore> Engine::ScoreContinuation(
     (void)cache.Rollback(n_start);
     return last.status();
   }
-  if (absl::Status s = cache.Rollback(cache.Length() - 1); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(cache.Rollback(cache.Length() - 1));
   c10::InferenceMode guard;
   const at::Tensor lp = at::log_softmax(last->to(at::kFloat).reshape({-1}), -1);
   score.next_entropy = -(lp.exp() * lp).sum().item<double>();
@@ -223,7 +224,7 @@ absl::StatusOr<std::vector<at::Tensor>> Engine::ForwardBatch(const std::vector<B
 }
 
 absl::Status ValidateGenerateOptions(const GenerateOptions& options) {
-  if (absl::Status s = ValidateSamplingParams(options.sampling); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ValidateSamplingParams(options.sampling));
   if (options.max_tokens < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_tokens must be >= 0, got ", options.max_tokens));
@@ -317,7 +318,7 @@ GenerateResult GenerationState::Finish() {
 absl::StatusOr<GenerateResult> Engine::Generate(KvCache& cache,
                                                 const std::vector<int64_t>& prompt_ids,
                                                 const GenerateOptions& options) {
-  if (absl::Status s = ValidateGenerateOptions(options); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ValidateGenerateOptions(options));
   const int64_t n_start = cache.Length();
   absl::StatusOr<at::Tensor> logits = Prefill(cache, prompt_ids);
   if (!logits.ok()) return logits.status();

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "model/key_transform.h"
 
 namespace kvl {
@@ -199,8 +200,8 @@ absl::Status KvCache::Accept(const at::Tensor& keys, const at::Tensor& values) {
     }
     return absl::OkStatus();
   };
-  if (absl::Status s = check(keys, "keys"); !s.ok()) return s;
-  if (absl::Status s = check(values, "values"); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(check(keys, "keys"));
+  KVL_RETURN_IF_ERROR(check(values, "values"));
   if (keys.size(2) != values.size(2)) {
     return absl::InvalidArgumentError("Accept: keys and values cover different token counts");
   }

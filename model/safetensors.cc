@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace kvl {
@@ -164,7 +165,7 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
       continue;
     }
     Entry e;
-    if (absl::Status s = ParseEntry(path, name, value, &e); !s.ok()) return s;
+    KVL_RETURN_IF_ERROR(ParseEntry(path, name, value, &e));
     entries.push_back(std::move(e));
   }
 

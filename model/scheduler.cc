@@ -10,6 +10,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace kvl {
 namespace {
@@ -110,7 +111,7 @@ bool BatchScheduler::IsQueueFull(const absl::Status& status) {
 }
 
 absl::Status BatchScheduler::Submit(Request& request) {
-  if (absl::Status s = engine_.CheckIds(*request.cache, *request.ids); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(engine_.CheckIds(*request.cache, *request.ids));
   request.n_start = request.cache->Length();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -135,14 +136,14 @@ absl::StatusOr<GenerateResult> BatchScheduler::Generate(KvCache& cache,
                                                         const std::vector<int64_t>& prompt_ids,
                                                         const GenerateOptions& options,
                                                         Priority priority) {
-  if (absl::Status s = ValidateGenerateOptions(options); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ValidateGenerateOptions(options));
   Request request;
   request.cache = &cache;
   request.ids = &prompt_ids;
   request.priority = priority;
   request.options = &options;
   request.state.emplace(options);
-  if (absl::Status s = Submit(request); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(Submit(request));
   return *std::move(request.result);
 }
 
@@ -155,7 +156,7 @@ absl::StatusOr<at::Tensor> BatchScheduler::Prefill(KvCache& cache, const std::ve
   request.priority = priority;
   request.all_logits = all_logits;
   request.hooks = &hooks;
-  if (absl::Status s = Submit(request); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(Submit(request));
   if (!all_logits) return request.last_logits;
   c10::InferenceMode guard;
   return at::cat(request.logit_rows, 0);

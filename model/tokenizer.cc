@@ -23,6 +23,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/files.h"
+#include "base/sha256.h"
+#include "base/status_macros.h"
 #include "model/text_normalize.h"
 #include "model/utf8.h"
 #include "nlohmann/json.hpp"
@@ -369,7 +371,7 @@ absl::Status Tokenizer::Impl::LoadNormalizer(const json& node) {
   }
   if (type == "Sequence" && node.contains("normalizers") && node["normalizers"].is_array()) {
     for (const json& n : node["normalizers"]) {
-      if (absl::Status s = LoadNormalizer(n); !s.ok()) return s;
+      KVL_RETURN_IF_ERROR(LoadNormalizer(n));
     }
     return absl::OkStatus();
   }
@@ -386,7 +388,7 @@ absl::Status Tokenizer::Impl::LoadPreTokenizer(const json& node, bool* saw_byte_
       return Invalid("pre_tokenizer Sequence without a 'pretokenizers' array");
     }
     for (const json& p : node["pretokenizers"]) {
-      if (absl::Status s = LoadPreTokenizer(p, saw_byte_level); !s.ok()) return s;
+      KVL_RETURN_IF_ERROR(LoadPreTokenizer(p, saw_byte_level));
     }
     return absl::OkStatus();
   }
@@ -537,14 +539,12 @@ absl::Status Tokenizer::Impl::LoadModel(const json& model) {
 
 absl::Status Tokenizer::Impl::Load(const json& root) {
   if (!root.is_object()) return Invalid("top level is not an object");
-  if (absl::Status s = LoadModel(root.contains("model") ? root["model"] : json()); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = LoadNormalizer(root.value("normalizer", json())); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(LoadModel(root.contains("model") ? root["model"] : json()));
+  KVL_RETURN_IF_ERROR(LoadNormalizer(root.value("normalizer", json())));
   const json pre = root.value("pre_tokenizer", json());
   bool saw_byte_level = false;
   if (!pre.is_null()) {
-    if (absl::Status s = LoadPreTokenizer(pre, &saw_byte_level); !s.ok()) return s;
+    KVL_RETURN_IF_ERROR(LoadPreTokenizer(pre, &saw_byte_level));
   }
   if (!saw_byte_level) {
     return Invalid("pre_tokenizer has no ByteLevel step (only byte-level BPE is supported)");
@@ -792,7 +792,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
   if (root.is_discarded()) return Invalid("not valid JSON");
   auto impl = std::make_unique<Impl>();
   try {
-    if (absl::Status s = impl->Load(root); !s.ok()) return s;
+    KVL_RETURN_IF_ERROR(impl->Load(root));
   } catch (const json::exception& e) {
     return Invalid(absl::StrCat("unexpected structure: ", e.what()));
   }

@@ -18,9 +18,6 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-// Sha256Hex moved to base/; included here for the callers that still reach it
-// through the tokenizer (datagen, training, tools), until they include it.
-#include "base/sha256.h"
 
 namespace kvl {
 

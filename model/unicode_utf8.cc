@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "model/tokenizer.h"
+#include "model/utf8.h"
 
 namespace kvl {
 namespace {
@@ -29,35 +30,20 @@ size_t AppendUtf8Lossy(std::string_view in, bool final, std::string* out) {
       i = j;
       continue;
     }
-    int need = 0;
-    uint8_t lo = 0x80, hi = 0xBF;  // valid range of the first continuation byte
-    if (b >= 0xC2 && b <= 0xDF) {
-      need = 1;
-    } else if (b == 0xE0) {
-      need = 2, lo = 0xA0;
-    } else if ((b >= 0xE1 && b <= 0xEC) || b == 0xEE || b == 0xEF) {
-      need = 2;
-    } else if (b == 0xED) {
-      need = 2, hi = 0x9F;  // excludes surrogates
-    } else if (b == 0xF0) {
-      need = 3, lo = 0x90;
-    } else if (b >= 0xF1 && b <= 0xF3) {
-      need = 3;
-    } else if (b == 0xF4) {
-      need = 3, hi = 0x8F;  // nothing above U+10FFFF
-    } else {
+    const Utf8Lead lead = ReadUtf8Lead(b);
+    if (lead.need == 0) {
       out->append(kReplacement);
       ++i;
       continue;
     }
     size_t j = i + 1;
     int k = 0;
-    for (; k < need && j < n; ++k, ++j) {
+    for (; k < lead.need && j < n; ++k, ++j) {
       const uint8_t c = s[j];
-      const bool ok = k == 0 ? (c >= lo && c <= hi) : (c >= 0x80 && c <= 0xBF);
+      const bool ok = k == 0 ? (c >= lead.lo && c <= lead.hi) : (c >= 0x80 && c <= 0xBF);
       if (!ok) break;
     }
-    if (k == need) {
+    if (k == lead.need) {
       out->append(in.data() + i, j - i);
     } else if (j >= n && !final) {
       return i;  // a prefix of a sequence that may still complete

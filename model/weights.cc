@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "model/checkpoint.h"
 
 namespace kvl {
@@ -122,7 +123,7 @@ absl::StatusOr<ModelWeights> ModelWeights::FromNamed(const ModelConfig& config,
   ModelWeights w;
   w.layers.resize(config.n_layer);
   for (const auto& slot : Slots(config, &w)) {
-    if (absl::Status s = TakeTensor(named, slot.name, slot.shape, slot.tensor); !s.ok()) return s;
+    KVL_RETURN_IF_ERROR(TakeTensor(named, slot.name, slot.shape, slot.tensor));
   }
   if (config.tie_word_embeddings) {
     // transformers ties the head to the embedding even when the file also

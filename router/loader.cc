@@ -42,7 +42,7 @@ std::string LoadGateRefusal(const std::optional<TranslatorEvaluation>& evaluatio
 
 absl::StatusOr<std::unique_ptr<Router>> LoadRouter(const std::vector<ModelSource>& sources,
                                                    const std::vector<TranslatorSource>& translators,
-                                                   RoutingConfig routing, int n_threads,
+                                                   RouterConfig config, int n_threads,
                                                    CacheStore* store, TurnObserver* observer) {
   std::vector<LoadedModel> models;
   std::vector<std::string> identities, tokenizer_hashes;
@@ -97,8 +97,8 @@ absl::StatusOr<std::unique_ptr<Router>> LoadRouter(const std::vector<ModelSource
                  t.compute_dtype ? "" : " (auto)");
     std::string refused =
         LoadGateRefusal((*loaded)->spec().evaluation,
-                        t.min_recovered ? t.min_recovered : routing.gate_min_recovered,
-                        t.max_gap_nats ? t.max_gap_nats : routing.gate_max_gap_nats);
+                        t.min_recovered ? t.min_recovered : config.load_gate.min_recovered,
+                        t.max_gap_nats ? t.max_gap_nats : config.load_gate.max_gap_nats);
     if (!refused.empty()) {
       spdlog::warn("translator {} ({} -> {}) refused by the quality gate: {}; switches from {} "
                    "to {} re-prefill",
@@ -113,7 +113,7 @@ absl::StatusOr<std::unique_ptr<Router>> LoadRouter(const std::vector<ModelSource
         {t.name, t.path, t.source, t.target, *std::move(loaded), std::move(refused)});
   }
   return Router::Create(std::move(models), std::move(loaded_translators),
-                        std::move(shared_tokenizer), std::move(routing), store, observer);
+                        std::move(shared_tokenizer), std::move(config), store, observer);
 }
 
 }  // namespace kvl::router

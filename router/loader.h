@@ -13,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "cache_store/cache_store.h"
 #include "model/config.h"
-#include "router/policy.h"
+#include "router/config.h"
 #include "router/router.h"
 #include "translator/translator.h"
 
@@ -37,7 +37,7 @@ struct TranslatorSource {
   // else float32 (kvl::FastestTranslateDtype).
   std::optional<DType> compute_dtype;
   // The load-time quality gate's minimum for this pair; unset: the routing
-  // configuration's (RoutingConfig::gate_min_recovered, gate_max_gap_nats).
+  // configuration's (RouterConfig::load_gate).
   std::optional<double> min_recovered, max_gap_nats;
 };
 
@@ -59,7 +59,7 @@ std::string LoadGateRefusal(const std::optional<TranslatorEvaluation>& evaluatio
 // re-prefills its pair's switches.
 absl::StatusOr<std::unique_ptr<Router>> LoadRouter(const std::vector<ModelSource>& models,
                                                    const std::vector<TranslatorSource>& translators,
-                                                   RoutingConfig routing, int n_threads,
+                                                   RouterConfig config, int n_threads,
                                                    CacheStore* store, TurnObserver* observer);
 
 }  // namespace kvl::router

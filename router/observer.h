@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "router/config.h"
 #include "router/policy.h"
 
 namespace kvl::router {
@@ -34,9 +35,9 @@ class TurnObserver {
   // one token each), `tokens` tokens in all, in `seconds`.
   virtual void OnBatchStep(int model, int64_t rows, int64_t decode_rows, int64_t tokens,
                            double seconds) {}
-  // A turn was refused by an admission limit (RoutingConfig::max_waiting_turns_per_model,
-  // max_history_tokens): `limit` names it ("max_waiting_turns_per_model", ...).
-  virtual void OnRejected(const std::string& limit) {}
+  // A turn was refused by an admission limit (config.h, AdmissionLimits):
+  // Setting::kMaxWaitingTurns or kMaxHistoryTokens.
+  virtual void OnRejected(Setting limit) {}
   // The quality gate closed (open = false) or reopened a translator pair: the
   // live gate, or at load for a translator it refused (Router::Create).
   virtual void OnGate(int source, int target, bool open, const std::string& reason) {}

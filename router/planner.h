@@ -73,7 +73,7 @@ struct PlannerInput {
   // "closed by the quality gate ..."); null or empty: "no translator".
   std::function<std::string(int source, int target)> why_no_translator;
   // Tokens at the end of the history [0, n) prefilled rather than translated
-  // (RoutingConfig::native_tail_tokens); 0: translate up to n. The last
+  // (SwitchConfig::native_tail_tokens); 0: translate up to n. The last
   // model's unrun tail, prefilled in any case, counts toward them.
   int64_t native_tail_tokens = 0;
   std::vector<std::string> model_names;  // for notes

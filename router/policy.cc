@@ -92,7 +92,7 @@ absl::StatusOr<Strategy> ParseStrategy(absl::string_view name) {
   return ParseName<Strategy, kNumStrategies>(name, StrategyName);
 }
 
-CascadeVerdict JudgeCascade(const RoutingConfig& config, double next_entropy, double mean_logprob,
+CascadeVerdict JudgeCascade(const PolicyConfig& config, double next_entropy, double mean_logprob,
                             int64_t n_scored, const std::string& model_name,
                             const std::string& next_model_name) {
   const bool unsure_entropy = next_entropy > config.cascade_max_entropy;
@@ -209,7 +209,7 @@ std::string Matches(const Rule& r, absl::string_view turn, int64_t turn_number) 
 
 }  // namespace
 
-RouteChoice ChooseModel(const RoutingConfig& config, Policy policy, absl::string_view user_turn,
+RouteChoice ChooseModel(const PolicyConfig& config, Policy policy, absl::string_view user_turn,
                         int64_t turn_number, int explicit_model, int cascade_level,
                         const std::vector<std::string>& model_names) {
   const std::string& fallback = model_names[config.default_model];

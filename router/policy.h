@@ -2,7 +2,7 @@
 // session's state and the turn; the cascade's confidence test runs in the
 // orchestrator (router.h), which needs a model for it.
 //
-// Thread-safe: free functions; RoutingConfig is immutable once built.
+// Thread-safe: free functions; PolicyConfig is immutable once built.
 #pragma once
 
 #include <cstdint>
@@ -86,10 +86,11 @@ struct Rule {
 // Builds a Rule's regex; InvalidArgument naming the pattern when it is bad.
 absl::Status CompileRule(Rule* rule);
 
-struct RoutingConfig {
+// Which model answers a turn (config.h holds the rest of the router's
+// configuration).
+struct PolicyConfig {
   Policy policy = Policy::kFixed;
   int default_model = 0;
-  Strategy strategy = Strategy::kTranslate;
   std::vector<int> order;  // "alternate" round robin and "cascade" (cheapest first)
   std::vector<Rule> rules;
   // "cascade": the current model prefills the turn and hands it to the next one
@@ -99,43 +100,6 @@ struct RoutingConfig {
   // test is off at its default infinity.
   double cascade_max_entropy = 3.0;
   double cascade_min_mean_logprob = -std::numeric_limits<double>::infinity();
-  // Strategy translate: the last native_tail_tokens tokens of the history at a
-  // switch are prefilled by the target instead of translated (planner.h). 0
-  // here, the plain switch; the server's configuration defaults it to
-  // kDefaultNativeTailTokens (server/config.h).
-  int64_t native_tail_tokens = 0;
-  // Off here; the server's configuration defaults it to after-turn
-  // (server/config.h).
-  RepairMode repair = RepairMode::kOff;
-  // The live quality gate (router/gate.h): a translator pair whose mean
-  // switch divergence (TurnObserver::OnSwitchFidelity, nats/token) over its
-  // last gate_window repaired switch turns exceeds gate_max_divergence, once
-  // at least gate_min_samples are in, is closed: its switches re-prefill for
-  // gate_cooldown_seconds, then it is used again with an empty window (on
-  // probation: it closes again as soon as the bound is exceeded over
-  // gate_min_samples turns). Needs repair; off at infinity.
-  double gate_max_divergence = std::numeric_limits<double>::infinity();
-  int64_t gate_window = 20;
-  int64_t gate_min_samples = 5;
-  double gate_cooldown_seconds = 600;
-  // The load-time quality gate (router/loader.h): a translator whose stamped
-  // evaluation (TranslatorEvaluation) recovers less than gate_min_recovered
-  // of the prefix benefit, or has a gap above gate_max_gap_nats, or carries no
-  // evaluation while either is set, is refused: its switches re-prefill.
-  // TranslatorSource's own minimum overrides these. Unset: no minimum.
-  std::optional<double> gate_min_recovered, gate_max_gap_nats;
-  // Admission limits (the server's `limits` section); 0: none. A turn that
-  // would wait behind this many turns
-  // for its model, or whose prompt would bring the session's history past
-  // max_history_tokens, fails with ResourceExhausted and changes nothing.
-  int64_t max_waiting_turns_per_model = 0;
-  int64_t max_history_tokens = 0;
-  // Continuous batching (the server's `batching` section, model/scheduler.h):
-  // each model's turns generate in one engine loop, their decode steps
-  // batched; off: the loop runs one request at a time (the unbatched arithmetic).
-  bool batching = false;
-  int64_t batch_max_step_tokens = 256;
-  int64_t batch_max_running = 64;
 };
 
 struct RouteChoice {
@@ -151,7 +115,7 @@ struct CascadeVerdict {
   bool confident = true;
   std::string reason;  // "cascade: <model> is confident (...)" or "... is unsure (...); escalated to <next>"
 };
-CascadeVerdict JudgeCascade(const RoutingConfig& config, double next_entropy, double mean_logprob,
+CascadeVerdict JudgeCascade(const PolicyConfig& config, double next_entropy, double mean_logprob,
                             int64_t n_scored, const std::string& model_name,
                             const std::string& next_model_name);
 
@@ -159,7 +123,7 @@ CascadeVerdict JudgeCascade(const RoutingConfig& config, double next_entropy, do
 // order[cascade_level]; the orchestrator escalates from there).
 // `turn_number` is 1-based; `explicit_model` is the request's model (>= 0) or
 // -1. `model_names` are used in the reasons.
-RouteChoice ChooseModel(const RoutingConfig& config, Policy policy, absl::string_view user_turn,
+RouteChoice ChooseModel(const PolicyConfig& config, Policy policy, absl::string_view user_turn,
                         int64_t turn_number, int explicit_model, int cascade_level,
                         const std::vector<std::string>& model_names);
 

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "base/wait.h"
 #include "spdlog/spdlog.h"
 
@@ -245,10 +246,7 @@ absl::Status Repairer::Repair(const Job& job) {
           // It becomes the line: its bytes are the line's from here (the
           // lease re-measures them), the old line's are freed.
           held.reset();
-          if (absl::Status s = l.Reserve(std::max<int64_t>(0, copy->Bytes() - line.Bytes()));
-              !s.ok()) {
-            return s;
-          }
+          KVL_RETURN_IF_ERROR(l.Reserve(std::max<int64_t>(0, copy->Bytes() - line.Bytes())));
           const int64_t repaired = done - from;
           copy->MarkRepaired(from);
           l.ReplaceLine(job.model, std::move(copy));

@@ -8,6 +8,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "model/chat_template.h"
 #include "spdlog/spdlog.h"
 
@@ -69,18 +70,22 @@ struct Router::Work {
 };
 
 absl::Status Router::QueueFull(int model, int64_t waiting) {
-  observer_->OnRejected("max_waiting_turns_per_model");
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "model ", names_[model], " already has ",
-      waiting >= 0 ? absl::StrCat(waiting) : std::string("its limit of"),
-      " turns waiting (limits.max_waiting_turns_per_model = ",
-      routing_.max_waiting_turns_per_model, "); retry later or on another replica"));
+  observer_->OnRejected(Setting::kMaxWaitingTurns);
+  return WithSetting(
+      absl::ResourceExhaustedError(absl::StrCat(
+          "model ", names_[model], " already has ",
+          waiting >= 0
+              ? absl::StrCat(waiting, " turns waiting (the limit is ",
+                             config_.limits.max_waiting_turns, ")")
+              : absl::StrCat("its limit of ", config_.limits.max_waiting_turns, " turns waiting"),
+          "; retry later or on another replica")),
+      Setting::kMaxWaitingTurns);
 }
 
 absl::StatusOr<std::unique_ptr<Router>> Router::Create(std::vector<LoadedModel> models,
                                                        std::vector<LoadedTranslator> translators,
                                                        std::unique_ptr<Tokenizer> tokenizer,
-                                                       RoutingConfig routing, CacheStore* store,
+                                                       RouterConfig config, CacheStore* store,
                                                        TurnObserver* observer) {
   if (models.empty()) return absl::InvalidArgumentError("the router needs at least one model");
   if (tokenizer == nullptr) return absl::InvalidArgumentError("the router needs a tokenizer");
@@ -89,12 +94,12 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(std::vector<LoadedModel> 
   }
   const int n = static_cast<int>(models.size());
   const auto in_range = [n](int m) { return m >= 0 && m < n; };
-  bool routing_ok = in_range(routing.default_model);
-  for (int m : routing.order) routing_ok = routing_ok && in_range(m);
-  for (const Rule& rule : routing.rules) routing_ok = routing_ok && in_range(rule.model);
-  if (!routing_ok) {
+  bool policy_ok = in_range(config.policy.default_model);
+  for (int m : config.policy.order) policy_ok = policy_ok && in_range(m);
+  for (const Rule& rule : config.policy.rules) policy_ok = policy_ok && in_range(rule.model);
+  if (!policy_ok) {
     return absl::InvalidArgumentError(
-        absl::StrCat("the routing config names a model index outside [0, ", n, ")"));
+        absl::StrCat("the routing policy names a model index outside [0, ", n, ")"));
   }
   std::unique_ptr<Router> r(new Router());
   for (LoadedModel& m : models) {
@@ -131,17 +136,10 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(std::vector<LoadedModel> 
   std::sort(r->stop_ids_.begin(), r->stop_ids_.end());
   r->stop_ids_.erase(std::unique(r->stop_ids_.begin(), r->stop_ids_.end()), r->stop_ids_.end());
   r->tokenizer_ = std::move(tokenizer);
-  r->routing_ = std::move(routing);
+  r->config_ = std::move(config);
   r->store_ = store;
   r->observer_ = observer != nullptr ? observer : &r->null_observer_;
-  GateConfig gate;
-  gate.max_divergence = r->routing_.gate_max_divergence;
-  gate.window = r->routing_.gate_window;
-  gate.min_samples = r->routing_.gate_min_samples;
-  // Bounded so that "now + cool-down" cannot overflow the clock.
-  gate.cooldown = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
-      std::min(r->routing_.gate_cooldown_seconds, 1e9)));
-  r->gate_ = std::make_unique<QualityGate>(n, gate);
+  r->gate_ = std::make_unique<QualityGate>(n, r->config_.gate);
   for (const LoadedTranslator& t : r->translators_) {
     if (t.refused.empty()) continue;
     const std::string reason = absl::StrCat("refused at load by the quality gate: ", t.refused);
@@ -151,9 +149,10 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(std::vector<LoadedModel> 
   // One engine loop per model, the only way a model runs. Without batching
   // it runs one request at a time (the unbatched engine's arithmetic).
   SchedulerOptions so;
-  so.max_step_tokens = r->routing_.batch_max_step_tokens;
-  so.max_running = r->routing_.batching ? r->routing_.batch_max_running : 1;
-  so.max_waiting = r->routing_.max_waiting_turns_per_model;
+  const BatchingConfig& batching = r->config_.batching;
+  so.max_step_tokens = batching.max_step_tokens;
+  so.max_running = batching.enabled ? batching.max_running : 1;
+  so.max_waiting = r->config_.limits.max_waiting_turns;
   so.background_step_tokens = std::min<int64_t>(so.max_step_tokens, 64);
   Repairer::Context repair;
   repair.store = store;
@@ -174,7 +173,7 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(std::vector<LoadedModel> 
                                           bool differs) {
     router->OnFidelity(source, target, nats, tokens, differs);
   };
-  r->repair_ = std::make_unique<Repairer>(r->routing_.repair, std::move(repair));
+  r->repair_ = std::make_unique<Repairer>(r->config_.switching.repair, std::move(repair));
   return r;
 }
 
@@ -211,7 +210,7 @@ absl::StatusOr<Engine::ContinuationScore> Router::RunScore(Work& work, int model
 
 absl::Status Router::Admit(int model) {
   const BatchScheduler& scheduler = *models_[model]->scheduler;
-  if (const int64_t limit = routing_.max_waiting_turns_per_model;
+  if (const int64_t limit = config_.limits.max_waiting_turns;
       limit > 0 && scheduler.waiting() >= limit) {
     return QueueFull(model, scheduler.waiting());
   }
@@ -288,14 +287,14 @@ absl::Status Router::Handover(Work& work, int model, int64_t upto, int64_t extra
     if (by_pair_[s][t] != nullptr) GateOpen(s, t, &why);
     return why;
   };
-  in.native_tail_tokens = routing_.native_tail_tokens;
+  in.native_tail_tokens = config_.switching.native_tail_tokens;
   in.model_names = names_;
   HandoverPlan plan = PlanHandover(in);
 
   KvCache* line = lease.line(model);
   const int64_t held_bytes = (line != nullptr && !plan.fresh_line) ? line->Bytes() : 0;
   const int64_t need = (upto + extra_tokens) * models_[model]->bytes_per_token - held_bytes;
-  if (absl::Status s = lease.Reserve(need); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(lease.Reserve(need));
   if (line == nullptr || plan.fresh_line) {
     lease.ReplaceLine(model, engine.NewCache());
     line = lease.line(model);
@@ -308,7 +307,7 @@ absl::Status Router::Handover(Work& work, int model, int64_t upto, int64_t extra
   // prefill (the native tail or the turn): at ~3.8k tokens, 23 MB of
   // kvl-large's keys and values copied inside the first token
   // (docs/server-bench.md).
-  if (absl::Status s = line->Reserve(line_tokens); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(line->Reserve(line_tokens));
 
   // A last prefill step left to the caller (see router.h). Under the reprefill
   // strategies a hand-over prefill stays here, so that switch_seconds keeps
@@ -349,7 +348,7 @@ absl::Status Router::Handover(Work& work, int model, int64_t upto, int64_t extra
       absl::StatusOr<KvTaps> moved = translator.Translate(*taps, Translator::Output::kProduct, ids);
       if (!moved.ok()) return moved.status();
       if (!device.is_cpu()) *moved = KvTaps{moved->keys.to(device), moved->values.to(device)};
-      if (absl::Status s = line->Accept(moved->keys, moved->values); !s.ok()) return s;
+      KVL_RETURN_IF_ERROR(line->Accept(moved->keys, moved->values));
       const double dt = Seconds(t0, Clock::now());
       ev.translation_seconds += dt;
       work.result.switch_seconds += dt;
@@ -358,7 +357,7 @@ absl::Status Router::Handover(Work& work, int model, int64_t upto, int64_t extra
     }
     const std::vector<int64_t> ids(work.history.begin() + step.begin,
                                    work.history.begin() + step.end);
-    if (absl::Status s = RunPrefill(work, model, *line, ids); !s.ok()) return s;
+    KVL_RETURN_IF_ERROR(RunPrefill(work, model, *line, ids));
     observer_->OnPrefillTokens(model, step.end - step.begin);
     work.result.prefill_tokens += step.end - step.begin;
     (step.kind == PlanStep::kNativePrefill ? work.result.prefill_seconds
@@ -374,22 +373,30 @@ absl::Status Router::Handover(Work& work, int model, int64_t upto, int64_t extra
 }
 
 absl::Status Router::ValidateTurn(const TurnOptions& options) const {
-  const Policy policy = options.policy.value_or(routing_.policy);
+  const Policy policy = options.policy.value_or(config_.policy.policy);
   if (options.explicit_model >= n_models()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("routing.model: index ", options.explicit_model, " is not a loaded model"));
+    return WithSetting(absl::InvalidArgumentError(absl::StrCat("the turn names model index ",
+                                                               options.explicit_model, "; ",
+                                                               n_models(), " models are loaded")),
+                       Setting::kTurnModel);
   }
   if (policy == Policy::kExplicit && options.explicit_model < 0) {
-    return absl::InvalidArgumentError("routing.model: required by the 'explicit' policy");
+    return WithSetting(
+        absl::InvalidArgumentError("the 'explicit' policy needs the turn to name a model"),
+        Setting::kTurnModel);
   }
-  if ((policy == Policy::kCascade || policy == Policy::kAlternate) && routing_.order.size() < 2) {
-    return absl::InvalidArgumentError(absl::StrCat("routing.policy: '", PolicyName(policy),
-                                                   "' needs at least two models in the server's "
-                                                   "routing.models"));
+  if ((policy == Policy::kCascade || policy == Policy::kAlternate) &&
+      config_.policy.order.size() < 2) {
+    return WithSetting(absl::InvalidArgumentError(absl::StrCat(
+                           "the '", PolicyName(policy),
+                           "' policy needs an order of at least two models; the router has ",
+                           config_.policy.order.size())),
+                       Setting::kOrder);
   }
-  if (policy == Policy::kRules && routing_.rules.empty()) {
-    return absl::InvalidArgumentError(
-        "routing.policy: 'rules' needs routing.rules in the server's config");
+  if (policy == Policy::kRules && config_.policy.rules.empty()) {
+    return WithSetting(
+        absl::InvalidArgumentError("the 'rules' policy needs rules; the router has none"),
+        Setting::kRules);
   }
   return absl::OkStatus();
 }
@@ -397,7 +404,7 @@ absl::Status Router::ValidateTurn(const TurnOptions& options) const {
 absl::StatusOr<TurnResult> Router::RunTurn(const std::string& session_id,
                                            const TurnOptions& options,
                                            const TurnCallbacks& callbacks) {
-  if (absl::Status s = ValidateTurn(options); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ValidateTurn(options));
   // Declared before the lease: the turn ends for the repair after its lease does.
   repair_->TurnStarted();
   absl::Cleanup ended = [this] { repair_->TurnEnded(); };
@@ -408,22 +415,23 @@ absl::StatusOr<TurnResult> Router::RunTurn(const std::string& session_id,
   Work work;
   work.lease = lease->get();
   work.options = &options;
-  work.policy = options.policy.value_or(routing_.policy);
-  work.strategy = options.strategy.value_or(routing_.strategy);
+  work.policy = options.policy.value_or(config_.policy.policy);
+  work.strategy = options.strategy.value_or(config_.switching.strategy);
   work.history = committed.history;
   work.ledger = committed.ledger;
   work.cascade_level = committed.cascade_level;
   work.fresh = work.history.empty() ? committed.preamble : std::vector<int64_t>{};
   const std::vector<int64_t> turn = Encode(*tokenizer_, RenderUserTurn(options.user_message));
   work.fresh.insert(work.fresh.end(), turn.begin(), turn.end());
-  if (const int64_t limit = routing_.max_history_tokens; limit > 0) {
+  if (const int64_t limit = config_.limits.max_history_tokens; limit > 0) {
     const int64_t after = static_cast<int64_t>(work.history.size() + work.fresh.size());
     if (after > limit) {
-      observer_->OnRejected("max_history_tokens");
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the session holds ", work.history.size(), " history tokens and this turn adds ",
-          work.fresh.size(), ": ", after, " is past limits.max_history_tokens = ", limit,
-          "; start a new session"));
+      observer_->OnRejected(Setting::kMaxHistoryTokens);
+      return WithSetting(absl::ResourceExhaustedError(absl::StrCat(
+                             "the session holds ", work.history.size(),
+                             " history tokens and this turn adds ", work.fresh.size(), ": ", after,
+                             " is past the history limit of ", limit, "; start a new session")),
+                         Setting::kMaxHistoryTokens);
     }
   }
 
@@ -433,7 +441,7 @@ absl::StatusOr<TurnResult> Router::RunTurn(const std::string& session_id,
   ev.previous_model = committed.last_model;
   ev.strategy = work.strategy;
   const RouteChoice choice =
-      ChooseModel(routing_, work.policy, options.user_message, committed.turns + 1,
+      ChooseModel(config_.policy, work.policy, options.user_message, committed.turns + 1,
                   options.explicit_model, committed.cascade_level, names_);
   int model = choice.model;
   ev.reason = choice.reason;
@@ -450,9 +458,9 @@ absl::StatusOr<TurnResult> Router::RunTurn(const std::string& session_id,
   if (!generated.ok()) return generated.status();
 
   // 5. Commit.
-  if (absl::Status s = Commit(work, model, *std::move(generated)); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(Commit(work, model, *std::move(generated)));
   std::vector<int> to_repair;
-  if (routing_.repair != RepairMode::kOff) {
+  if (config_.switching.repair != RepairMode::kOff) {
     for (int m = 0; m < n_models(); ++m) {
       if ((*lease)->HasForeignSpans(m)) to_repair.push_back(m);
     }
@@ -464,12 +472,12 @@ absl::StatusOr<TurnResult> Router::RunTurn(const std::string& session_id,
 }
 
 absl::StatusOr<int> Router::Escalate(Work& work) {
-  const int last_level = static_cast<int>(routing_.order.size()) - 1;
+  const int last_level = static_cast<int>(config_.policy.order.size()) - 1;
   work.cascade_level = std::min(work.cascade_level, last_level);
   const int64_t upto = static_cast<int64_t>(work.lease->state().history.size());
   while (work.cascade_level < last_level && work.fresh.size() >= 2) {
-    const int m = routing_.order[work.cascade_level];
-    if (absl::Status s = Admit(m); !s.ok()) return s;
+    const int m = config_.policy.order[work.cascade_level];
+    KVL_RETURN_IF_ERROR(Admit(m));
     // Every level scores the turn natively, so it takes over the history
     // before the turn only; the turn's tokens stay attributed to the first
     // model that ran them. The line gets room for the turn and, should this
@@ -478,7 +486,7 @@ absl::StatusOr<int> Router::Escalate(Work& work) {
     const int64_t n_fresh = static_cast<int64_t>(work.fresh.size());
     const int64_t line_tokens =
         upto + n_fresh + std::min(work.options->max_tokens, kDecodeRoom);
-    if (absl::Status s = Handover(work, m, upto, n_fresh, line_tokens); !s.ok()) return s;
+    KVL_RETURN_IF_ERROR(Handover(work, m, upto, n_fresh, line_tokens));
     // All of the turn but its last token is scored into the line; the
     // answering model runs that token itself, to sample from.
     const Clock::time_point t0 = Clock::now();
@@ -498,13 +506,13 @@ absl::StatusOr<int> Router::Escalate(Work& work) {
       work.result.routing.reason += "; ";
     }
     const CascadeVerdict verdict =
-        JudgeCascade(routing_, score->next_entropy, score->mean_logprob, score->n_scored,
-                     names_[m], names_[routing_.order[work.cascade_level + 1]]);
+        JudgeCascade(config_.policy, score->next_entropy, score->mean_logprob, score->n_scored,
+                     names_[m], names_[config_.policy.order[work.cascade_level + 1]]);
     work.result.routing.reason += verdict.reason;
     if (verdict.confident) return m;
     ++work.cascade_level;
   }
-  return routing_.order[work.cascade_level];
+  return config_.policy.order[work.cascade_level];
 }
 
 absl::StatusOr<GenerateResult> Router::HandOverAndGenerate(Work& work, int model,
@@ -541,13 +549,10 @@ absl::StatusOr<GenerateResult> Router::HandOverAndGenerate(Work& work, int model
   const int64_t max_tokens =
       options.reply ? static_cast<int64_t>(reply.size()) + 1 : std::min(options.max_tokens, room);
 
-  if (absl::Status s = Admit(model); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(Admit(model));
   int64_t run_from = upto;
-  if (absl::Status s = Handover(work, model, upto, n_prompt + max_tokens,
-                                upto + n_prompt + std::min(max_tokens, kDecodeRoom), &run_from);
-      !s.ok()) {
-    return s;
-  }
+  KVL_RETURN_IF_ERROR(Handover(work, model, upto, n_prompt + max_tokens,
+                               upto + n_prompt + std::min(max_tokens, kDecodeRoom), &run_from));
   // The history's last tokens the hand-over left to run with the prompt.
   std::vector<int64_t> to_run(work.history.begin() + run_from, work.history.begin() + upto);
   to_run.insert(to_run.end(), prompt.begin(), prompt.end());
@@ -581,8 +586,9 @@ absl::StatusOr<GenerateResult> Router::HandOverAndGenerate(Work& work, int model
   const CachePath path = work.plan.path;
   // A translated turn keeps what the translated line gave its tokens, for the
   // repair to compare with the native line (OnSwitchFidelity).
-  g.record_logprobs = routing_.repair != RepairMode::kOff && path == CachePath::kTranslated &&
-                      committed.last_model >= 0 && committed.last_model != model;
+  g.record_logprobs = config_.switching.repair != RepairMode::kOff &&
+                      path == CachePath::kTranslated && committed.last_model >= 0 &&
+                      committed.last_model != model;
   g.on_token = [&](int64_t id, std::string_view text) {
     const Clock::time_point now = Clock::now();
     if (id >= 0) {
@@ -703,9 +709,7 @@ absl::Status Router::Commit(Work& work, int model, GenerateResult gen) {
   work.result.tokens = std::move(gen.tokens);
   work.result.text = std::move(gen.text);
   if (work.options->on_commit) {
-    if (absl::Status s = work.options->on_commit(committed, next, work.result); !s.ok()) {
-      return s;
-    }
+    KVL_RETURN_IF_ERROR(work.options->on_commit(committed, next, work.result));
   }
   work.lease->Commit(std::move(next));
   return absl::OkStatus();

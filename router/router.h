@@ -5,10 +5,10 @@
 //      session's cascade level.
 //   2. Score ("cascade" only, below the last level): the level's model takes
 //      over the history, reads the new turn (Engine::ScoreContinuation, in
-//      the model's engine loop) and the policy judges its confidence (JudgeCascade); an unsure level hands
-//      the turn to the next model, which takes over the history and the turn's
-//      tokens (translated from the cheaper model where a translator exists) as
-//      in stage 3. The session stays escalated for later turns.
+//      the model's engine loop) and the policy judges its confidence (JudgeCascade); an unsure
+//      level hands the turn to the next model, which takes over the history and the turn's tokens
+//      (translated from the cheaper model where a translator exists) as in stage 3. The session
+//      stays escalated for later turns.
 //   3. Hand over: the answering model gets the history it lacks (planner.h):
 //      spans translated from their native writers' lines or prefilled, per the
 //      strategy.
@@ -29,13 +29,14 @@
 // reaction). Each model has one engine loop (model/scheduler.h), the only
 // thing that runs it: a turn's hand-over prefills, the cascade's scoring, a
 // given reply's reading, its prompt and its decoding are requests in that
-// loop, batched with every other turn's on the model (routing.batching off:
-// the loop runs one request at a time, batch_max_running = 1), and on_token
+// loop, batched with every other turn's on the model (batching disabled: the
+// loop runs one request at a time), and on_token
 // is called on the loop's thread. Translation runs on the turn's thread.
-// Admission: a model whose loop already has routing.max_waiting_turns_per_model
-// requests waiting refuses a turn at once (ResourceExhausted).
+// Admission: a model whose loop already has limits.max_waiting_turns requests
+// waiting refuses a turn at once (ResourceExhausted). Configuration:
+// router/config.h.
 //
-// Background repair (routing.repair, router/repair.h) runs on its own thread
+// Background repair (switching.repair, router/repair.h) runs on its own thread
 // as background requests of the engine loops; the live quality gate
 // (router/gate.h) closes translator pairs whose repaired switches diverge.
 #pragma once
@@ -56,6 +57,7 @@
 #include "model/engine.h"
 #include "model/scheduler.h"
 #include "model/tokenizer.h"
+#include "router/config.h"
 #include "router/gate.h"
 #include "router/observer.h"
 #include "router/planner.h"
@@ -156,10 +158,11 @@ class Router {
  public:
   // Models must share one tokenizer (the session history is one token
   // stream); InvalidArgument otherwise. Translator indices must be valid.
-  static absl::StatusOr<std::unique_ptr<Router>> Create(
-      std::vector<LoadedModel> models, std::vector<LoadedTranslator> translators,
-      std::unique_ptr<Tokenizer> tokenizer, RoutingConfig routing, CacheStore* store,
-      TurnObserver* observer);
+  static absl::StatusOr<std::unique_ptr<Router>> Create(std::vector<LoadedModel> models,
+                                                        std::vector<LoadedTranslator> translators,
+                                                        std::unique_ptr<Tokenizer> tokenizer,
+                                                        RouterConfig config, CacheStore* store,
+                                                        TurnObserver* observer);
   ~Router();
 
   int n_models() const { return static_cast<int>(models_.size()); }
@@ -170,17 +173,18 @@ class Router {
   const std::vector<LoadedTranslator>& translators() const { return translators_; }
   const Translator* FindTranslator(int source, int target) const;
   const Tokenizer& tokenizer() const { return *tokenizer_; }
-  const RoutingConfig& routing() const { return routing_; }
+  const RouterConfig& config() const { return config_; }
   int64_t BytesPerToken(int model) const { return models_[model]->bytes_per_token; }
 
   // The tokens a session's system prompt renders to (empty prompt: none).
   std::vector<int64_t> RenderPreamble(const std::string& system_prompt) const;
 
-  // Whether the turn's policy can run on this router: InvalidArgument naming
-  // routing.model (explicit without a model, or an index out of range) or
-  // routing.policy (cascade or alternate with fewer than two models in
-  // routing.models, rules without rules). RunTurn checks it first; the server
-  // also calls it to refuse a turn before queueing it.
+  // Whether the turn's policy can run on this router: InvalidArgument with
+  // the setting it is about (config.h, SettingOf): kTurnModel (explicit
+  // without a model, or an index out of range), kOrder (cascade or
+  // alternate with fewer than two models in the order) or kRules (rules
+  // without rules). RunTurn checks it first; the server also calls it to
+  // refuse a turn before queueing it.
   absl::Status ValidateTurn(const TurnOptions& options) const;
 
   // Runs one turn. ValidateTurn's errors, NotFound (unknown session), Aborted
@@ -228,7 +232,7 @@ class Router {
   absl::StatusOr<Engine::ContinuationScore> RunScore(Work& work, int model, KvCache& line,
                                                      const std::vector<int64_t>& ids);
   // Admission for a stage of a turn on `model`: QueueFull at once when its
-  // engine loop already has routing.max_waiting_turns_per_model requests
+  // engine loop already has config.limits.max_waiting_turns requests
   // waiting. Nothing is held: the stage's requests wait in the loop.
   absl::Status Admit(int model);
   // OnModelQueue with the model's engine loop counts.
@@ -260,7 +264,7 @@ class Router {
   std::vector<std::vector<const LoadedTranslator*>> by_pair_;  // [source][target], in translators_
   std::unique_ptr<Tokenizer> tokenizer_;
   std::vector<int64_t> stop_ids_;
-  RoutingConfig routing_;
+  RouterConfig config_;
   CacheStore* store_ = nullptr;
   TurnObserver* observer_ = nullptr;
   TurnObserver null_observer_;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "model/utf8.h"
 
 namespace kvl::server {
@@ -31,7 +32,7 @@ absl::Status ValidateSystemPrompt(absl::string_view prompt, const TurnLimits& li
                absl::StrCat(prompt.size(), " bytes is over the server's limit of ",
                             limits.max_system_prompt_bytes, " (server.max_system_prompt_bytes)"));
   }
-  if (absl::Status s = CheckUtf8("system_prompt", prompt); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(CheckUtf8("system_prompt", prompt));
   if (context_tokens > 0 && preamble_tokens >= context_tokens) {
     return Bad("system_prompt",
                absl::StrCat("renders to ", preamble_tokens,
@@ -64,7 +65,7 @@ absl::StatusOr<std::vector<ImportTurn>> ParseImportTurns(
         return Bad(name, absl::StrCat(text.size(), " bytes is over the server's limit of ",
                                       limits.max_turn_bytes, " (server.max_turn_bytes)"));
       }
-      if (absl::Status s = CheckUtf8(name, text); !s.ok()) return s;
+      KVL_RETURN_IF_ERROR(CheckUtf8(name, text));
     }
     ImportTurn turn;
     turn.user_message = t.user_message();
@@ -104,7 +105,7 @@ absl::StatusOr<TurnRequest> ParseChatRequest(const kvlingo::v1::ChatRequest& req
     return Bad("user_message", absl::StrCat(message.size(), " bytes is over the server's limit of ",
                                             limits.max_turn_bytes, " (server.max_turn_bytes)"));
   }
-  if (absl::Status s = CheckUtf8("user_message", message); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(CheckUtf8("user_message", message));
   router::TurnOptions& out = turn.options;
   out.user_message = message;
 
@@ -135,7 +136,7 @@ absl::StatusOr<TurnRequest> ParseChatRequest(const kvlingo::v1::ChatRequest& req
   for (int i = 0; i < sp.stop_size(); ++i) {
     const std::string field = absl::StrCat("sampling.stop[", i, "]");
     if (sp.stop(i).empty()) return Bad(field, "must not be empty");
-    if (absl::Status s = CheckUtf8(field, sp.stop(i)); !s.ok()) return s;
+    KVL_RETURN_IF_ERROR(CheckUtf8(field, sp.stop(i)));
     out.stop.push_back(sp.stop(i));
   }
 

@@ -1,6 +1,7 @@
 #include "server/config.h"
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/files.h"
+#include "base/status_macros.h"
 #include "model/device.h"
 #include "nlohmann/json.hpp"
 
@@ -135,7 +137,7 @@ absl::Status ReadOptionalNumber(const Json& object, absl::string_view key, const
                                 double min, double max, std::optional<double>* out) {
   if (Find(object, key) == nullptr) return absl::OkStatus();
   double v = 0;
-  if (absl::Status s = ReadNumber(object, key, path, min, max, &v); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ReadNumber(object, key, path, min, max, &v));
   *out = v;
   return absl::OkStatus();
 }
@@ -178,7 +180,7 @@ const std::vector<absl::string_view> kRepairNames =
 
 absl::Status ReadDtype(const Json& object, const std::string& path, DType* out) {
   size_t index = static_cast<size_t>(*out);
-  if (absl::Status s = ReadChoice(object, "dtype", path, kDtypeNames, &index); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ReadChoice(object, "dtype", path, kDtypeNames, &index));
   *out = static_cast<DType>(index);
   return absl::OkStatus();
 }
@@ -187,7 +189,7 @@ absl::Status ReadAddress(const Json& object, absl::string_view key, const std::s
                          HostPort* out) {
   std::string text;
   if (Find(object, key) == nullptr) return absl::OkStatus();
-  if (absl::Status s = ReadString(object, key, path, &text); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ReadString(object, key, path, &text));
   absl::StatusOr<HostPort> parsed = ParseHostPort(text);
   if (!parsed.ok()) return Invalid(Child(path, key), parsed.status().message());
   *out = *std::move(parsed);
@@ -209,15 +211,12 @@ std::string Resolve(const std::string& base_dir, const std::string& path) {
 }
 
 absl::Status ParseServer(const Json& j, const std::string& path, ServerSection* out) {
-  if (absl::Status s = ExpectObject(j, path); !s.ok()) return s;
-  if (absl::Status s = CheckKeys(j, path,
-                                 {"listen_address", "metrics_address", "drain_timeout_seconds",
-                                  "max_turn_bytes", "max_new_tokens_limit",
-                                  "max_system_prompt_bytes", "max_import_bytes",
-                                  "max_metadata_bytes", "tls", "reflection"});
-      !s.ok()) {
-    return s;
-  }
+  KVL_RETURN_IF_ERROR(ExpectObject(j, path));
+  KVL_RETURN_IF_ERROR(
+      CheckKeys(j, path,
+                {"listen_address", "metrics_address", "drain_timeout_seconds", "max_turn_bytes",
+                 "max_new_tokens_limit", "max_system_prompt_bytes", "max_import_bytes",
+                 "max_metadata_bytes", "tls", "reflection"}));
   absl::Status s = ReadAddress(j, "listen_address", path, &out->listen_address);
   if (s.ok()) s = ReadAddress(j, "metrics_address", path, &out->metrics_address);
   if (s.ok())
@@ -259,21 +258,21 @@ absl::Status ParseServer(const Json& j, const std::string& path, ServerSection* 
 }
 
 absl::Status ParseLog(const Json& j, const std::string& path, LogSection* out) {
-  if (absl::Status s = ExpectObject(j, path); !s.ok()) return s;
-  if (absl::Status s = CheckKeys(j, path, {"level"}); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ExpectObject(j, path));
+  KVL_RETURN_IF_ERROR(CheckKeys(j, path, {"level"}));
   size_t index = static_cast<size_t>(out->level);
-  if (absl::Status s = ReadChoice(j, "level", path, kLogLevelNames, &index); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ReadChoice(j, "level", path, kLogLevelNames, &index));
   out->level = static_cast<LogLevel>(index);
   return absl::OkStatus();
 }
 
 absl::Status ParseRuntime(const Json& j, const std::string& path, RuntimeSection* out) {
-  if (absl::Status s = ExpectObject(j, path); !s.ok()) return s;
-  if (absl::Status s = CheckKeys(j, path, {"threads", "dtype", "device"}); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ExpectObject(j, path));
+  KVL_RETURN_IF_ERROR(CheckKeys(j, path, {"threads", "dtype", "device"}));
   int64_t threads = out->threads;
-  if (absl::Status s = ReadInt(j, "threads", path, 0, 1024, &threads); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ReadInt(j, "threads", path, 0, 1024, &threads));
   out->threads = static_cast<int>(threads);
-  if (absl::Status s = ReadString(j, "device", path, &out->device); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ReadString(j, "device", path, &out->device));
   if (absl::Status s = ParseDeviceName(out->device); !s.ok()) {
     return Invalid(absl::StrCat(path, ".device"), s.message());
   }
@@ -286,19 +285,17 @@ absl::Status ExpectArray(const Json& value, const std::string& path) {
 }
 
 absl::Status ParseAuth(const Json& j, const std::string& path, AuthSection* out) {
-  if (absl::Status s = ExpectObject(j, path); !s.ok()) return s;
-  if (absl::Status s = CheckKeys(j, path, {"keys", "tenants"}); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ExpectObject(j, path));
+  KVL_RETURN_IF_ERROR(CheckKeys(j, path, {"keys", "tenants"}));
   std::set<std::string> names, hashes, tenants;
   if (const Json* keys = Find(j, "keys")) {
     const std::string at = Child(path, "keys");
-    if (absl::Status s = ExpectArray(*keys, at); !s.ok()) return s;
+    KVL_RETURN_IF_ERROR(ExpectArray(*keys, at));
     for (size_t i = 0; i < keys->size(); ++i) {
       const Json& e = (*keys)[i];
       const std::string where = Index(at, i);
-      if (absl::Status s = ExpectObject(e, where); !s.ok()) return s;
-      if (absl::Status s = CheckKeys(e, where, {"name", "tenant", "sha256", "rights"}); !s.ok()) {
-        return s;
-      }
+      KVL_RETURN_IF_ERROR(ExpectObject(e, where));
+      KVL_RETURN_IF_ERROR(CheckKeys(e, where, {"name", "tenant", "sha256", "rights"}));
       ApiKeyEntry key;
       absl::Status s = ReadString(e, "name", where, &key.name);
       if (s.ok()) s = ReadString(e, "tenant", where, &key.tenant);
@@ -322,7 +319,7 @@ absl::Status ParseAuth(const Json& j, const std::string& path, AuthSection* out)
       }
       if (const Json* rights = Find(e, "rights")) {
         const std::string r_at = Child(where, "rights");
-        if (absl::Status s = ExpectArray(*rights, r_at); !s.ok()) return s;
+        KVL_RETURN_IF_ERROR(ExpectArray(*rights, r_at));
         key.rights.clear();
         for (size_t k = 0; k < rights->size(); ++k) {
           const Json& r = (*rights)[k];
@@ -343,17 +340,14 @@ absl::Status ParseAuth(const Json& j, const std::string& path, AuthSection* out)
   }
   if (const Json* t = Find(j, "tenants")) {
     const std::string at = Child(path, "tenants");
-    if (absl::Status s = ExpectObject(*t, at); !s.ok()) return s;
+    KVL_RETURN_IF_ERROR(ExpectObject(*t, at));
     for (const auto& [tenant, limits] : t->items()) {
       const std::string where = Child(at, tenant);
       if (tenants.count(tenant) == 0) {
         return Invalid(where, "no key in auth.keys belongs to this tenant");
       }
-      if (absl::Status s = ExpectObject(limits, where); !s.ok()) return s;
-      if (absl::Status s = CheckKeys(limits, where, {"max_sessions", "max_concurrent_turns"});
-          !s.ok()) {
-        return s;
-      }
+      KVL_RETURN_IF_ERROR(ExpectObject(limits, where));
+      KVL_RETURN_IF_ERROR(CheckKeys(limits, where, {"max_sessions", "max_concurrent_turns"}));
       TenantLimits l;
       absl::Status s = ReadInt(limits, "max_sessions", where, 0, int64_t{1} << 40, &l.max_sessions);
       if (s.ok()) {
@@ -369,20 +363,20 @@ absl::Status ParseAuth(const Json& j, const std::string& path, AuthSection* out)
 absl::Status ReadRequiredString(const Json& object, absl::string_view key, const std::string& path,
                                 std::string* out) {
   if (Find(object, key) == nullptr) return Invalid(Child(path, key), "required");
-  if (absl::Status s = ReadString(object, key, path, out); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ReadString(object, key, path, out));
   if (out->empty()) return Invalid(Child(path, key), "must not be empty");
   return absl::OkStatus();
 }
 
 absl::Status ParseModels(const Json& j, const std::string& path, const std::string& base_dir,
                          DType default_dtype, std::vector<ModelEntry>* out) {
-  if (absl::Status s = ExpectArray(j, path); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ExpectArray(j, path));
   std::set<std::string> names;
   for (size_t i = 0; i < j.size(); ++i) {
     const std::string at = Index(path, i);
     const Json& e = j[i];
-    if (absl::Status s = ExpectObject(e, at); !s.ok()) return s;
-    if (absl::Status s = CheckKeys(e, at, {"name", "path", "dtype"}); !s.ok()) return s;
+    KVL_RETURN_IF_ERROR(ExpectObject(e, at));
+    KVL_RETURN_IF_ERROR(CheckKeys(e, at, {"name", "path", "dtype"}));
     ModelEntry m;
     m.dtype = default_dtype;
     absl::Status s = ReadRequiredString(e, "name", at, &m.name);
@@ -431,18 +425,16 @@ absl::Status ResolveModel(const std::vector<ModelEntry>& models, const std::stri
 absl::Status ParseTranslators(const Json& j, const std::string& path, const std::string& base_dir,
                               const std::vector<ModelEntry>& models,
                               std::vector<TranslatorEntry>* out) {
-  if (absl::Status s = ExpectArray(j, path); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ExpectArray(j, path));
   std::set<std::string> names;
   std::set<std::pair<int, int>> pairs;
   for (size_t i = 0; i < j.size(); ++i) {
     const std::string at = Index(path, i);
     const Json& e = j[i];
-    if (absl::Status s = ExpectObject(e, at); !s.ok()) return s;
-    if (absl::Status s = CheckKeys(e, at, {"name", "source", "target", "path", "compute_dtype",
-                                           "min_recovered", "max_gap_nats"});
-        !s.ok()) {
-      return s;
-    }
+    KVL_RETURN_IF_ERROR(ExpectObject(e, at));
+    KVL_RETURN_IF_ERROR(CheckKeys(
+        e, at,
+        {"name", "source", "target", "path", "compute_dtype", "min_recovered", "max_gap_nats"}));
     TranslatorEntry t;
     std::string source, target;
     size_t compute = 0;  // "auto"
@@ -486,14 +478,14 @@ absl::Status ReadModelList(const Json& object, absl::string_view key, const std:
   const Json* value = Find(object, key);
   if (value == nullptr) return absl::OkStatus();
   const std::string where = Child(path, key);
-  if (absl::Status s = ExpectArray(*value, where); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(ExpectArray(*value, where));
   for (size_t i = 0; i < value->size(); ++i) {
     const Json& e = (*value)[i];
     if (!e.is_string())
       return Invalid(Index(where, i), absl::StrCat("expected a string, got ", Shown(e)));
     const std::string name = e.get<std::string>();
     int model = 0;
-    if (absl::Status s = ResolveModel(models, name, Index(where, i), &model); !s.ok()) return s;
+    KVL_RETURN_IF_ERROR(ResolveModel(models, name, Index(where, i), &model));
     if (std::find(out->begin(), out->end(), model) != out->end()) {
       return Invalid(Index(where, i), absl::StrCat("'", name, "' is listed twice"));
     }
@@ -504,12 +496,9 @@ absl::Status ReadModelList(const Json& object, absl::string_view key, const std:
 
 absl::Status ParseRule(const Json& e, const std::string& at, const std::vector<ModelEntry>& models,
                        router::Rule* rule) {
-  if (absl::Status s = ExpectObject(e, at); !s.ok()) return s;
-  if (absl::Status s = CheckKeys(
-          e, at, {"model", "contains", "min_bytes", "max_bytes", "min_turn", "max_turn", "pattern"});
-      !s.ok()) {
-    return s;
-  }
+  KVL_RETURN_IF_ERROR(ExpectObject(e, at));
+  KVL_RETURN_IF_ERROR(CheckKeys(
+      e, at, {"model", "contains", "min_bytes", "max_bytes", "min_turn", "max_turn", "pattern"}));
   std::string model;
   absl::Status s = ReadRequiredString(e, "model", at, &model);
   if (s.ok()) s = ResolveModel(models, model, Child(at, "model"), &rule->model);
@@ -534,7 +523,7 @@ absl::Status ParseRule(const Json& e, const std::string& at, const std::vector<M
   }
   if (const Json* contains = Find(e, "contains"); contains != nullptr) {
     const std::string where = Child(at, "contains");
-    if (absl::Status st = ExpectArray(*contains, where); !st.ok()) return st;
+    KVL_RETURN_IF_ERROR(ExpectArray(*contains, where));
     for (size_t k = 0; k < contains->size(); ++k) {
       const Json& c = (*contains)[k];
       if (!c.is_string() || c.get<std::string>().empty()) {
@@ -550,65 +539,68 @@ absl::Status ParseRule(const Json& e, const std::string& at, const std::vector<M
 // `default_model`: the name routing.default_model gives (empty: none); the
 // caller resolves it once the whole file is read.
 absl::Status ParseRouting(const Json& j, const std::string& path,
-                          const std::vector<ModelEntry>& models, router::RoutingConfig* out,
+                          const std::vector<ModelEntry>& models, router::RouterConfig* out,
                           std::string* default_model) {
-  if (absl::Status s = ExpectObject(j, path); !s.ok()) return s;
-  if (absl::Status s = CheckKeys(
-          j, path,
-          {"policy", "default_model", "strategy", "models", "rules", "cascade_max_entropy",
-           "cascade_min_mean_logprob", "native_tail_tokens", "repair", "gate"});
-      !s.ok()) {
-    return s;
-  }
-  size_t policy = static_cast<size_t>(out->policy);
-  size_t strategy = static_cast<size_t>(out->strategy);
-  size_t repair = static_cast<size_t>(out->repair);
+  KVL_RETURN_IF_ERROR(ExpectObject(j, path));
+  KVL_RETURN_IF_ERROR(
+      CheckKeys(j, path,
+                {"policy", "default_model", "strategy", "models", "rules", "cascade_max_entropy",
+                 "cascade_min_mean_logprob", "native_tail_tokens", "repair", "gate"}));
+  router::PolicyConfig& policy_config = out->policy;
+  router::SwitchConfig& switching = out->switching;
+  size_t policy = static_cast<size_t>(policy_config.policy);
+  size_t strategy = static_cast<size_t>(switching.strategy);
+  size_t repair = static_cast<size_t>(switching.repair);
   absl::Status s = ReadChoice(j, "policy", path, kPolicyNames, &policy);
   if (s.ok()) s = ReadChoice(j, "strategy", path, kStrategyNames, &strategy);
   if (s.ok()) s = ReadChoice(j, "repair", path, kRepairNames, &repair);
   if (s.ok()) s = ReadString(j, "default_model", path, default_model);
-  if (s.ok()) s = ReadModelList(j, "models", path, models, &out->order);
+  if (s.ok()) s = ReadModelList(j, "models", path, models, &policy_config.order);
   if (s.ok()) {
     s = ReadNumber(j, "cascade_max_entropy", path, 0, std::numeric_limits<double>::max(),
-                   &out->cascade_max_entropy);
+                   &policy_config.cascade_max_entropy);
   }
   if (s.ok()) {
     s = ReadNumber(j, "cascade_min_mean_logprob", path, -std::numeric_limits<double>::max(), 0,
-                   &out->cascade_min_mean_logprob);
+                   &policy_config.cascade_min_mean_logprob);
   }
-  if (s.ok()) s = ReadInt(j, "native_tail_tokens", path, 0, 1 << 20, &out->native_tail_tokens);
+  if (s.ok()) {
+    s = ReadInt(j, "native_tail_tokens", path, 0, 1 << 20, &switching.native_tail_tokens);
+  }
   if (!s.ok()) return s;
-  out->policy = static_cast<router::Policy>(policy);
-  out->strategy = static_cast<router::Strategy>(strategy);
-  out->repair = static_cast<router::RepairMode>(repair);
+  policy_config.policy = static_cast<router::Policy>(policy);
+  switching.strategy = static_cast<router::Strategy>(strategy);
+  switching.repair = static_cast<router::RepairMode>(repair);
   if (const Json* gate = Find(j, "gate"); gate != nullptr) {
     const std::string where = Child(path, "gate");
-    if (absl::Status st = ExpectObject(*gate, where); !st.ok()) return st;
-    if (absl::Status st = CheckKeys(*gate, where,
-                                    {"max_divergence_nats", "window", "min_samples",
-                                     "cooldown_seconds", "min_recovered", "max_gap_nats"});
-        !st.ok()) {
-      return st;
-    }
-    absl::Status st = ReadNumber(*gate, "max_divergence_nats", where,
-                                 -std::numeric_limits<double>::max(),
-                                 std::numeric_limits<double>::max(), &out->gate_max_divergence);
-    if (st.ok()) st = ReadOptionalNumber(*gate, "min_recovered", where, 0, 1, &out->gate_min_recovered);
-    if (st.ok()) st = ReadOptionalNumber(*gate, "max_gap_nats", where, 0, std::numeric_limits<double>::max(),
-                                         &out->gate_max_gap_nats);
-    if (st.ok()) st = ReadInt(*gate, "window", where, 1, 1 << 20, &out->gate_window);
-    if (st.ok()) st = ReadInt(*gate, "min_samples", where, 1, 1 << 20, &out->gate_min_samples);
+    KVL_RETURN_IF_ERROR(ExpectObject(*gate, where));
+    KVL_RETURN_IF_ERROR(CheckKeys(*gate, where,
+                                  {"max_divergence_nats", "window", "min_samples",
+                                   "cooldown_seconds", "min_recovered", "max_gap_nats"}));
+    router::GateConfig& live = out->gate;
+    router::LoadGateConfig& load = out->load_gate;
+    double cooldown_seconds = std::chrono::duration<double>(live.cooldown).count();
+    absl::Status st =
+        ReadNumber(*gate, "max_divergence_nats", where, -std::numeric_limits<double>::max(),
+                   std::numeric_limits<double>::max(), &live.max_divergence);
+    if (st.ok()) st = ReadOptionalNumber(*gate, "min_recovered", where, 0, 1, &load.min_recovered);
     if (st.ok()) {
-      st = ReadNumber(*gate, "cooldown_seconds", where, 0, std::numeric_limits<double>::max(),
-                      &out->gate_cooldown_seconds);
+      st = ReadOptionalNumber(*gate, "max_gap_nats", where, 0, std::numeric_limits<double>::max(),
+                              &load.max_gap_nats);
     }
+    if (st.ok()) st = ReadInt(*gate, "window", where, 1, 1 << 20, &live.window);
+    if (st.ok()) st = ReadInt(*gate, "min_samples", where, 1, 1 << 20, &live.min_samples);
+    // Bounded so that "now + cool-down" cannot overflow the clock.
+    if (st.ok()) st = ReadNumber(*gate, "cooldown_seconds", where, 0, 1e9, &cooldown_seconds);
     if (!st.ok()) return st;
-    if (out->gate_min_samples > out->gate_window) {
+    live.cooldown = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(cooldown_seconds));
+    if (live.min_samples > live.window) {
       return Invalid(Child(where, "min_samples"),
-                     absl::StrCat(out->gate_min_samples, " exceeds window ", out->gate_window));
+                     absl::StrCat(live.min_samples, " exceeds window ", live.window));
     }
-    if (out->repair == router::RepairMode::kOff &&
-        out->gate_max_divergence < std::numeric_limits<double>::infinity()) {
+    if (switching.repair == router::RepairMode::kOff &&
+        live.max_divergence < std::numeric_limits<double>::infinity()) {
       return Invalid(where, absl::StrCat("the live quality gate scores switches as their lines "
                                          "are repaired; it needs ",
                                          Child(path, "repair"), " other than \"off\""));
@@ -616,12 +608,11 @@ absl::Status ParseRouting(const Json& j, const std::string& path,
   }
   if (const Json* rules = Find(j, "rules"); rules != nullptr) {
     const std::string where = Child(path, "rules");
-    if (absl::Status st = ExpectArray(*rules, where); !st.ok()) return st;
+    KVL_RETURN_IF_ERROR(ExpectArray(*rules, where));
     for (size_t i = 0; i < rules->size(); ++i) {
       router::Rule rule;
-      if (absl::Status st = ParseRule((*rules)[i], Index(where, i), models, &rule); !st.ok())
-        return st;
-      out->rules.push_back(std::move(rule));
+      KVL_RETURN_IF_ERROR(ParseRule((*rules)[i], Index(where, i), models, &rule));
+      out->policy.rules.push_back(std::move(rule));
     }
   }
   return absl::OkStatus();
@@ -631,7 +622,7 @@ absl::Status ParseRouting(const Json& j, const std::string& path,
 // configured policy requires. Per-turn policy overrides are checked per request.
 // Resolves routing.default_model into `c`.
 absl::Status CrossCheck(const std::string& default_model, ServerConfig& c) {
-  router::RoutingConfig& r = c.routing;
+  router::PolicyConfig& r = c.router.policy;
   if (c.models.empty()) {
     if (!default_model.empty()) {
       return ResolveModel(c.models, default_model, "routing.default_model", &r.default_model);
@@ -645,11 +636,8 @@ absl::Status CrossCheck(const std::string& default_model, ServerConfig& c) {
   if (default_model.empty()) {
     return Invalid("routing.default_model", "required when models are configured");
   }
-  if (absl::Status s =
-          ResolveModel(c.models, default_model, "routing.default_model", &r.default_model);
-      !s.ok()) {
-    return s;
-  }
+  KVL_RETURN_IF_ERROR(
+      ResolveModel(c.models, default_model, "routing.default_model", &r.default_model));
   if ((r.policy == router::Policy::kAlternate || r.policy == router::Policy::kCascade) &&
       r.order.size() < 2) {
     return Invalid("routing.models", absl::StrCat("the '", router::PolicyName(r.policy),
@@ -664,11 +652,8 @@ absl::Status CrossCheck(const std::string& default_model, ServerConfig& c) {
 // sessions.store.
 absl::Status ParseSessionStore(const Json& j, SessionStoreOptions* out) {
   const std::string path = "sessions.store";
-  if (absl::Status s = ExpectObject(j, path); !s.ok()) return s;
-  if (absl::Status s = CheckKeys(j, path, {"backend", "redis_address", "key_prefix", "timeout_ms"});
-      !s.ok()) {
-    return s;
-  }
+  KVL_RETURN_IF_ERROR(ExpectObject(j, path));
+  KVL_RETURN_IF_ERROR(CheckKeys(j, path, {"backend", "redis_address", "key_prefix", "timeout_ms"}));
   absl::Status s = ReadString(j, "backend", path, &out->backend);
   if (s.ok() && out->backend != "memory" && out->backend != "redis") {
     s = Invalid(Child(path, "backend"),
@@ -749,54 +734,37 @@ absl::StatusOr<ServerConfig> ParseConfig(absl::string_view text, const std::stri
     return absl::InvalidArgumentError(
         absl::StrCat("config: expected a JSON object at the top level, got ", Shown(root)));
   }
-  if (absl::Status s = CheckKeys(
-          root, "",
-          {"server", "limits", "batching", "log", "runtime", "models", "translators", "routing",
-           "sessions", "auth"});
-      !s.ok()) {
-    return s;
-  }
+  KVL_RETURN_IF_ERROR(CheckKeys(root, "",
+                                {"server", "limits", "batching", "log", "runtime", "models",
+                                 "translators", "routing", "sessions", "auth"}));
   ServerConfig c;
-  c.routing.native_tail_tokens = kDefaultNativeTailTokens;
-  c.routing.repair = kDefaultRepairMode;
   std::string default_model;
   if (const Json* j = Find(root, "server")) {
-    if (absl::Status s = ParseServer(*j, "server", &c.server); !s.ok()) return s;
+    KVL_RETURN_IF_ERROR(ParseServer(*j, "server", &c.server));
     for (std::string* file : {&c.server.tls.cert_file, &c.server.tls.key_file,
                               &c.server.tls.client_ca_file}) {
       if (!file->empty()) *file = Resolve(base_dir, *file);
     }
   }
   if (const Json* j = Find(root, "log")) {
-    if (absl::Status s = ParseLog(*j, "log", &c.log); !s.ok()) return s;
+    KVL_RETURN_IF_ERROR(ParseLog(*j, "log", &c.log));
   }
   if (const Json* j = Find(root, "runtime")) {
-    if (absl::Status s = ParseRuntime(*j, "runtime", &c.runtime); !s.ok()) return s;
+    KVL_RETURN_IF_ERROR(ParseRuntime(*j, "runtime", &c.runtime));
   }
   if (const Json* j = Find(root, "models")) {
-    if (absl::Status s = ParseModels(*j, "models", base_dir, c.runtime.dtype, &c.models); !s.ok()) {
-      return s;
-    }
+    KVL_RETURN_IF_ERROR(ParseModels(*j, "models", base_dir, c.runtime.dtype, &c.models));
   }
   if (const Json* j = Find(root, "translators")) {
-    if (absl::Status s = ParseTranslators(*j, "translators", base_dir, c.models, &c.translators);
-        !s.ok()) {
-      return s;
-    }
+    KVL_RETURN_IF_ERROR(ParseTranslators(*j, "translators", base_dir, c.models, &c.translators));
   }
   if (const Json* j = Find(root, "routing")) {
-    if (absl::Status s = ParseRouting(*j, "routing", c.models, &c.routing, &default_model);
-        !s.ok()) {
-      return s;
-    }
+    KVL_RETURN_IF_ERROR(ParseRouting(*j, "routing", c.models, &c.router, &default_model));
   }
   if (const Json* j = Find(root, "sessions")) {
-    if (absl::Status s = ExpectObject(*j, "sessions"); !s.ok()) return s;
-    if (absl::Status s =
-            CheckKeys(*j, "sessions", {"idle_timeout_seconds", "memory_budget_bytes", "store"});
-        !s.ok()) {
-      return s;
-    }
+    KVL_RETURN_IF_ERROR(ExpectObject(*j, "sessions"));
+    KVL_RETURN_IF_ERROR(
+        CheckKeys(*j, "sessions", {"idle_timeout_seconds", "memory_budget_bytes", "store"}));
     absl::Status s = ReadInt(*j, "idle_timeout_seconds", "sessions", 0,
                              int64_t{10} * 365 * 24 * 3600, &c.sessions.idle_timeout_seconds);
     if (s.ok()) {
@@ -809,46 +777,39 @@ absl::StatusOr<ServerConfig> ParseConfig(absl::string_view text, const std::stri
     if (!s.ok()) return s;
   }
   if (const Json* j = Find(root, "limits")) {
-    if (absl::Status s = ExpectObject(*j, "limits"); !s.ok()) return s;
-    if (absl::Status s = CheckKeys(*j, "limits",
-                                   {"max_concurrent_streams", "max_waiting_turns_per_model",
-                                    "max_sessions", "max_history_tokens"});
-        !s.ok()) {
-      return s;
-    }
+    KVL_RETURN_IF_ERROR(ExpectObject(*j, "limits"));
+    KVL_RETURN_IF_ERROR(CheckKeys(*j, "limits",
+                                  {"max_concurrent_streams", "max_waiting_turns_per_model",
+                                   "max_sessions", "max_history_tokens"}));
     const int64_t most = int64_t{1} << 40;
     absl::Status s = ReadInt(*j, "max_concurrent_streams", "limits", 0, most,
                              &c.limits.max_concurrent_streams);
     if (s.ok()) {
       s = ReadInt(*j, "max_waiting_turns_per_model", "limits", 0, most,
-                  &c.limits.max_waiting_turns_per_model);
+                  &c.router.limits.max_waiting_turns);
     }
     if (s.ok()) s = ReadInt(*j, "max_sessions", "limits", 0, most, &c.limits.max_sessions);
     if (s.ok()) {
-      s = ReadInt(*j, "max_history_tokens", "limits", 0, most, &c.limits.max_history_tokens);
+      s = ReadInt(*j, "max_history_tokens", "limits", 0, most, &c.router.limits.max_history_tokens);
     }
     if (!s.ok()) return s;
   }
   if (const Json* j = Find(root, "auth")) {
-    if (absl::Status s = ParseAuth(*j, "auth", &c.auth); !s.ok()) return s;
+    KVL_RETURN_IF_ERROR(ParseAuth(*j, "auth", &c.auth));
   }
   if (const Json* j = Find(root, "batching")) {
-    if (absl::Status s = ExpectObject(*j, "batching"); !s.ok()) return s;
-    if (absl::Status s =
-            CheckKeys(*j, "batching", {"enabled", "max_step_tokens", "max_running"});
-        !s.ok()) {
-      return s;
-    }
+    KVL_RETURN_IF_ERROR(ExpectObject(*j, "batching"));
+    KVL_RETURN_IF_ERROR(CheckKeys(*j, "batching", {"enabled", "max_step_tokens", "max_running"}));
     if (const Json* e = Find(*j, "enabled")) {
       if (!e->is_boolean()) return absl::InvalidArgumentError("batching.enabled: expected true or false");
-      c.batching.enabled = e->get<bool>();
+      c.router.batching.enabled = e->get<bool>();
     }
-    absl::Status s = ReadInt(*j, "max_step_tokens", "batching", 1, 1 << 20,
-                             &c.batching.max_step_tokens);
-    if (s.ok()) s = ReadInt(*j, "max_running", "batching", 1, 4096, &c.batching.max_running);
+    absl::Status s =
+        ReadInt(*j, "max_step_tokens", "batching", 1, 1 << 20, &c.router.batching.max_step_tokens);
+    if (s.ok()) s = ReadInt(*j, "max_running", "batching", 1, 4096, &c.router.batching.max_running);
     if (!s.ok()) return s;
   }
-  if (absl::Status s = CrossCheck(default_model, c); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(CrossCheck(default_model, c));
   return c;
 }
 

@@ -82,20 +82,13 @@ struct ServerSection {
   bool reflection = true;
 };
 
-// Admission limits ("limits"): past one, a request fails at once with
-// RESOURCE_EXHAUSTED naming it, and nothing changes. 0: no limit.
+// The server's admission limits ("limits"): past one, a request fails at once
+// with RESOURCE_EXHAUSTED naming it, and nothing changes. 0: no limit. The
+// section's other two keys, max_waiting_turns_per_model and
+// max_history_tokens, are the router's (RouterConfig::limits).
 struct LimitsSection {
-  int64_t max_concurrent_streams = 256;      // Chat streams in flight
-  int64_t max_waiting_turns_per_model = 64;  // turns waiting for one model
-  int64_t max_sessions = 100000;             // sessions held
-  int64_t max_history_tokens = 0;            // a session's history (0: the models' context)
-};
-
-// Continuous batching ("batching", model/scheduler.h).
-struct BatchingSection {
-  bool enabled = true;
-  int64_t max_step_tokens = 256;  // tokens one engine step runs, all turns together
-  int64_t max_running = 64;       // turns generating at once on one model
+  int64_t max_concurrent_streams = 256;  // Chat streams in flight
+  int64_t max_sessions = 100000;         // sessions held
 };
 
 struct LogSection {
@@ -117,14 +110,6 @@ struct RuntimeSection {
 using ModelEntry = router::ModelSource;
 using TranslatorEntry = router::TranslatorSource;
 
-// routing.native_tail_tokens when the file does not set it: the incoming
-// model reads the last 32 tokens of the history itself at a translated switch
-// (router/planner.h; why 32: docs/translators.md, "Deployment choices").
-inline constexpr int64_t kDefaultNativeTailTokens = 32;
-// routing.repair when the file does not set it: a translated line is
-// recomputed natively in the background after its turn (router/repair.h).
-inline constexpr router::RepairMode kDefaultRepairMode = router::RepairMode::kAfterTurn;
-
 struct SessionsSection {
   // Sessions untouched for this long are deleted; 0 disables expiry.
   int64_t idle_timeout_seconds = 3600;
@@ -140,15 +125,15 @@ struct SessionsSection {
 struct ServerConfig {
   ServerSection server;
   LimitsSection limits;
-  BatchingSection batching;
   LogSection log;
   RuntimeSection runtime;
   std::vector<ModelEntry> models;
   std::vector<TranslatorEntry> translators;
-  // Model names resolved to indices into `models`. The file's defaults where
-  // its routing section is silent (server/README.md), among them a native
-  // tail of 32 tokens at a switch.
-  router::RoutingConfig routing;
+  // The router's configuration (router/config.h, its defaults the file's):
+  // the "routing" section (policy with model names resolved to indices into
+  // `models`, switching, gates), "batching", and the router's share of
+  // "limits".
+  router::RouterConfig router;
   SessionsSection sessions;
   // API keys and tenants; no keys: the server is open (server/auth.h).
   AuthSection auth;

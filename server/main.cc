@@ -195,7 +195,7 @@ int main(int argc, char** argv) {
   kvl::server::RouteProtobufLogToSpdlog();
   spdlog::info("kvl-server {} starting with {} model(s), {} translator(s), policy {}",
                kvl::server::Version(), config->models.size(), config->translators.size(),
-               kvl::router::PolicyName(config->routing.policy));
+               kvl::router::PolicyName(config->router.policy.policy));
 
   // A model or translator that cannot be loaded is a bad config (exit 2); an
   // address that cannot be bound is a failed start (exit 1).

@@ -2,6 +2,8 @@
 
 #include <prometheus/text_serializer.h>
 
+#include "server/status.h"
+
 namespace kvl::server {
 namespace {
 
@@ -410,6 +412,12 @@ void ServerMetrics::OnTurnDone(const router::TurnResult& r) {
   if (prometheus::Counter* c = request_success_[m][static_cast<int>(r.finish_reason)]) {
     c->Increment();
   }
+}
+
+void ServerMetrics::OnRejected(router::Setting limit) {
+  absl::string_view key = ServerKey(limit);
+  key.remove_prefix(key.find('.') + 1);  // "limits.max_history_tokens" -> "max_history_tokens"
+  OnRejected(std::string(key));
 }
 
 void ServerMetrics::OnRejected(const std::string& limit) {

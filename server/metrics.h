@@ -86,8 +86,11 @@ class ServerMetrics final : public router::TurnObserver {
   // A Chat turn that completed (its TurnSummary was sent): end-to-end
   // latency, queue time, time per output token and its finish reason.
   void OnTurnDone(const router::TurnResult& result);
-  // Also counts the server's own refusals (max_concurrent_streams, max_sessions).
-  void OnRejected(const std::string& limit) override;
+  // A refusal by the router's admission limits, counted under its key in
+  // "limits" (ServerKey).
+  void OnRejected(router::Setting limit) override;
+  // The server's own refusals (max_concurrent_streams, max_sessions, ...).
+  void OnRejected(const std::string& limit);
 
   // The registry in the Prometheus text exposition format (version 0.0.4).
   std::string RenderText() const;

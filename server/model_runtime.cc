@@ -8,21 +8,6 @@
 
 namespace kvl::server {
 
-namespace {
-
-// The router's share of the admission limits.
-router::RoutingConfig RoutingWithLimits(const ServerConfig& config) {
-  router::RoutingConfig routing = config.routing;
-  routing.max_waiting_turns_per_model = config.limits.max_waiting_turns_per_model;
-  routing.max_history_tokens = config.limits.max_history_tokens;
-  routing.batching = config.batching.enabled;
-  routing.batch_max_step_tokens = config.batching.max_step_tokens;
-  routing.batch_max_running = config.batching.max_running;
-  return routing;
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<ModelRuntime>> LoadModelRuntime(const ServerConfig& config,
                                                                router::TurnObserver* observer) {
   auto runtime = std::make_unique<ModelRuntime>();
@@ -48,8 +33,8 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> LoadModelRuntime(const ServerConfi
   std::vector<ModelEntry> models = config.models;
   for (ModelEntry& m : models) m.device = config.runtime.device;
   absl::StatusOr<std::unique_ptr<router::Router>> router =
-      router::LoadRouter(models, config.translators, RoutingWithLimits(config),
-                         config.runtime.threads, runtime->store.get(), observer);
+      router::LoadRouter(models, config.translators, config.router, config.runtime.threads,
+                         runtime->store.get(), observer);
   if (!router.ok()) return router.status();
   runtime->router = *std::move(router);
   return runtime;

@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/files.h"
 #include "base/notification.h"
+#include "base/status_macros.h"
 #include "model/engine.h"
 #include "spdlog/spdlog.h"
 
@@ -99,7 +100,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
     ca = read(tls.client_ca_file, "client_ca_file");
     if (!ca.ok()) return ca.status();
   }
-  if (absl::Status s = CheckTlsFiles(tls, *cert, *key, *ca); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(CheckTlsFiles(tls, *cert, *key, *ca));
   // The files are valid now; gRPC's file watcher reads them again every
   // reload_interval_seconds and swaps in a changed certificate, key or CA for
   // the handshakes after it, without touching open connections (a rotated
@@ -172,7 +173,7 @@ Server::Server(const ServerConfig& config)
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config) {
   absl::StatusOr<std::unique_ptr<Server>> server = Load(config);
   if (!server.ok()) return server.status();
-  if (absl::Status s = (*server)->Serve(); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR((*server)->Serve());
   return server;
 }
 
@@ -202,8 +203,9 @@ absl::Status Server::Serve() {
     // as one model batches. Each thread does LibTorch's per-thread set-up
     // before the server takes requests.
     const int n_models = static_cast<int>(config.models.size());
+    const router::BatchingConfig& batching = config.router.batching;
     const int n_threads =
-        4 * n_models + (config.batching.enabled ? static_cast<int>(config.batching.max_running) : 0);
+        4 * n_models + (batching.enabled ? static_cast<int>(batching.max_running) : 0);
     turn_pool_ = std::make_unique<TurnPool>(std::max(4, n_threads), PrepareIntraOpThread);
   }
   auth_ = std::make_unique<Authenticator>(config.auth);

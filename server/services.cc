@@ -12,6 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "base/status_macros.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/util/delimited_message_util.h"
 #include "server/model_runtime.h"
@@ -87,7 +88,7 @@ absl::Status CheckMetadataSize(const grpc::CallbackServerContext* context, int64
 absl::StatusOr<Caller> Authorize(const ServiceDeps& deps,
                                  const grpc::CallbackServerContext* context, Right right,
                                  absl::string_view rpc) {
-  if (absl::Status s = CheckMetadataSize(context, deps.max_metadata_bytes); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(CheckMetadataSize(context, deps.max_metadata_bytes));
   std::optional<std::string> authorization;
   const auto& metadata = context->client_metadata();
   if (auto it = metadata.find("authorization"); it != metadata.end()) {
@@ -95,7 +96,7 @@ absl::StatusOr<Caller> Authorize(const ServiceDeps& deps,
   }
   absl::StatusOr<Caller> caller = deps.auth->Authenticate(authorization);
   if (!caller.ok()) return caller.status();
-  if (absl::Status s = Authenticator::Require(*caller, right, rpc); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(Authenticator::Require(*caller, right, rpc));
   return caller;
 }
 
@@ -693,7 +694,7 @@ void SessionServiceImpl::HandleImportSession(
   }
   absl::StatusOr<std::vector<ImportTurn>> turns =
       valid.ok() ? ParseImportTurns(*request, deps_.limits, deps_.router->model_names(),
-                                    deps_.router->routing().default_model)
+                                    deps_.router->config().policy.default_model)
                  : absl::StatusOr<std::vector<ImportTurn>>(valid);
   absl::StatusOr<std::string> id =
       turns.ok() ? NewSessionId(*caller, request->session_id()) : turns.status();
@@ -725,8 +726,13 @@ void SessionServiceImpl::HandleImportSession(
         options.cancelled = [context] { return context->IsCancelled(); };
         absl::StatusOr<router::TurnResult> read = deps.router->RunTurn(session_id, options, {});
         if (!read.ok()) {
-          return absl::Status(read.status().code(),
-                              absl::StrCat("turns[", i, "]: ", read.status().message()));
+          // The router's setting (router::SettingOf) travels on for ToGrpcStatus.
+          absl::Status named(read.status().code(),
+                             absl::StrCat("turns[", i, "]: ", read.status().message()));
+          read.status().ForEachPayload([&named](absl::string_view url, const absl::Cord& payload) {
+            named.SetPayload(url, payload);
+          });
+          return named;
         }
       }
       return absl::OkStatus();

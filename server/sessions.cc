@@ -4,10 +4,11 @@
 #include <chrono>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "base/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace kvl::server {
@@ -98,9 +99,9 @@ absl::StatusOr<SessionView> Sessions::Create(std::string_view session_id,
   record.created_unix_seconds = (*reservation)->created_unix_seconds();
   record.generation = NewGeneration();
   if (populate) {
-    if (absl::Status s = populate(record.session_id, &record.turns); !s.ok()) return s;
+    KVL_RETURN_IF_ERROR(populate(record.session_id, &record.turns));
   }
-  if (absl::Status s = store_->Create(record); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(store_->Create(record));
   return (*reservation)->Commit(std::move(record.generation));
 }
 

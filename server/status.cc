@@ -1,6 +1,10 @@
 #include "server/status.h"
 
+#include <optional>
 #include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
 
 namespace kvl::server {
 namespace {
@@ -50,9 +54,29 @@ grpc::StatusCode ToGrpcCode(absl::StatusCode code) {
 
 }  // namespace
 
+absl::string_view ServerKey(router::Setting setting) {
+  switch (setting) {
+    case router::Setting::kTurnModel:
+      return "routing.model";
+    case router::Setting::kOrder:
+      return "routing.models";
+    case router::Setting::kRules:
+      return "routing.rules";
+    case router::Setting::kMaxWaitingTurns:
+      return "limits.max_waiting_turns_per_model";
+    case router::Setting::kMaxHistoryTokens:
+      return "limits.max_history_tokens";
+  }
+  return "routing";
+}
+
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(ToGrpcCode(status.code()), std::string(status.message()));
+  std::string message(status.message());
+  if (std::optional<router::Setting> setting = router::SettingOf(status)) {
+    message = absl::StrCat(ServerKey(*setting), ": ", message);
+  }
+  return grpc::Status(ToGrpcCode(status.code()), std::move(message));
 }
 
 }  // namespace kvl::server

@@ -13,7 +13,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "base/flags.h"
-#include "model/tokenizer.h"  // Sha256Hex
+#include "base/sha256.h"
 #include "tools/commands.h"
 
 namespace kvl::tools {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "base/files.h"
+#include "base/status_macros.h"
 
 namespace kvl::training {
 namespace {
@@ -86,7 +87,7 @@ absl::Status PlotLines(const PlotSpec& spec, const std::string& png_path) {
       if (s.points.empty()) out += "nan nan\n";  // keeps the block index of later series
       out += "\n\n";
     }
-    if (absl::Status s = WriteTextFile(data.string(), out); !s.ok()) return s;
+    KVL_RETURN_IF_ERROR(WriteTextFile(data.string(), out));
   }
   {
     std::string out = absl::StrCat(
@@ -105,7 +106,7 @@ absl::Status PlotLines(const PlotSpec& spec, const std::string& png_path) {
                       " lw 2 title ", GnuplotString(s.title));
     }
     out += "\n";
-    if (absl::Status s = WriteTextFile(script.string(), out); !s.ok()) return s;
+    KVL_RETURN_IF_ERROR(WriteTextFile(script.string(), out));
   }
   auto [rc, output] = RunCommand(absl::StrCat("gnuplot ", ShellQuote(script.string())));
   if (rc != 0) {

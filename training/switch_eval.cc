@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "base/status_macros.h"
 #include "cache_store/cache_store.h"
 #include "datagen/chat_data.h"
 #include "router/loader.h"
@@ -91,16 +92,20 @@ absl::Status LoadPairRouter(const std::string& first_dir, const std::string& sec
   const std::vector<router::ModelSource> models = {
       {std::filesystem::path(first_dir).filename().string(), first_dir, DType::kFloat32},
       {std::filesystem::path(second_dir).filename().string(), second_dir, DType::kFloat32}};
-  router::RoutingConfig routing;
-  routing.policy = router::Policy::kExplicit;
-  routing.strategy = strategy;
-  routing.native_tail_tokens = native_tail;
-  routing.repair = repair ? router::RepairMode::kAfterTurn : router::RepairMode::kOff;
+  router::RouterConfig config;
+  config.policy.policy = router::Policy::kExplicit;
+  config.switching.strategy = strategy;
+  config.switching.native_tail_tokens = native_tail;
+  config.switching.repair = repair ? router::RepairMode::kAfterTurn : router::RepairMode::kOff;
+  // One request at a time, no waiting limit: the evaluation's turns run one
+  // after another, and its figures were measured so.
+  config.batching.enabled = false;
+  config.limits.max_waiting_turns = 0;
   CacheStoreOptions store_options;
   store_options.n_models = 2;
   *store = std::make_unique<CacheStore>(store_options);
   absl::StatusOr<std::unique_ptr<router::Router>> r =
-      router::LoadRouter(models, translators, std::move(routing), n_threads, store->get(), observer);
+      router::LoadRouter(models, translators, std::move(config), n_threads, store->get(), observer);
   if (!r.ok()) return r.status();
   *out = *std::move(r);
   return absl::OkStatus();
@@ -582,12 +587,9 @@ absl::StatusOr<ConversationEvalReport> RunConversationEval(const ConversationEva
     r.repair = repair;
     r.live = live;
     if (live) r.log = std::make_unique<FidelityLog>();
-    if (absl::Status s = LoadPairRouter(o.first_dir, o.second_dir, translators, strategy,
-                                        o.native_tail, repair, o.n_threads, r.log.get(), &r.store,
-                                        &r.router);
-        !s.ok()) {
-      return s;
-    }
+    KVL_RETURN_IF_ERROR(LoadPairRouter(o.first_dir, o.second_dir, translators, strategy,
+                                       o.native_tail, repair, o.n_threads, r.log.get(), &r.store,
+                                       &r.router));
     routers.push_back(std::move(r));
   }
 
@@ -854,9 +856,7 @@ absl::Status PlotConversationEval(const ConversationEvalReport& r, const std::st
         spec.series.push_back(std::move(series));
       }
     }
-    if (absl::Status s = PlotLines(spec, absl::StrCat(prefix, "-", what, ".png")); !s.ok()) {
-      return s;
-    }
+    KVL_RETURN_IF_ERROR(PlotLines(spec, absl::StrCat(prefix, "-", what, ".png")));
   }
   return absl::OkStatus();
 }

@@ -1,5 +1,9 @@
 #include "training/train_lm.h"
 
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
+#include <c10/core/GradMode.h>
 #include <dlfcn.h>
 #include <malloc.h>
 
@@ -10,23 +14,20 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <ATen/autocast_mode.h>
-#include <c10/core/GradMode.h>
-
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/files.h"
+#include "base/sha256.h"
+#include "base/status_macros.h"
 #include "model/checkpoint.h"
 #include "model/engine.h"
 #include "model/reference.h"
@@ -151,7 +152,7 @@ absl::StatusOr<std::vector<StepRecord>> TrimLog(const fs::path& path, int64_t la
     records.push_back(r);
     absl::StrAppend(&kept, line, "\n");
   }
-  if (absl::Status s = WriteTextFile(path.string(), kept); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(WriteTextFile(path.string(), kept));
   return records;
 }
 
@@ -515,11 +516,8 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
   double wall_at_save = 0;
   auto save_checkpoint = [&](int64_t step) -> absl::Status {
     const ModelWeights detached = weights.To(at::kFloat, "cpu");
-    if (absl::Status s = SaveCheckpoint(o.out_dir, config, detached, o.save_dtype,
-                                        tok_files.json_path, tok_files.config_path);
-        !s.ok()) {
-      return s;
-    }
+    KVL_RETURN_IF_ERROR(SaveCheckpoint(o.out_dir, config, detached, o.save_dtype,
+                                       tok_files.json_path, tok_files.config_path));
     // Written to a fresh directory, then renamed over the old one, so that a
     // crash mid-write leaves the previous checkpoint whole.
     const fs::path tmp = out_dir / (std::string(kStateDir) + ".tmp");
@@ -533,19 +531,14 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
       tensors["exp_avg." + p.name] = p.exp_avg;
       tensors["exp_avg_sq." + p.name] = p.exp_avg_sq;
     }
-    if (absl::Status s = WriteSafetensors((tmp / kOptimizerFile).string(), tensors); !s.ok()) {
-      return s;
-    }
+    KVL_RETURN_IF_ERROR(WriteSafetensors((tmp / kOptimizerFile).string(), tensors));
     wall_at_save = prior_wall_s + Seconds(t_start, Clock::now());
     const json state = {{"step", step},
                         {"run", identity},
                         {"wall_s", wall_at_save},
                         {"initial_valid_loss", initial_valid},
                         {"tokens_seen", step * o.batch * o.seq_len}};
-    if (absl::Status s = WriteTextFile((tmp / kStateJson).string(), state.dump(2) + "\n");
-        !s.ok()) {
-      return s;
-    }
+    KVL_RETURN_IF_ERROR(WriteTextFile((tmp / kStateJson).string(), state.dump(2) + "\n"));
     fs::remove_all(state_dir, ec);
     fs::rename(tmp, state_dir, ec);
     if (ec) return absl::PermissionDeniedError(absl::StrCat(state_dir.string(), ": ", ec.message()));
@@ -646,7 +639,7 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
       if (!v.ok()) return v.status();
       rec.valid_loss = last_valid = *v;
     }
-    if (absl::Status s = log->Append(StepJson(rec)); !s.ok()) return s;
+    KVL_RETURN_IF_ERROR(log->Append(StepJson(rec)));
     history.push_back(rec);
     result.log.push_back(rec);
 
@@ -656,9 +649,9 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
     bar.Update(step, status);
 
     if (last || (o.checkpoint_every > 0 && step % o.checkpoint_every == 0)) {
-      if (absl::Status s = save_checkpoint(step); !s.ok()) return s;
+      KVL_RETURN_IF_ERROR(save_checkpoint(step));
       if (o.plot) {
-        if (absl::Status s = PlotLoss(out_dir, history, initial_valid); !s.ok()) return s;
+        KVL_RETURN_IF_ERROR(PlotLoss(out_dir, history, initial_valid));
       }
     }
   }
@@ -688,10 +681,7 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
       {"final_train_loss", result.final_train_loss},
       {"final_valid_loss", result.final_valid_loss},
       {"run", identity}};
-  if (absl::Status s = WriteTextFile((out_dir / kSummaryFile).string(), summary.dump(2) + "\n");
-      !s.ok()) {
-    return s;
-  }
+  KVL_RETURN_IF_ERROR(WriteTextFile((out_dir / kSummaryFile).string(), summary.dump(2) + "\n"));
   return result;
 }
 

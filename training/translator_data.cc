@@ -9,8 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/files.h"
-#include "nlohmann/json.hpp"
+#include "base/status_macros.h"
 #include "datagen/chat_data.h"
+#include "nlohmann/json.hpp"
 
 namespace kvl::training {
 
@@ -36,7 +37,7 @@ absl::StatusOr<TranslatorPair> LoadTranslatorPair(const std::string& source_dir,
   if (!source.ok()) return source.status();
   absl::StatusOr<TranslatorModel> target = LoadTranslatorModel(target_dir, options);
   if (!target.ok()) return target.status();
-  if (absl::Status s = CheckSameTokenizer(*source, *target); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(CheckSameTokenizer(*source, *target));
   return TranslatorPair{*std::move(source), *std::move(target)};
 }
 
@@ -163,7 +164,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> TranslatedCache(Engine& source, Engine&
       translator.Translate(*taps, Translator::Output::kFloat32, prefix);
   if (!translated.ok()) return translated.status();
   std::unique_ptr<KvCache> cache = target.NewCache();
-  if (absl::Status s = cache->Accept(translated->keys, translated->values); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(cache->Accept(translated->keys, translated->values));
   return cache;
 }
 

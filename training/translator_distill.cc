@@ -1,5 +1,7 @@
 #include "training/translator_distill.h"
 
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <malloc.h>
 
 #include <algorithm>
@@ -11,12 +13,10 @@
 #include <optional>
 #include <utility>
 
-#include <ATen/ATen.h>
-#include <c10/core/GradMode.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/files.h"
+#include "base/status_macros.h"
 #include "model/reference.h"
 #include "nlohmann/json.hpp"
 #include "training/attention.h"
@@ -500,13 +500,11 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
   };
 
   result.initial_valid_kl = result.best_valid_kl = valid_kl();
-  if (absl::Status s = save(0); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(save(0));
   absl::StatusOr<JsonlLog> log =
       JsonlLog::Open(Sibling(o.out_path, ".distill.jsonl"), JsonlLog::Mode::kTruncate);
   if (!log.ok()) return log.status();
-  if (absl::Status s = log->Append({{"step", 0}, {"valid_kl", result.initial_valid_kl}}); !s.ok()) {
-    return s;
-  }
+  KVL_RETURN_IF_ERROR(log->Append({{"step", 0}, {"valid_kl", result.initial_valid_kl}}));
 
   TrainOptions schedule;  // LearningRate's warm-up + cosine
   schedule.n_steps = o.steps;
@@ -577,13 +575,13 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
       if (rec.valid_kl < result.best_valid_kl) {
         result.best_valid_kl = rec.valid_kl;
         result.best_step = step;
-        if (absl::Status s = save(step); !s.ok()) return s;
+        KVL_RETURN_IF_ERROR(save(step));
       }
     }
     nlohmann::json line = {{"step", step}, {"kl", rec.kl}, {"lr", rec.lr},
                            {"grad_norm", rec.grad_norm}, {"step_s", rec.step_s}};
     if (rec.valid_kl >= 0) line["valid_kl"] = rec.valid_kl;
-    if (absl::Status s = log->Append(line); !s.ok()) return s;
+    KVL_RETURN_IF_ERROR(log->Append(line));
     result.log.push_back(rec);
     bar.Update(step, absl::StrFormat("KL %.4f | lr %.2e | valid %.4f (best %.4f @%d)", rec.kl,
                                      rec.lr, last_valid, result.best_valid_kl, result.best_step));
@@ -594,11 +592,8 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
   result.wall_s = Seconds(t_start, Clock::now());
 
   if (o.plot) {
-    if (absl::Status s = PlotCurve(Sibling(o.out_path, ".distill.png"), result.log,
-                                   result.initial_valid_kl);
-        !s.ok()) {
-      return s;
-    }
+    KVL_RETURN_IF_ERROR(
+        PlotCurve(Sibling(o.out_path, ".distill.png"), result.log, result.initial_valid_kl));
   }
   const nlohmann::json summary = {
       {"translator", o.out_path},      {"init", o.init_path},
@@ -622,10 +617,7 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
       {"best_valid_kl", result.best_valid_kl},
       {"best_step", result.best_step}, {"final_valid_kl", result.final_valid_kl},
       {"mean_step_s", result.mean_step_s}, {"wall_s", result.wall_s}};
-  if (absl::Status s = WriteTextFile(Sibling(o.out_path, ".distill.json"), summary.dump(2) + "\n");
-      !s.ok()) {
-    return s;
-  }
+  KVL_RETURN_IF_ERROR(WriteTextFile(Sibling(o.out_path, ".distill.json"), summary.dump(2) + "\n"));
   return result;
 }
 

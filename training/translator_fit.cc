@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "model/engine.h"
 #include "model/model_dir.h"
 #include "training/attention.h"
@@ -89,8 +90,8 @@ int64_t MomentAccumulator::Bytes() const {
 
 absl::Status MomentAccumulator::Add(const KvTaps& source, const KvTaps& target,
                                     const at::Tensor& weights, const std::vector<int64_t>& ids) {
-  if (absl::Status s = CheckTaps(source, source_, "source"); !s.ok()) return s;
-  if (absl::Status s = CheckTaps(target, target_, "target"); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(CheckTaps(source, source_, "source"));
+  KVL_RETURN_IF_ERROR(CheckTaps(target, target_, "target"));
   const int64_t n_tokens = source.keys.size(2);
   if (target.keys.size(2) != n_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("source has ", n_tokens, " tokens, target ",

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
 
@@ -309,14 +310,11 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Create(TranslatorSpec sp
     return absl::InvalidArgumentError(absl::StrCat(
         "translators compute in float32 or bfloat16, not ", DTypeName(compute)));
   }
-  if (absl::Status s = CheckEndpoint(spec.source, "source"); !s.ok()) return s;
-  if (absl::Status s = CheckEndpoint(spec.target, "target"); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(CheckEndpoint(spec.source, "source"));
+  KVL_RETURN_IF_ERROR(CheckEndpoint(spec.target, "target"));
   for (const auto& [lists, side] :
        {std::pair{&spec.assignment.keys, "keys"}, {&spec.assignment.values, "values"}}) {
-    if (absl::Status s = CheckLists(*lists, spec.source.n_layer, spec.target.n_layer, side);
-        !s.ok()) {
-      return s;
-    }
+    KVL_RETURN_IF_ERROR(CheckLists(*lists, spec.source.n_layer, spec.target.n_layer, side));
   }
   if (spec.anchor_window < 0) return absl::InvalidArgumentError("negative anchor window");
   const bool anchored = spec.anchor_window > 0;
@@ -332,12 +330,8 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Create(TranslatorSpec sp
   const int64_t anchor_in = anchored ? spec.anchor_window * anchor_table.size(1) : 0;
   InputBlocks blocks = InputBlocksOf(spec.assignment, spec.inputs, spec.source.n_layer);
   try {
-    if (absl::Status s = PrepareMaps(spec, blocks.keys, "keys", anchor_in, keys); !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = PrepareMaps(spec, blocks.values, "values", anchor_in, values); !s.ok()) {
-      return s;
-    }
+    KVL_RETURN_IF_ERROR(PrepareMaps(spec, blocks.keys, "keys", anchor_in, keys));
+    KVL_RETURN_IF_ERROR(PrepareMaps(spec, blocks.values, "values", anchor_in, values));
     std::unique_ptr<Translator> t(new Translator());
     t->spec_ = std::move(spec);
     t->blocks_ = std::move(blocks);
@@ -607,7 +601,7 @@ absl::StatusOr<KvTaps> Translator::Translate(const KvTaps& source, Output output
     out.keys = Apply(x, blocks_.keys, prepared_keys_, output);
     out.values = Apply(x, blocks_.values, prepared_values_, output);
     if (spec_.anchor_window > 0) {
-      if (absl::Status s = AddAnchors(ids, &out); !s.ok()) return s;
+      KVL_RETURN_IF_ERROR(AddAnchors(ids, &out));
     }
     return out;
   } catch (const c10::Error& e) {
@@ -764,7 +758,7 @@ absl::Status StampTranslatorEvaluation(const std::string& path,
   file->metadata[kMetadataKey] = meta.dump();
   // Written next to the file and renamed over it: a crash leaves the old file.
   const std::string tmp = path + ".stamp.tmp";
-  if (absl::Status s = WriteSafetensors(tmp, file->tensors, file->metadata); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(WriteSafetensors(tmp, file->tensors, file->metadata));
   std::filesystem::rename(tmp, path, ec);
   if (ec) {
     std::filesystem::remove(tmp, ec);

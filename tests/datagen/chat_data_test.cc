@@ -3,6 +3,9 @@
 // checker scripts/oracles/check_suite.py.
 #include "datagen/chat_data.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -11,9 +14,7 @@
 #include <string>
 #include <vector>
 
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
+#include "base/sha256.h"
 #include "model/tokenizer.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"

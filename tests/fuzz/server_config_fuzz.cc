@@ -27,17 +27,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   KVL_FUZZ_CHECK(c.server.max_turn_bytes > 0 && c.server.max_new_tokens_limit > 0 &&
                      c.server.max_system_prompt_bytes > 0 && c.server.max_import_bytes > 0,
                  "accepted a non-positive server bound");
-  KVL_FUZZ_CHECK(c.limits.max_concurrent_streams >= 0 && c.limits.max_waiting_turns_per_model >= 0 &&
-                     c.limits.max_sessions >= 0 && c.limits.max_history_tokens >= 0,
+  KVL_FUZZ_CHECK(c.limits.max_concurrent_streams >= 0 && c.router.limits.max_waiting_turns >= 0 &&
+                     c.limits.max_sessions >= 0 && c.router.limits.max_history_tokens >= 0,
                  "accepted a negative limit");
-  KVL_FUZZ_CHECK(c.batching.max_step_tokens > 0 && c.batching.max_running > 0,
+  KVL_FUZZ_CHECK(c.router.batching.max_step_tokens > 0 && c.router.batching.max_running > 0,
                  "accepted a non-positive batching bound");
   const int n = static_cast<int>(c.models.size());
   if (n > 0) {
-    KVL_FUZZ_CHECK(c.routing.default_model >= 0 && c.routing.default_model < n,
+    KVL_FUZZ_CHECK(c.router.policy.default_model >= 0 && c.router.policy.default_model < n,
                    "default model outside the models");
   }
-  for (int m : c.routing.order) {
+  for (int m : c.router.policy.order) {
     KVL_FUZZ_CHECK(m >= 0 && m < n, "routing order names a model outside the models");
   }
   return 0;

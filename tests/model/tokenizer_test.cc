@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/sha256.h"
 #include "nlohmann/json.hpp"
 
 namespace kvl {

@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "model/checkpoint.h"
 #include "model/engine.h"
 #include "model/model_dir.h"
@@ -68,13 +69,9 @@ inline absl::Status WriteFixtureModels(const std::string& dir) {
         t.normal_(0.0, 0.25, gen);
       }
     }
-    if (absl::Status s = SaveCheckpoint(dir + "/" + m.name, *config, w, DType::kFloat32,
-                                        TokenizerJsonPath(),
-                                        std::string(KVL_SOURCE_DIR) +
-                                            "/models/tokenizer/tokenizer_config.json");
-        !s.ok()) {
-      return s;
-    }
+    KVL_RETURN_IF_ERROR(
+        SaveCheckpoint(dir + "/" + m.name, *config, w, DType::kFloat32, TokenizerJsonPath(),
+                       std::string(KVL_SOURCE_DIR) + "/models/tokenizer/tokenizer_config.json"));
   }
   return absl::OkStatus();
 }
@@ -123,15 +120,11 @@ inline absl::Status WriteFixtureTranslators(
     for (int i = 0; i < 4; ++i) {
       const at::Tensor ids = at::randint(4000, {192}, gen, at::TensorOptions().dtype(at::kLong));
       std::vector<int64_t> v(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel());
-      if (absl::Status st = training::AccumulateSequence(*s->engine, *t->engine, v, **acc); !st.ok()) {
-        return st;
-      }
+      KVL_RETURN_IF_ERROR(training::AccumulateSequence(*s->engine, *t->engine, v, **acc));
     }
     absl::StatusOr<training::FitResult> fit = (*acc)->Fit(spec, 1e-3);
     if (!fit.ok()) return fit.status();
-    if (absl::Status st = fit->translator->Save(TranslatorPath(dir, s_name, t_name)); !st.ok()) {
-      return st;
-    }
+    KVL_RETURN_IF_ERROR(fit->translator->Save(TranslatorPath(dir, s_name, t_name)));
   }
   return absl::OkStatus();
 }

@@ -70,7 +70,7 @@ TEST(RulePatternTest, ALongTurnNeitherExhaustsTheStackNorRunsAway) {
 }
 
 TEST(RulesPolicyTest, ARuleWithAPatternRoutesTheTurnsItMatches) {
-  RoutingConfig config;
+  PolicyConfig config;
   config.policy = Policy::kRules;
   config.default_model = 0;
   Rule rule;

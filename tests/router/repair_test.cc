@@ -113,8 +113,8 @@ TEST_F(RepairTest, ARepairedLineEqualsANativePrefillAndTheNextTurnTheReprefilled
   EXPECT_GT(MaxDiff(translated, twin), 1e-3);
   EXPECT_GT(translated_distance, 1e-2);
 
-  RoutingConfig routing = Explicit();
-  routing.repair = RepairMode::kAfterTurn;
+  RouterConfig routing = Explicit();
+  routing.switching.repair = RepairMode::kAfterTurn;
   MakeRouter(routing);
   const std::vector<double> repaired = RunConversation("s", Strategy::kTranslate, [&] {
     ASSERT_TRUE(router_->WaitForRepairs(absl::Seconds(60)));
@@ -155,8 +155,8 @@ TEST_F(RepairTest, TheViewNamesEachSpansProvenance) {
   ASSERT_EQ(small.spans.size(), 1u);
   EXPECT_EQ(small.spans[0], (LineSpanInfo{0, small.tokens, SpanProvenance::kNative, -1}));
 
-  RoutingConfig routing = Explicit();
-  routing.repair = RepairMode::kAfterTurn;
+  RouterConfig routing = Explicit();
+  routing.switching.repair = RepairMode::kAfterTurn;
   MakeRouter(routing);
   RunConversation("s", Strategy::kTranslate,
                   [&] { ASSERT_TRUE(router_->WaitForRepairs(absl::Seconds(60))); });
@@ -177,8 +177,8 @@ TEST_F(RepairTest, ARepairDoesNotRestartTheSessionsIdleTimer) {
   // tells them apart shows which of them last marked the session active.
   const std::thread::id turns = std::this_thread::get_id();
   clock_ = [turns] { return std::this_thread::get_id() == turns ? 1000 : 2000; };
-  RoutingConfig routing = Explicit();
-  routing.repair = RepairMode::kAfterTurn;
+  RouterConfig routing = Explicit();
+  routing.switching.repair = RepairMode::kAfterTurn;
   MakeRouter(routing);
   ASSERT_TRUE(store_->Create("s", "", {}).ok());
   ASSERT_TRUE(Given("s", repair_test::kLongTurn, 0, "Noted.", Strategy::kTranslate).ok());
@@ -225,8 +225,8 @@ TEST_F(RepairTest, ATurnArrivingMidRepairReadsTheTranslatedLineAndTheRepairStill
     release();
     router_.reset();
   };
-  RoutingConfig routing = Explicit();
-  routing.repair = RepairMode::kAfterTurn;
+  RouterConfig routing = Explicit();
+  routing.switching.repair = RepairMode::kAfterTurn;
   MakeRouter(routing, int64_t{1} << 30, DType::kFloat32, &gate);
   const std::vector<double> mid = RunConversation("s", Strategy::kTranslate, [&] {
     // The last turn starts while the repair is half-way: after its first chunk.
@@ -268,13 +268,13 @@ struct ChunkCount : TurnObserver {
   }
 };
 
-// routing.repair idle-only: a queued repair starts no chunk while any turn
+// routing.switching.repair idle-only: a queued repair starts no chunk while any turn
 // runs, on any model, and runs as soon as the last one ends (it waits for
 // that turn's end, not for a timer).
 TEST_F(RepairTest, IdleOnlyRepairWaitsForTheLastRunningTurnToEnd) {
   ChunkCount count;
-  RoutingConfig routing = Explicit();
-  routing.repair = RepairMode::kIdleOnly;
+  RouterConfig routing = Explicit();
+  routing.switching.repair = RepairMode::kIdleOnly;
   MakeRouter(routing, int64_t{1} << 30, DType::kFloat32, &count);
   absl::Cleanup done = [&] { router_.reset(); };  // the router calls `count`
   ASSERT_TRUE(store_->Create("a", "", {}).ok());
@@ -360,8 +360,8 @@ std::vector<double> ScoreByPrefill(Engine& engine, KvCache& line, const std::vec
 
 TEST_F(RepairTest, TheRepairScoresTheSwitchReplyOnTheNativeLineAgainstTheTranslatedOne) {
   FidelityLog log;
-  RoutingConfig routing = Explicit();
-  routing.repair = RepairMode::kAfterTurn;
+  RouterConfig routing = Explicit();
+  routing.switching.repair = RepairMode::kAfterTurn;
   MakeRouter(routing, int64_t{1} << 30, DType::kFloat32, &log);
   absl::Cleanup done = [&] { router_.reset(); };  // the router calls `log`
   ASSERT_TRUE(store_->Create("s", "", router_->RenderPreamble("Be brief.")).ok());
@@ -424,13 +424,13 @@ TEST_F(RepairTest, TheRepairScoresTheSwitchReplyOnTheNativeLineAgainstTheTransla
 // after the cool-down is QualityGate's, tested with its clock in gate_test.cc.)
 TEST_F(RepairTest, TheLiveGateClosesAPairAboveItsBoundAndItsSwitchesRePrefill) {
   GateLog log;
-  RoutingConfig routing = Explicit();
-  routing.repair = RepairMode::kAfterTurn;
+  RouterConfig routing = Explicit();
+  routing.switching.repair = RepairMode::kAfterTurn;
   // Every score exceeds this bound: the first repaired switch closes its pair.
-  routing.gate_max_divergence = -1e9;
-  routing.gate_window = 1;
-  routing.gate_min_samples = 1;
-  routing.gate_cooldown_seconds = 3600;  // closed for the rest of the test
+  routing.gate.max_divergence = -1e9;
+  routing.gate.window = 1;
+  routing.gate.min_samples = 1;
+  routing.gate.cooldown = std::chrono::hours(1);  // closed for the rest of the test
   MakeRouter(routing, int64_t{1} << 30, DType::kFloat32, &log);
   absl::Cleanup done = [&] { router_.reset(); };  // the router calls `log`
   auto turn = [&](const std::string& text, int model) {

@@ -53,7 +53,7 @@ class RouterTest : public ::testing::Test {
   }
   static void TearDownTestSuite() { delete dir_; }
 
-  void MakeRouter(RoutingConfig routing, int64_t budget = int64_t{1} << 30,
+  void MakeRouter(RouterConfig routing, int64_t budget = int64_t{1} << 30,
                   DType translate_dtype = DType::kFloat32, TurnObserver* observer = nullptr) {
     std::vector<LoadedModel> models;
     std::vector<std::string> identity;
@@ -215,10 +215,22 @@ class RouterTest : public ::testing::Test {
   std::vector<Engine*> engines_;  // independent copies for the hand-driven oracles
 };
 
-inline RoutingConfig Explicit() {
-  RoutingConfig r;
-  r.policy = Policy::kExplicit;
-  r.order = {0, 2};
+// The router the hand-driven oracles compute: the plain switch (no native
+// tail), no repair, one request at a time per model, no waiting limit. Tests
+// turn on what they check.
+inline RouterConfig Plain() {
+  RouterConfig r;
+  r.switching.native_tail_tokens = 0;
+  r.switching.repair = RepairMode::kOff;
+  r.batching.enabled = false;
+  r.limits.max_waiting_turns = 0;
+  return r;
+}
+
+inline RouterConfig Explicit() {
+  RouterConfig r = Plain();
+  r.policy.policy = Policy::kExplicit;
+  r.policy.order = {0, 2};
   return r;
 }
 

@@ -17,8 +17,8 @@ TEST_F(RouterTest, ABfloat16TranslatorTranslatesTheSwitchInBfloat16) {
 }
 
 TEST_F(RouterTest, ANativeTailIsPrefilledByTheTargetAfterTheTranslatedHead) {
-  RoutingConfig routing = Explicit();
-  routing.native_tail_tokens = 6;
+  RouterConfig routing = Explicit();
+  routing.switching.native_tail_tokens = 6;
   MakeRouter(routing);
   ExpectTranslateSwitchEqualsHandDriven(DType::kFloat32, 6);
 }
@@ -32,8 +32,8 @@ TEST_F(RouterTest, ASwitchSizesTheTargetsLineOnceAndRunsItsNativeTailWithTheTurn
   // A line grows by copying what it holds, and each prefill call reads all of
   // it: a translated switch must neither grow the fresh line again at the next
   // prefill nor run the native tail and the turn in two passes.
-  RoutingConfig routing = Explicit();
-  routing.native_tail_tokens = 4;
+  RouterConfig routing = Explicit();
+  routing.switching.native_tail_tokens = 4;
   PrefillCalls prefills;
   MakeRouter(routing, int64_t{1} << 30, DType::kFloat32, &prefills);
   absl::Cleanup done = [&] { router_.reset(); };  // the router calls the observer
@@ -173,9 +173,9 @@ TEST_F(RouterTest, BatchedConcurrentSessionsEqualTheUnbatchedRouterTurnForTurn) 
   for (int i = 0; i < kSessions; ++i) expected.push_back(converse(i));
 
   router_.reset();
-  RoutingConfig batched = Explicit();
-  batched.batching = true;
-  batched.batch_max_step_tokens = 16;  // prompts cut into chunks beside decoding turns
+  RouterConfig batched = Explicit();
+  batched.batching.enabled = true;
+  batched.batching.max_step_tokens = 16;  // prompts cut into chunks beside decoding turns
   MakeRouter(batched);
   std::vector<std::vector<std::vector<int64_t>>> got(kSessions);
   std::vector<std::thread> threads;
@@ -314,26 +314,32 @@ TEST_F(RouterTest, CancellationLeavesTheSessionExactlyAsItWas) {
 }
 
 TEST_F(RouterTest, ATurnThatDoesNotFitThePolicyIsRefusedAndChangesNothing) {
-  RoutingConfig r;  // fixed on model 0, no order, no rules
+  RouterConfig r = Plain();  // fixed on model 0, no order, no rules
   MakeRouter(r);
   ASSERT_TRUE(store_->Create("s", "", {}).ok());
   struct Case {
     std::optional<Policy> policy;
     int model;
-    const char* field;
+    const char* message;
+    Setting setting;
   };
-  for (const Case& c : {Case{Policy::kExplicit, -1, "routing.model: required"},
-                        Case{Policy::kExplicit, 3, "routing.model: index 3"},
-                        Case{Policy::kCascade, -1, "routing.policy: 'cascade' needs"},
-                        Case{Policy::kAlternate, -1, "routing.policy: 'alternate' needs"},
-                        Case{Policy::kRules, -1, "routing.policy: 'rules' needs"}}) {
+  for (const Case& c :
+       {Case{Policy::kExplicit, -1, "the 'explicit' policy needs the turn to name a model",
+             Setting::kTurnModel},
+        Case{Policy::kExplicit, 3, "the turn names model index 3; 3 models are loaded",
+             Setting::kTurnModel},
+        Case{Policy::kCascade, -1, "the 'cascade' policy needs an order of at least two models",
+             Setting::kOrder},
+        Case{Policy::kAlternate, -1, "the 'alternate' policy needs an order", Setting::kOrder},
+        Case{Policy::kRules, -1, "the 'rules' policy needs rules", Setting::kRules}}) {
     TurnOptions o;
     o.user_message = "Hi.";
     o.policy = c.policy;
     o.explicit_model = c.model;
     const absl::Status v = router_->ValidateTurn(o);
-    EXPECT_EQ(v.code(), absl::StatusCode::kInvalidArgument) << c.field;
-    EXPECT_THAT(v.message(), HasSubstr(c.field));
+    EXPECT_EQ(v.code(), absl::StatusCode::kInvalidArgument) << c.message;
+    EXPECT_THAT(v.message(), HasSubstr(c.message));
+    EXPECT_EQ(SettingOf(v), c.setting) << c.message;
     auto t = Turn("s", "Hi.", c.model, Strategy::kTranslate, c.policy);
     EXPECT_EQ(t.status(), v);
   }
@@ -345,10 +351,10 @@ TEST_F(RouterTest, ATurnThatDoesNotFitThePolicyIsRefusedAndChangesNothing) {
 }
 
 TEST_F(RouterTest, CascadeEscalatesAboveTheEntropyThresholdAndStaysEscalated) {
-  RoutingConfig r;
-  r.policy = Policy::kCascade;
-  r.order = {0, 2};
-  r.cascade_max_entropy = 0.0;  // every distribution has positive entropy: escalate
+  RouterConfig r = Plain();
+  r.policy.policy = Policy::kCascade;
+  r.policy.order = {0, 2};
+  r.policy.cascade_max_entropy = 0.0;  // every distribution has positive entropy: escalate
   MakeRouter(r);
   ASSERT_TRUE(store_->Create("s", "", {}).ok());
   auto t1 = Turn("s", "Something hard.", -1, Strategy::kTranslate, std::nullopt);
@@ -368,11 +374,11 @@ TEST_F(RouterTest, CascadeEscalatesAboveTheEntropyThresholdAndStaysEscalated) {
 }
 
 TEST_F(RouterTest, CascadeEscalatesBelowTheMeanLogProbabilityThreshold) {
-  RoutingConfig r;
-  r.policy = Policy::kCascade;
-  r.order = {0, 2};
-  r.cascade_max_entropy = std::numeric_limits<double>::infinity();
-  r.cascade_min_mean_logprob = 0.0;  // every turn is "unsure"
+  RouterConfig r = Plain();
+  r.policy.policy = Policy::kCascade;
+  r.policy.order = {0, 2};
+  r.policy.cascade_max_entropy = std::numeric_limits<double>::infinity();
+  r.policy.cascade_min_mean_logprob = 0.0;  // every turn is "unsure"
   MakeRouter(r);
   ASSERT_TRUE(store_->Create("s", "", {}).ok());
   auto t1 = Turn("s", "Something hard.", -1, Strategy::kTranslate, std::nullopt);
@@ -382,10 +388,10 @@ TEST_F(RouterTest, CascadeEscalatesBelowTheMeanLogProbabilityThreshold) {
 }
 
 TEST_F(RouterTest, CascadeKeepsTheCheapModelWhenConfidentAndReportsItsEntropy) {
-  RoutingConfig r;
-  r.policy = Policy::kCascade;
-  r.order = {0, 2};
-  r.cascade_max_entropy = std::numeric_limits<double>::infinity();
+  RouterConfig r = Plain();
+  r.policy.policy = Policy::kCascade;
+  r.policy.order = {0, 2};
+  r.policy.cascade_max_entropy = std::numeric_limits<double>::infinity();
   MakeRouter(r);
   ASSERT_TRUE(store_->Create("s", "", {}).ok());
   auto t1 = Turn("s", "Easy.", -1, Strategy::kTranslate, std::nullopt);
@@ -426,11 +432,11 @@ struct StepCount : TurnObserver {
 // outcome is the unbatched router's, session by session: the same model, the
 // same verdict and the same tokens.
 TEST_F(RouterTest, BatchedCascadeScoresInTheEngineLoopAndEqualsTheUnbatchedRouter) {
-  RoutingConfig r;
-  r.policy = Policy::kCascade;
-  r.order = {0, 2};
-  r.cascade_max_entropy = 0.0;  // every level below the last escalates
-  r.repair = RepairMode::kOff;  // a repair's timing would change later turns' lines
+  RouterConfig r = Plain();
+  r.policy.policy = Policy::kCascade;
+  r.policy.order = {0, 2};
+  r.policy.cascade_max_entropy = 0.0;     // every level below the last escalates
+  r.switching.repair = RepairMode::kOff;  // a repair's timing would change later turns' lines
   constexpr int kSessions = 4;
   const std::vector<std::string> texts = {"Something hard.", "A follow-up, longer than the first.",
                                           "Third."};
@@ -452,7 +458,7 @@ TEST_F(RouterTest, BatchedCascadeScoresInTheEngineLoopAndEqualsTheUnbatchedRoute
 
   router_.reset();
   StepCount steps;
-  r.batching = true;
+  r.batching.enabled = true;
   MakeRouter(r, int64_t{1} << 30, DType::kFloat32, &steps);
   absl::Cleanup done = [&] { router_.reset(); };  // the router calls the observer
   std::vector<std::vector<TurnResult>> got(kSessions);
@@ -523,14 +529,14 @@ struct QueueLog : TurnObserver {
   std::condition_variable changed;
   std::vector<int> waiting ABSL_GUARDED_BY(mu) = std::vector<int>(3, 0);
   std::vector<int> running ABSL_GUARDED_BY(mu) = std::vector<int>(3, 0);
-  std::vector<std::string> rejected ABSL_GUARDED_BY(mu);
+  std::vector<Setting> rejected ABSL_GUARDED_BY(mu);
   void OnModelQueue(int model, int r, int w) override {
     std::lock_guard<std::mutex> lock(mu);
     running[model] = r;
     waiting[model] = w;
     changed.notify_all();
   }
-  void OnRejected(const std::string& limit) override {
+  void OnRejected(Setting limit) override {
     std::lock_guard<std::mutex> lock(mu);
     rejected.push_back(limit);
   }
@@ -548,8 +554,8 @@ struct QueueLog : TurnObserver {
 // the limit one is refused at once with nothing changed.
 TEST_F(RouterTest, TurnsWaitForAModelInArrivalOrderAndPastTheLimitAreRefused) {
   QueueLog log;
-  RoutingConfig routing = Explicit();
-  routing.max_waiting_turns_per_model = 3;
+  RouterConfig routing = Explicit();
+  routing.limits.max_waiting_turns = 3;
   MakeRouter(routing, int64_t{1} << 30, DType::kFloat32, &log);
   absl::Cleanup done = [&] { router_.reset(); };  // the router calls the observer
   std::mutex mu;
@@ -595,8 +601,8 @@ TEST_F(RouterTest, TurnsWaitForAModelInArrivalOrderAndPastTheLimitAreRefused) {
   const auto refused_after = std::chrono::steady_clock::now() - t0;
   EXPECT_EQ(late.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(late.status().message(),
-              HasSubstr("model large already has 3 turns waiting "
-                        "(limits.max_waiting_turns_per_model = 3)"));
+              HasSubstr("model large already has 3 turns waiting (the limit is 3)"));
+  EXPECT_EQ(SettingOf(late.status()), Setting::kMaxWaitingTurns);
   const SessionView after = *store_->View("late");
   EXPECT_EQ(after.state.history, before.state.history);
   EXPECT_EQ(after.state.turns, 0);
@@ -611,13 +617,13 @@ TEST_F(RouterTest, TurnsWaitForAModelInArrivalOrderAndPastTheLimitAreRefused) {
   EXPECT_LT(refused_after, std::chrono::seconds(30));
   EXPECT_EQ(served, (std::vector<std::string>{"holder", "w1", "w2", "w3"}));
   std::lock_guard<std::mutex> lock(log.mu);
-  EXPECT_EQ(log.rejected, std::vector<std::string>{"max_waiting_turns_per_model"});
+  EXPECT_EQ(log.rejected, std::vector<Setting>{Setting::kMaxWaitingTurns});
   EXPECT_EQ(log.waiting[2], 0);
 }
 
 TEST_F(RouterTest, ATurnPastTheHistoryLimitIsRefusedAndChangesNothing) {
-  RoutingConfig routing = Explicit();
-  routing.max_history_tokens = 40;
+  RouterConfig routing = Explicit();
+  routing.limits.max_history_tokens = 40;
   MakeRouter(routing);
   ASSERT_TRUE(store_->Create("s", "", {}).ok());
   ASSERT_TRUE(Turn("s", "Hi.", 0).ok());
@@ -626,7 +632,8 @@ TEST_F(RouterTest, ATurnPastTheHistoryLimitIsRefusedAndChangesNothing) {
   auto t = Turn("s", "A much longer message that takes the history well past its limit of forty "
                      "tokens, which this turn would cross on its own.", 0);
   EXPECT_EQ(t.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(t.status().message(), HasSubstr("past limits.max_history_tokens = 40"));
+  EXPECT_THAT(t.status().message(), HasSubstr("past the history limit of 40"));
+  EXPECT_EQ(SettingOf(t.status()), Setting::kMaxHistoryTokens);
   const SessionView after = *store_->View("s");
   EXPECT_EQ(after.state.history, before.state.history);
   EXPECT_EQ(after.state.turns, before.state.turns);
@@ -697,8 +704,8 @@ TEST_F(RouterTest, ATranslatorStampedBelowTheMinimumIsRefusedAtLoadAndItsSwitche
   for (const auto& m : testing::FixtureModels()) {
     models.push_back({m.name, dir_->path() + "/" + m.name, DType::kFloat32});
   }
-  RoutingConfig routing = Explicit();
-  routing.gate_min_recovered = 0.9;
+  RouterConfig routing = Explicit();
+  routing.load_gate.min_recovered = 0.9;
   GateLog log;
   store_ = std::make_unique<CacheStore>(CacheStoreOptions{3, int64_t{1} << 30, nullptr});
   LogCapture capture;

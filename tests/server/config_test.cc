@@ -41,19 +41,19 @@ TEST(ConfigTest, EmptyObjectGivesDocumentedDefaults) {
   EXPECT_EQ(c->runtime.device, "cpu");
   EXPECT_TRUE(c->models.empty());
   EXPECT_TRUE(c->translators.empty());
-  EXPECT_EQ(c->routing.policy, router::Policy::kFixed);
-  EXPECT_EQ(c->routing.strategy, router::Strategy::kTranslate);
-  EXPECT_EQ(c->routing.native_tail_tokens, 32);
-  EXPECT_EQ(c->routing.repair, router::RepairMode::kAfterTurn);
-  EXPECT_EQ(c->routing.gate_max_divergence, std::numeric_limits<double>::infinity());
+  EXPECT_EQ(c->router.policy.policy, router::Policy::kFixed);
+  EXPECT_EQ(c->router.switching.strategy, router::Strategy::kTranslate);
+  EXPECT_EQ(c->router.switching.native_tail_tokens, 32);
+  EXPECT_EQ(c->router.switching.repair, router::RepairMode::kAfterTurn);
+  EXPECT_EQ(c->router.gate.max_divergence, std::numeric_limits<double>::infinity());
   EXPECT_EQ(c->limits.max_concurrent_streams, 256);
-  EXPECT_EQ(c->limits.max_waiting_turns_per_model, 64);
+  EXPECT_EQ(c->router.limits.max_waiting_turns, 64);
   EXPECT_EQ(c->limits.max_sessions, 100000);
-  EXPECT_EQ(c->limits.max_history_tokens, 0);
-  EXPECT_FALSE(c->routing.gate_min_recovered.has_value());  // no load-time minimum
-  EXPECT_FALSE(c->routing.gate_max_gap_nats.has_value());
-  EXPECT_EQ(c->routing.cascade_max_entropy, 3.0);
-  EXPECT_EQ(c->routing.cascade_min_mean_logprob, -std::numeric_limits<double>::infinity());
+  EXPECT_EQ(c->router.limits.max_history_tokens, 0);
+  EXPECT_FALSE(c->router.load_gate.min_recovered.has_value());  // no load-time minimum
+  EXPECT_FALSE(c->router.load_gate.max_gap_nats.has_value());
+  EXPECT_EQ(c->router.policy.cascade_max_entropy, 3.0);
+  EXPECT_EQ(c->router.policy.cascade_min_mean_logprob, -std::numeric_limits<double>::infinity());
   EXPECT_EQ(c->sessions.idle_timeout_seconds, 3600);
   EXPECT_EQ(c->sessions.memory_budget_bytes, int64_t{4} << 30);
 }
@@ -104,30 +104,30 @@ TEST(ConfigTest, FullConfigWithCommentsAndRelativePaths) {
   EXPECT_EQ(c->translators[0].name, "small->large");
   EXPECT_EQ(c->translators[0].path, dir.Path("translators/s2l.kvlt"));
   EXPECT_EQ(c->translators[0].compute_dtype, DType::kBFloat16);
-  EXPECT_EQ(c->routing.policy, router::Policy::kRules);
-  EXPECT_EQ(c->routing.strategy, router::Strategy::kReprefillMissing);
-  ASSERT_EQ(c->routing.rules.size(), 1u);
-  EXPECT_EQ(c->routing.rules[0].model, 1);  // large
-  EXPECT_THAT(c->routing.rules[0].contains, ::testing::ElementsAre("prove", "derive"));
-  EXPECT_EQ(c->routing.rules[0].min_bytes, 10);
-  EXPECT_EQ(c->routing.cascade_max_entropy, 2.5);
-  EXPECT_EQ(c->routing.cascade_min_mean_logprob, -0.5);
-  EXPECT_EQ(c->routing.native_tail_tokens, 16);
-  EXPECT_EQ(c->routing.repair, router::RepairMode::kIdleOnly);
-  EXPECT_EQ(c->routing.gate_max_divergence, 0.05);
-  EXPECT_EQ(c->routing.gate_window, 10);
-  EXPECT_EQ(c->routing.gate_min_samples, 3);
-  EXPECT_EQ(c->routing.gate_cooldown_seconds, 30.0);
-  EXPECT_EQ(c->routing.gate_min_recovered, 0.9);
-  EXPECT_EQ(c->routing.gate_max_gap_nats, 0.02);
+  EXPECT_EQ(c->router.policy.policy, router::Policy::kRules);
+  EXPECT_EQ(c->router.switching.strategy, router::Strategy::kReprefillMissing);
+  ASSERT_EQ(c->router.policy.rules.size(), 1u);
+  EXPECT_EQ(c->router.policy.rules[0].model, 1);  // large
+  EXPECT_THAT(c->router.policy.rules[0].contains, ::testing::ElementsAre("prove", "derive"));
+  EXPECT_EQ(c->router.policy.rules[0].min_bytes, 10);
+  EXPECT_EQ(c->router.policy.cascade_max_entropy, 2.5);
+  EXPECT_EQ(c->router.policy.cascade_min_mean_logprob, -0.5);
+  EXPECT_EQ(c->router.switching.native_tail_tokens, 16);
+  EXPECT_EQ(c->router.switching.repair, router::RepairMode::kIdleOnly);
+  EXPECT_EQ(c->router.gate.max_divergence, 0.05);
+  EXPECT_EQ(c->router.gate.window, 10);
+  EXPECT_EQ(c->router.gate.min_samples, 3);
+  EXPECT_EQ(c->router.gate.cooldown, std::chrono::seconds(30));
+  EXPECT_EQ(c->router.load_gate.min_recovered, 0.9);
+  EXPECT_EQ(c->router.load_gate.max_gap_nats, 0.02);
   EXPECT_EQ(c->translators[0].min_recovered, 0.95);
   EXPECT_FALSE(c->translators[0].max_gap_nats.has_value());
   EXPECT_EQ(c->sessions.idle_timeout_seconds, 0);
   EXPECT_EQ(c->sessions.memory_budget_bytes, 1048576);
   EXPECT_EQ(c->limits.max_concurrent_streams, 8);
-  EXPECT_EQ(c->limits.max_waiting_turns_per_model, 2);
+  EXPECT_EQ(c->router.limits.max_waiting_turns, 2);
   EXPECT_EQ(c->limits.max_sessions, 50);
-  EXPECT_EQ(c->limits.max_history_tokens, 3000);
+  EXPECT_EQ(c->router.limits.max_history_tokens, 3000);
 }
 
 TEST(ConfigTest, UnknownKeysAreRejectedAtEveryLevelWithTheirPath) {
@@ -369,9 +369,9 @@ TEST(ConfigTest, TheShippedExampleConfigIsValid) {
   absl::StatusOr<ServerConfig> c = ParseConfig(text.str(), dir.MakeDir("configs"));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->models.size(), 3u);
-  EXPECT_EQ(c->routing.policy, router::Policy::kCascade);
-  EXPECT_EQ(c->routing.rules[1].pattern, "^(Thanks|Thank you)");
-  EXPECT_EQ(c->routing.rules[1].min_turn, 5);
+  EXPECT_EQ(c->router.policy.policy, router::Policy::kCascade);
+  EXPECT_EQ(c->router.policy.rules[1].pattern, "^(Thanks|Thank you)");
+  EXPECT_EQ(c->router.policy.rules[1].min_turn, 5);
   EXPECT_FALSE(c->translators[0].compute_dtype.has_value());  // auto
   EXPECT_FALSE(c->translators[1].compute_dtype.has_value());  // the default: auto
 }

@@ -397,7 +397,7 @@ TEST_F(RouterE2eTest, ABurstAboveTheLimitsIsRefusedAtOnceAndChangesNothing) {
       slowest_refusal = std::max(slowest_refusal, o["seconds"].get<double>());
       EXPECT_THAT(o["details"].get<std::string>(),
                   ::testing::AnyOf(HasSubstr("limits.max_concurrent_streams"),
-                                   HasSubstr("limits.max_waiting_turns_per_model")));
+                                   ::testing::StartsWith("limits.max_waiting_turns_per_model: ")));
       EXPECT_EQ(o["state"]["turns"], 0) << sid;
       EXPECT_EQ(o["state"]["history_tokens"], 0) << sid;
     }
@@ -409,7 +409,9 @@ TEST_F(RouterE2eTest, ABurstAboveTheLimitsIsRefusedAtOnceAndChangesNothing) {
   EXPECT_EQ(seen["history_limit"]["first"], "OK");
   EXPECT_EQ(seen["history_limit"]["code"], "RESOURCE_EXHAUSTED");
   EXPECT_THAT(seen["history_limit"]["details"].get<std::string>(),
-              HasSubstr("limits.max_history_tokens = 300"));
+              ::testing::StartsWith("limits.max_history_tokens: the session holds "));
+  EXPECT_THAT(seen["history_limit"]["details"].get<std::string>(),
+              HasSubstr("is past the history limit of 300"));
   EXPECT_TRUE(seen["history_limit"]["unchanged"].get<bool>());
   EXPECT_THAT(metrics, ::testing::ContainsRegex(
                            R"(kvlingo_requests_rejected_total\{limit="max_concurrent_streams"\} [1-9])"));

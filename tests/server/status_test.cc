@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -47,6 +48,27 @@ TEST(StatusTest, NonCanonicalCodeBecomesUnknown) {
   const grpc::Status s = ToGrpcStatus(absl::Status(static_cast<absl::StatusCode>(42), "odd"));
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNKNOWN);
   EXPECT_EQ(s.error_message(), "odd");
+}
+
+TEST(StatusTest, ARouterErrorNamesTheServersKeyForItsSetting) {
+  const std::vector<std::pair<router::Setting, std::string>> keys = {
+      {router::Setting::kTurnModel, "routing.model"},
+      {router::Setting::kOrder, "routing.models"},
+      {router::Setting::kRules, "routing.rules"},
+      {router::Setting::kMaxWaitingTurns, "limits.max_waiting_turns_per_model"},
+      {router::Setting::kMaxHistoryTokens, "limits.max_history_tokens"},
+  };
+  for (const auto& [setting, key] : keys) {
+    const absl::Status tagged =
+        router::WithSetting(absl::ResourceExhaustedError("over the limit of 3"), setting);
+    EXPECT_EQ(router::SettingOf(tagged), setting) << key;
+    const grpc::Status s = ToGrpcStatus(tagged);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << key;
+    EXPECT_EQ(s.error_message(), key + ": over the limit of 3");
+  }
+  // Untagged, and tagged OK (which stays OK): nothing added.
+  EXPECT_FALSE(router::SettingOf(absl::InternalError("x")).has_value());
+  EXPECT_TRUE(router::WithSetting(absl::OkStatus(), router::Setting::kRules).ok());
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "tests/testing/net.h"
 
 #ifndef KVL_REDIS_SERVER
@@ -18,7 +19,7 @@ absl::StatusOr<std::unique_ptr<RedisServer>> RedisServer::Start() {
   absl::StatusOr<int> port = FindFreeLoopbackPort();
   if (!port.ok()) return port.status();
   server->port_ = *port;
-  if (absl::Status s = server->Launch(); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(server->Launch());
   return server;
 }
 
@@ -38,7 +39,7 @@ absl::Status RedisServer::Launch() {
 
 absl::Status RedisServer::Kill() {
   if (process_ == nullptr) return absl::FailedPreconditionError("redis-server is not running");
-  if (absl::Status s = process_->Signal(SIGKILL); !s.ok()) return s;
+  KVL_RETURN_IF_ERROR(process_->Signal(SIGKILL));
   absl::StatusOr<int> code = process_->Wait(std::chrono::seconds(10));
   process_.reset();
   return code.status();
