@@ -42,7 +42,7 @@
 //   translator_bench [--threads 2] [--configs models/configs] [--out FILE]
 //                    [--contexts 64,256,1024,4096,8192] [--repeat K] [--band N|all]
 //                    [--translate-dtype auto|float32|bfloat16] [--inputs I | I,I]
-//                    [--native-tail W] [--anchor-window W]
+//                    [--native-tail W] [--anchor-window W] [--anchor-rank R]
 // --repeat multiplies the number of runs each time is the best of (a busy
 // machine needs more to find a quiet moment). --translate-dtype: the
 // translator's arithmetic (default auto: what the server's "auto" picks on this
@@ -52,7 +52,10 @@
 // small->large and one for large->small; the default, split,joint, is what the
 // committed house translators have. --anchor-window: the maps' token anchors
 // (translator/README.md; default 8, as the committed translators; 0: none);
-// the ids they read are passed as the router passes them.
+// the ids they read are passed as the router passes them. --anchor-rank: the
+// anchor table's width (default: the target's hidden size); a real
+// vocabulary's anchors need a low rank (translator.h), and then they are a
+// product per token rather than a lookup.
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
@@ -62,6 +65,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <sstream>
@@ -114,7 +118,7 @@ T Check(absl::StatusOr<T> v) {
 std::unique_ptr<kvl::Translator> RandomTranslator(const kvl::ModelConfig& s,
                                                   const kvl::ModelConfig& t, int64_t band,
                                                   kvl::MapInputs inputs, kvl::DType compute,
-                                                  int64_t anchor_window) {
+                                                  int64_t anchor_window, int64_t anchor_rank) {
   if (band == 0) band = s.n_layer;
   kvl::TranslatorSpec spec;
   spec.source = kvl::EndpointOf(s, "bench-source", "bench");
@@ -133,22 +137,29 @@ std::unique_ptr<kvl::Translator> RandomTranslator(const kvl::ModelConfig& s,
       m->weight.push_back(at::randn({out, in}) / std::sqrt(static_cast<double>(in)));
       m->bias.push_back(at::zeros({out}));
       if (anchor_window > 0) {
-        const int64_t a = anchor_window * t.hidden_size;
+        const int64_t a = anchor_window * (anchor_rank > 0 ? anchor_rank : t.hidden_size);
         m->anchor.push_back(at::randn({out, a}) / std::sqrt(static_cast<double>(a)));
       }
     }
   }
   const at::Tensor table =
-      anchor_window > 0 ? at::randn({t.vocab_size, t.hidden_size}) : at::Tensor();
+      anchor_window > 0
+          ? at::randn({t.vocab_size, anchor_rank > 0 ? anchor_rank : t.hidden_size})
+          : at::Tensor();
   return Check(kvl::Translator::Create(spec, keys, values, compute, table));
 }
 
 // FLOPs of translating T tokens: keys and values, 2 * in * out per map and
-// token. Token anchors are a lookup (W rows summed per token), not counted.
+// token, and 2 * W*E * out for its anchors when they are a product (a real
+// vocabulary's); anchors that are a lookup (W rows summed per token) are not
+// counted.
 double TranslateFlops(const kvl::Translator& tr, double t) {
   double per_token = 0;
   for (const kvl::TranslatorMaps* m : {&tr.key_maps(), &tr.value_maps()}) {
     for (const at::Tensor& w : m->weight) per_token += 2.0 * w.size(0) * w.size(1);
+    if (!tr.anchor_lookup()) {
+      for (const at::Tensor& a : m->anchor) per_token += 2.0 * a.size(0) * a.size(1);
+    }
   }
   return per_token * t;
 }
@@ -162,16 +173,19 @@ int main(int argc, char** argv) {
   // small->large, large->small
   kvl::MapInputs inputs[2] = {kvl::MapInputs::kSplit, kvl::MapInputs::kJoint};
   kvl::DType compute = kvl::FastestTranslateDtype();
-  std::string out_path, configs = "models/configs";
+  std::string out_path, save_dir, configs = "models/configs";
   std::vector<int64_t> contexts = {64, 256, 1024, 4096, 8192};
   int64_t tail = 32;  // (e): the target's own share of the prefix
   int64_t anchor_window = 8;  // as the committed translators
+  int64_t anchor_rank = 0;    // the table's width: the target's hidden size
   kvl::FlagSet flags("translator_bench",
                      "Times a switch (taps, translation, accept, first decode) against re-prefilling\n"
                      "the history, for the house shapes (docs/translators.md).");
   flags.Add("threads", &n_threads, "N", "intra-op threads");
   flags.Add("configs", &configs, "DIR", "where kvl-small.json and kvl-large.json are");
   flags.Add("out", &out_path, "FILE", "also write the report here");
+  flags.Add("save", &save_dir, "DIR",
+            "also save each direction's translator here, load it back and time both");
   flags.Custom("contexts", "T,T,...", "history lengths (default: 64,256,1024,4096,8192)",
                [&](const std::string& v) -> absl::Status {
                  contexts.clear();
@@ -221,12 +235,16 @@ int main(int argc, char** argv) {
   flags.Add("anchor-window", &anchor_window, "W",
             "token anchors of the random maps, tokens t..t-W+1 (0: none; the committed "
             "translators' 8)");
+  flags.Add("anchor-rank", &anchor_rank, "R",
+            "the anchor table's width (a low-rank table, translator.h; 0: the target's hidden "
+            "size, as the committed translators)");
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc))) {
     return *exit;
   }
   if (repeat < 1) return flags.UsageError("--repeat must be >= 1");
   if (tail < 1) return flags.UsageError("--native-tail must be at least 1");
   if (anchor_window < 0) return flags.UsageError("--anchor-window must be >= 0");
+  if (anchor_rank < 0) return flags.UsageError("--anchor-rank must be >= 0");
   for (int64_t t : contexts) {
     if (t <= tail) {
       return flags.UsageError(
@@ -254,13 +272,15 @@ int main(int argc, char** argv) {
                 "D=%lld) shapes, random init, fp32 models, %d intra-op threads (taps, translation "
                 "and Accept on one, as the router runs them), prefill chunk "
                 "%lld, translator band %s, %s inputs small->large and %s large->small, "
-                "token anchors W=%lld, computing in %s",
+                "token anchors W=%lld rank %s, computing in %s",
                 (long long)small.config.n_layer, (long long)small.config.n_head_kv,
                 (long long)small.config.head_dim, (long long)large.config.n_layer,
                 (long long)large.config.n_head_kv, (long long)large.config.head_dim, n_threads,
                 (long long)options.prefill_chunk, band == 0 ? "all" : std::to_string(band).c_str(),
                 kvl::MapInputsName(inputs[0]), kvl::MapInputsName(inputs[1]),
-                (long long)anchor_window, kvl::DTypeName(compute));
+                (long long)anchor_window,
+                anchor_rank > 0 ? std::to_string(anchor_rank).c_str() : "full",
+                kvl::DTypeName(compute));
   emit(buf);
 
   // The rate the translation's own arithmetic could reach.
@@ -298,7 +318,48 @@ int main(int argc, char** argv) {
         Direction{"large->small", large_engine.get(), small_engine.get(), inputs[1]}}) {
     const std::unique_ptr<kvl::Translator> tr =
         RandomTranslator(dir.source->config(), dir.target->config(), band, dir.inputs, compute,
-                         anchor_window);
+                         anchor_window, anchor_rank);
+    if (!save_dir.empty()) {
+      // The file a real-shape translator makes: saved, loaded back, and the
+      // loaded one must translate as the saved one.
+      const std::string path =
+          absl::StrCat(save_dir, "/", dir.name[0] == 's' ? "small-large" : "large-small",
+                       ".safetensors");
+      const auto t0 = std::chrono::steady_clock::now();
+      if (absl::Status s = tr->Save(path); !s.ok()) {
+        std::fprintf(stderr, "translator_bench: %s\n", s.ToString().c_str());
+        return 1;
+      }
+      const auto t1 = std::chrono::steady_clock::now();
+      const kvl::TranslatorSpec& spec = tr->spec();
+      const std::unique_ptr<kvl::Translator> loaded = Check(kvl::Translator::Load(
+          path,
+          {spec.source.identity, spec.target.identity, spec.source.tokenizer_hash,
+           spec.target.tokenizer_hash},
+          compute));
+      const auto t2 = std::chrono::steady_clock::now();
+      const kvl::KvTaps probe{at::randn({dir.source->config().n_layer, dir.source->config().n_head_kv,
+                                         16, dir.source->config().head_dim}),
+                              at::randn({dir.source->config().n_layer, dir.source->config().n_head_kv,
+                                         16, dir.source->config().head_dim})};
+      const std::vector<int64_t> probe_ids = slice(0, 16);
+      const kvl::KvTaps a = Check(tr->Translate(probe, kvl::Translator::Output::kFloat32,
+                                                anchor_window > 0 ? probe_ids : std::vector<int64_t>()));
+      const kvl::KvTaps b = Check(loaded->Translate(probe, kvl::Translator::Output::kFloat32,
+                                                    anchor_window > 0 ? probe_ids : std::vector<int64_t>()));
+      const bool same = a.keys.equal(b.keys) && a.values.equal(b.values);
+      std::error_code ec;
+      const double mb = static_cast<double>(std::filesystem::file_size(path, ec)) / 1e6;
+      std::snprintf(buf, sizeof buf,
+                    "%s: translator file %.1f MB, saved in %.2f s, loaded in %.2f s (anchors a %s); "
+                    "the loaded one translates %s",
+                    dir.name, mb, std::chrono::duration<double>(t1 - t0).count(),
+                    std::chrono::duration<double>(t2 - t1).count(),
+                    loaded->anchor_lookup() ? "lookup" : "product",
+                    same ? "identically" : "DIFFERENTLY");
+      emit(buf);
+      if (!same) return 1;
+    }
     emit("");
     std::snprintf(buf, sizeof buf, "%s: TTFT after a switch (ms, best of runs)", dir.name);
     emit(buf);
@@ -485,8 +546,9 @@ int main(int argc, char** argv) {
        "within (a)'s sequence, right after fresh taps; the phase-by-phase table times each "
        "part of (a) inside the same runs of (a) as a whole, its columns' minima and medians "
        "taken separately; translate FLOPs = 2 * T * sum over "
-       "key and value maps of in*out (token anchors, a lookup of W rows per token, not "
-       "counted: their time is in the translate columns, not in the FLOPs); GEMM = square 2048 torch::mm in the translation's dtype "
+       "key and value maps of in*out (token anchors: 2 * T * W*E*out per map when they are a "
+       "product, with a table too large for their lookup; a lookup of W rows per token is not "
+       "counted: its time is in the translate columns, not in the FLOPs); GEMM = square 2048 torch::mm in the translation's dtype "
        "on one intra-op thread, as the translation runs, measured right after each row.");
   emit(share.Line());
   if (!out_path.empty() && !emit.WriteTo(out_path)) return 1;

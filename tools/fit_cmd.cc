@@ -65,6 +65,9 @@ int RunFit(const Args& args) {
   flags.Add("anchor-window", &o.anchor_window, "W",
             "token anchors: every map also reads the target's anchor rows of tokens "
             "t..t-W+1 (0: none)");
+  flags.Add("anchor-rank", &o.anchor_rank, "R",
+            "the anchor table at rank R, the embeddings' top R principal directions (for a "
+            "real vocabulary; 0: full width)");
   flags.Switch("no-bias", &no_bias, "maps without a bias term");
   flags.Add("max-sequences", &o.max_sequences, "N", "sequences read from the corpus, 0: all");
   flags.Add("seq-len", &o.seq_len, "T", "tokens per sequence, >= 2");
@@ -83,6 +86,7 @@ int RunFit(const Args& args) {
   if (o.ridge < 0) return flags.UsageError("--ridge must be a non-negative number");
   if (o.attention_queries < 1) return flags.UsageError("--attention-queries must be >= 1");
   if (o.anchor_window < 0) return flags.UsageError("--anchor-window must be >= 0");
+  if (o.anchor_rank < 0) return flags.UsageError("--anchor-rank must be >= 0");
   o.inputs = *ParseMapInputs(inputs_name);  // a name the Choice admits
   o.bias = !no_bias;
   o.progress = !quiet;

@@ -411,9 +411,11 @@ absl::StatusOr<CorpusFit> FitFromCorpus(const CorpusFitOptions& o) {
   spec.training.corpus = o.data_path;
 
   if (o.anchor_window < 0) return absl::InvalidArgumentError("anchor window must be >= 0");
+  if (o.anchor_rank < 0) return absl::InvalidArgumentError("anchor rank must be >= 0");
   const at::Tensor anchor_table =
-      o.anchor_window > 0 ? AnchorTable(target->checkpoint.weights.embed_tokens, tc.rms_norm_eps)
-                          : at::Tensor();
+      o.anchor_window > 0
+          ? AnchorTable(target->checkpoint.weights.embed_tokens, tc.rms_norm_eps, o.anchor_rank)
+          : at::Tensor();
   absl::StatusOr<std::unique_ptr<MomentAccumulator>> moments = MomentAccumulator::Create(
       spec.source, spec.target, int64_t{8} << 30, anchor_table, o.anchor_window);
   if (!moments.ok()) return moments.status();
@@ -481,6 +483,7 @@ nlohmann::json CorpusFitReport(const CorpusFitOptions& o, const CorpusFit& f,
       {"inputs", MapInputsName(o.inputs)},
       {"weighting", o.weighting},
       {"anchor_window", o.anchor_window},
+      {"anchor_rank", o.anchor_rank},
       {"n_sequences", f.n_sequences},
       {"n_tokens", f.n_tokens},
       {"r2_keys", f.fit.r2_keys},

@@ -140,6 +140,10 @@ struct CorpusFitOptions {
   // W >= 1: token-anchored maps reading the target's anchor rows of tokens
   // t..t-W+1 (translator.h); 0: none.
   int64_t anchor_window = 0;
+  // R >= 1: the anchor table at rank R, the target's normalised embeddings in
+  // their top R principal directions (AnchorTable), so that the anchors of a
+  // real vocabulary fit in memory; 0: the embeddings' full width.
+  int64_t anchor_rank = 0;
   int64_t max_sequences = 512, seq_len = 256;
   int n_threads = 0;
   bool progress = true;  // a progress bar on stderr

@@ -187,10 +187,68 @@ std::string ShortHash(const std::string& h) { return h.size() > 16 ? h.substr(0,
 
 }  // namespace
 
-at::Tensor AnchorTable(const at::Tensor& embed_tokens, double rms_norm_eps) {
+at::Tensor AnchorTable(const at::Tensor& embed_tokens, double rms_norm_eps, int64_t rank) {
   c10::InferenceMode guard;
   const at::Tensor x = embed_tokens.detach().to(at::kCPU, at::kFloat);
-  return (x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + rms_norm_eps)).contiguous();
+  const at::Tensor table = x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + rms_norm_eps);
+  if (rank <= 0 || rank >= table.size(1)) return table.contiguous();
+  // The right singular vectors are the eigenvectors of tableᵀ·table [E, E]
+  // (eigh: ascending, so the top r are the last columns).
+  const at::Tensor gram = at::mm(table.t().to(at::kDouble), table.to(at::kDouble));
+  const at::Tensor basis = std::get<1>(at::linalg_eigh(gram)).narrow(1, gram.size(0) - rank, rank);
+  return at::mm(table, basis.flip({1}).to(at::kFloat)).contiguous();
+}
+
+absl::StatusOr<double> ReduceAnchorRank(int64_t window, int64_t rank, at::Tensor* table,
+                                        TranslatorMaps* keys, TranslatorMaps* values) {
+  if (window <= 0 || table == nullptr || !table->defined() || table->dim() != 2) {
+    return absl::InvalidArgumentError("anchor rank: the translator has no token anchors");
+  }
+  const int64_t e = table->size(1);
+  if (rank < 1 || rank > e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("anchor rank must be in [1, ", e, "] (the table's width), got ", rank));
+  }
+  c10::InferenceMode guard;
+  // table = U S Vᵀ. Every block's output over the table is U·M_k with
+  // M_k = S Vᵀ A_kᵀ; the best rank-r approximation of M = [M_1 ...] is
+  // L Lᵀ M (L: the top r eigenvectors of M Mᵀ = S Vᵀ (Σ A_kᵀ A_k) V S).
+  // So the new table is U L = table·V S⁻¹ L and A_k's new block is
+  // (Lᵀ M_k)ᵀ = A_k·V S L.
+  const at::Tensor t64 = table->to(at::kDouble);
+  const auto [eigenvalues, eigenvectors] = at::linalg_eigh(at::mm(t64.t(), t64));
+  const at::Tensor keep = eigenvalues > eigenvalues.max() * 1e-12;
+  const at::Tensor s = eigenvalues.index({keep}).sqrt();                 // [E']
+  const at::Tensor v = eigenvectors.index({at::indexing::Slice(), keep});  // [E, E']
+  at::Tensor moment = at::zeros({e, e}, at::kDouble);      // Σ A_kᵀ A_k
+  for (TranslatorMaps* maps : {keys, values}) {
+    for (const at::Tensor& a : maps->anchor) {
+      for (int64_t k = 0; k < window; ++k) {
+        const at::Tensor block = a.narrow(1, k * e, e).to(at::kDouble);
+        moment.add_(at::mm(block.t(), block));
+      }
+    }
+  }
+  const at::Tensor vs = v * s;  // V S [E, E']
+  const at::Tensor mmt = at::mm(at::mm(vs.t(), moment), vs);
+  const auto [lambda_all, l_all] = at::linalg_eigh(mmt);  // ascending
+  const int64_t r = std::min<int64_t>(rank, mmt.size(0));
+  const at::Tensor l = l_all.narrow(1, mmt.size(0) - r, r).flip({1});  // [E', r]
+  const double total = lambda_all.clamp_min(0).sum().item<double>();
+  const double kept =
+      total > 0 ? lambda_all.narrow(0, mmt.size(0) - r, r).clamp_min(0).sum().item<double>() / total
+                : 1.0;
+  const at::Tensor g = at::mm(vs, l).to(at::kFloat);      // V S L [E, r]
+  const at::Tensor h = at::mm(v / s, l).to(at::kFloat);   // V S⁻¹ L [E, r]
+  *table = at::mm(*table, h).contiguous();
+  for (TranslatorMaps* maps : {keys, values}) {
+    for (at::Tensor& a : maps->anchor) {
+      std::vector<at::Tensor> blocks;
+      for (int64_t k = 0; k < window; ++k) blocks.push_back(at::mm(a.narrow(1, k * e, e), g));
+      a = at::cat(blocks, 1).contiguous();
+    }
+  }
+  return kept;
 }
 
 const char* MapInputsName(MapInputs inputs) {
@@ -305,7 +363,8 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Create(TranslatorSpec sp
                                                                TranslatorMaps keys,
                                                                TranslatorMaps values,
                                                                DType compute,
-                                                               at::Tensor anchor_table) {
+                                                               at::Tensor anchor_table,
+                                                               int64_t max_anchor_lookup_bytes) {
   if (compute != DType::kFloat32 && compute != DType::kBFloat16) {
     return absl::InvalidArgumentError(absl::StrCat(
         "translators compute in float32 or bfloat16, not ", DTypeName(compute)));
@@ -346,17 +405,23 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Create(TranslatorSpec sp
       // sides ([keys | values], each [L_t*H_t*D_t]).
       const int64_t w = t->spec_.anchor_window, e = t->anchor_table_.size(1);
       const int64_t vocab = t->anchor_table_.size(0), width = t->spec_.target.n_layer * out;
-      at::Tensor lookup = at::empty({vocab, w, 2 * width}, at::kFloat);
-      for (const auto& [maps, column] :
-           {std::pair{&t->keys_, int64_t{0}}, {&t->values_, width}}) {
-        const at::Tensor a_t = at::cat(maps->anchor, 0).t();  // [W*E, L_t*H_t*D_t]
+      const at::ScalarType element = compute == DType::kBFloat16 ? at::kBFloat16 : at::kFloat;
+      // [W*E, 2*L_t*H_t*D_t]: both sides' anchor weights, keys' columns first.
+      const at::Tensor weight =
+          at::cat({at::cat(t->keys_.anchor, 0).t(), at::cat(t->values_.anchor, 0).t()}, 1);
+      const int64_t lookup_bytes =
+          vocab * w * 2 * width * static_cast<int64_t>(c10::elementSize(element));
+      if (lookup_bytes <= max_anchor_lookup_bytes) {
+        at::Tensor lookup = at::empty({vocab, w, 2 * width}, at::kFloat);
         for (int64_t k = 0; k < w; ++k) {
-          lookup.select(1, k).narrow(1, column, width).copy_(
-              at::mm(t->anchor_table_, a_t.narrow(0, k * e, e)));
+          lookup.select(1, k).copy_(at::mm(t->anchor_table_, weight.narrow(0, k * e, e)));
         }
+        t->anchor_lookup_ = lookup.to(element).contiguous();
+      } else {
+        t->anchor_rows_ =
+            at::cat({t->anchor_table_, at::zeros({1, e}, at::kFloat)}, 0).to(element).contiguous();
+        t->anchor_weight_ = weight.to(element).contiguous();
       }
-      t->anchor_lookup_ =
-          lookup.to(compute == DType::kBFloat16 ? at::kBFloat16 : at::kFloat).contiguous();
     }
     // Copies in the compute dtype (none for float32: the maps are shared).
     auto in_compute = [compute](const at::Tensor& x) {
@@ -545,16 +610,31 @@ absl::Status Translator::AddAnchors(const std::vector<int64_t>& ids, KvTaps* out
     padded.push_back(id);
   }
   const TranslatorEndpoint& t = spec_.target;
-  const int64_t d = anchor_lookup_.size(2), width = t.n_layer * t.n_head_kv * t.head_dim;
+  const int64_t width = t.n_layer * t.n_head_kv * t.head_dim, d = 2 * width;
   const at::Tensor buffer =
       at::empty({std::min(n_tokens, kAnchorChunkTokens), d}, at::dtype(at::kFloat));
   for (int64_t t0 = 0; t0 < n_tokens; t0 += kAnchorChunkTokens) {
     const int64_t n = std::min(kAnchorChunkTokens, n_tokens - t0);
-    const at::Tensor sum = buffer.narrow(0, 0, n).zero_();  // [n, 2*L_t*H_t*D_t]
-    if (anchor_lookup_.scalar_type() == at::kBFloat16) {
+    at::Tensor sum = buffer.narrow(0, 0, n);  // [n, 2*L_t*H_t*D_t]
+    if (!anchor_lookup_.defined()) {
+      // Token p's row: table rows of ids p, p-1, ..., p-W+1 (the zero row
+      // before the conversation's start), times the anchor weights.
+      std::vector<int64_t> index(static_cast<size_t>(n * w));
+      for (int64_t p = 0; p < n; ++p) {
+        for (int64_t k = 0; k < w; ++k) {
+          const int64_t id = padded[static_cast<size_t>(t0 + p + w - 1 - k)];
+          index[static_cast<size_t>(p * w + k)] = id < 0 ? vocab : id;
+        }
+      }
+      const at::Tensor rows =
+          anchor_rows_.index_select(0, at::tensor(index, at::kLong)).view({n, -1});
+      sum.copy_(at::mm(rows, anchor_weight_));
+    } else if (anchor_lookup_.scalar_type() == at::kBFloat16) {
+      sum.zero_();
       AddAnchorRows(reinterpret_cast<const uint16_t*>(anchor_lookup_.data_ptr<at::BFloat16>()), d,
                     padded, w, t0, t0 + n, sum.data_ptr<float>());
     } else {
+      sum.zero_();
       AddAnchorRows(anchor_lookup_.data_ptr<float>(), d, padded, w, t0, t0 + n,
                     sum.data_ptr<float>());
     }

@@ -24,12 +24,15 @@
 // The table ([V, E], stored in the file) is the target's token embeddings, RMS
 // normalised: what the target's first layer reads, in the target's own basis,
 // so that the maps need not carry token identity across two embeddings.
-// Translate does not multiply the anchor rows: Create precomputes
-// table·A_kᵀ for every token id and offset k (V·W rows of both sides'
-// outputs, in the compute dtype: 100 MB in bfloat16 for kvl-small ->
+// Where it fits, Translate does not multiply the anchor rows: Create
+// precomputes table·A_kᵀ for every token id and offset k (V·W rows of both
+// sides' outputs, in the compute dtype: 100 MB in bfloat16 for kvl-small ->
 // kvl-large) and Translate sums each token's W rows, a lookup instead of a
 // GEMM W·E wide (several times the maps' own cost at the house shapes,
-// docs/translators.md section 5).
+// docs/translators.md section 5). At a real vocabulary that lookup would take
+// hundreds of GB; there the table has a low rank r (AnchorTable with a rank,
+// ReduceAnchorRank), E = r, and Translate multiplies each token's W rows by
+// the anchor weights, W·r per output.
 //
 // Thread-safety: a Translator is immutable after creation; Translate may be
 // called from any number of threads at once.
@@ -143,8 +146,21 @@ struct TranslatorMaps {
 };
 
 // The anchor table of a target model: its token embeddings [V, E], each row
-// RMS normalised (x / sqrt(mean(x²) + eps), no weight), float32.
-at::Tensor AnchorTable(const at::Tensor& embed_tokens, double rms_norm_eps);
+// RMS normalised (x / sqrt(mean(x²) + eps), no weight), float32. With rank r
+// in [1, E): the normalised rows in the basis of their top r principal
+// directions (right singular vectors), [V, r], for maps fitted at rank r from
+// the start (a real vocabulary's anchors: translator/README.md).
+at::Tensor AnchorTable(const at::Tensor& embed_tokens, double rms_norm_eps, int64_t rank = 0);
+
+// Rewrites token anchors for a table of rank r: *table [V, E] becomes
+// table·H [V, r] (fewer columns when the table's own rank is lower) and each anchor weight's offset block A_k [H_t*D_t, E] (every
+// layer, both sides) becomes A_k·G [H_t*D_t, r], with the rank-r pair (G, H)
+// that best keeps every block's output over the table's rows (least squares
+// over all V rows and blocks together, so no token is favoured). Returns the
+// share of those outputs' squared norm kept. InvalidArgument without anchors
+// or for r outside [1, E]. experiments/lowrank_anchors/README.md measures it.
+absl::StatusOr<double> ReduceAnchorRank(int64_t window, int64_t rank, at::Tensor* table,
+                                        TranslatorMaps* keys, TranslatorMaps* values);
 
 // What Load checks a file against: the models and tokenizers about to use it.
 struct TranslatorExpectation {
@@ -175,10 +191,17 @@ class Translator {
   // bfloat16 dot products: docs/translators.md measures both speed and
   // quality.
   // With spec.anchor_window > 0, `anchor_table` [V, E] (AnchorTable) and the
-  // maps' anchor weights are required; without, both must be absent.
+  // maps' anchor weights are required; without, both must be absent. The
+  // anchors are a lookup when its V·W rows of both sides' outputs fit in
+  // max_anchor_lookup_bytes, else a product of each token's W table rows
+  // with the anchor weights (W·E per output: small with a low-rank table).
   static absl::StatusOr<std::unique_ptr<Translator>> Create(
       TranslatorSpec spec, TranslatorMaps keys, TranslatorMaps values,
-      DType compute = DType::kFloat32, at::Tensor anchor_table = {});
+      DType compute = DType::kFloat32, at::Tensor anchor_table = {},
+      int64_t max_anchor_lookup_bytes = kMaxAnchorLookupBytes);
+  // The largest anchor lookup Create builds (1 GiB: kvl-small -> kvl-large's
+  // is 100 MB in bfloat16; a real vocabulary's is hundreds of GB).
+  static constexpr int64_t kMaxAnchorLookupBytes = int64_t{1} << 30;
   // Reads a translator file. InvalidArgument for a file that is not a valid
   // translator (corrupt or truncated safetensors, missing or malformed
   // metadata, unsupported format version, missing tensor, wrong shape) or an
@@ -197,6 +220,8 @@ class Translator {
   const TranslatorMaps& value_maps() const { return values_; }
   DType compute_dtype() const { return compute_; }
   const at::Tensor& anchor_table() const { return anchor_table_; }  // undefined without anchors
+  // Whether the anchors are a lookup (else a product per token; Create).
+  bool anchor_lookup() const { return anchor_lookup_.defined(); }
 
   // What Translate returns.
   enum class Output {
@@ -260,7 +285,12 @@ class Translator {
   at::Tensor anchor_table_;       // [V, E] float32; undefined without anchors
   // [V, W, 2*L_t*H_t*D_t] in the compute dtype: [id, k] holds table[id]·A_kᵀ
   // of the keys' then the values' maps, every layer.
+  // undefined when it would exceed max_anchor_lookup_bytes; then:
   at::Tensor anchor_lookup_;
+  // [V+1, E] the table and a zero row (index V: before the conversation's
+  // start), and [W*E, 2*L_t*H_t*D_t] the anchor weights of both sides, in the
+  // compute dtype; undefined with a lookup.
+  at::Tensor anchor_rows_, anchor_weight_;
   DType compute_ = DType::kFloat32;
   Prepared prepared_keys_, prepared_values_;
 };

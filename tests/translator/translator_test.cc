@@ -319,6 +319,105 @@ TEST(TranslateTest, AnchorTableIsTheRmsNormalisedEmbedding) {
   EXPECT_EQ(table.scalar_type(), at::kFloat);
 }
 
+TEST(TranslateTest, AnchorsTooLargeForTheirLookupAreAProductWithTheSameResult) {
+  at::Tensor table;
+  const TranslatorSpec spec = MixedSpec();
+  for (DType compute : {DType::kFloat32, DType::kBFloat16}) {
+    auto looked_up = AnchoredTranslator(spec, compute, &table);
+    ASSERT_TRUE(looked_up->anchor_lookup());
+    // The same maps, with no room for the lookup.
+    auto product = Translator::Create(looked_up->spec(), looked_up->key_maps(),
+                                      looked_up->value_maps(), compute, table,
+                                      /*max_anchor_lookup_bytes=*/0);
+    ASSERT_TRUE(product.ok()) << product.status();
+    EXPECT_FALSE((*product)->anchor_lookup());
+    const KvTaps src = RandomTaps(spec.source, 300, 9);
+    // Longer than one chunk of AddAnchors, with and without earlier ids.
+    std::vector<int64_t> ids = {7, 1};
+    for (int64_t i = 0; i < 300; ++i) ids.push_back((i * 7) % 10);
+    for (const std::vector<int64_t>& read :
+         {ids, std::vector<int64_t>(ids.begin() + 2, ids.end())}) {
+      auto a = looked_up->Translate(src, Translator::Output::kFloat32, read);
+      auto b = (*product)->Translate(src, Translator::Output::kFloat32, read);
+      ASSERT_TRUE(a.ok() && b.ok());
+      // bfloat16: the lookup rounds each row's product, the product path each
+      // table row and weight; both within bfloat16's rounding of the values.
+      const double tolerance = compute == DType::kFloat32 ? 1e-4 : 0.1;
+      EXPECT_LT(MaxAbsDiff(a->keys, b->keys), tolerance) << DTypeName(compute);
+      EXPECT_LT(MaxAbsDiff(a->values, b->values), tolerance) << DTypeName(compute);
+    }
+    // An id outside the table is refused on both paths.
+    EXPECT_EQ((*product)->Translate(src, Translator::Output::kFloat32,
+                                    std::vector<int64_t>(300, 10)).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
+// Every anchor block's output over the table, [V, layers * sides * W * out]:
+// what a change of the table's basis must keep.
+at::Tensor AnchorOutputs(const at::Tensor& table, const TranslatorMaps& keys,
+                         const TranslatorMaps& values, int64_t window) {
+  const int64_t e = table.size(1);
+  std::vector<at::Tensor> outputs;
+  for (const TranslatorMaps* maps : {&keys, &values}) {
+    for (const at::Tensor& a : maps->anchor) {
+      for (int64_t k = 0; k < window; ++k) {
+        outputs.push_back(at::mm(table.to(at::kDouble), a.narrow(1, k * e, e).t().to(at::kDouble)));
+      }
+    }
+  }
+  return at::cat(outputs, 1);
+}
+
+TEST(TranslateTest, ReducingTheAnchorRankKeepsTheBestRankRApproximationOfTheAnchors) {
+  at::Tensor table;
+  const TranslatorSpec spec = MixedSpec();
+  auto tr = AnchoredTranslator(spec, DType::kFloat32, &table);  // table [10, 4], W = 3
+  const at::Tensor full = AnchorOutputs(table, tr->key_maps(), tr->value_maps(), 3);
+  // The oracle (Eckart-Young): the best rank-r approximation of the outputs
+  // is their SVD truncated to r; its error is the dropped singular values.
+  const at::Tensor sv = std::get<1>(at::linalg_svd(full, /*full_matrices=*/false));
+  for (int64_t rank : {4, 2, 1}) {
+    at::Tensor reduced_table = table;
+    TranslatorMaps keys = tr->key_maps(), values = tr->value_maps();
+    absl::StatusOr<double> kept = ReduceAnchorRank(3, rank, &reduced_table, &keys, &values);
+    ASSERT_TRUE(kept.ok()) << kept.status();
+    EXPECT_EQ(reduced_table.sizes(), at::IntArrayRef({10, rank}));
+    EXPECT_EQ(keys.anchor[0].sizes(), at::IntArrayRef({tr->key_maps().anchor[0].size(0), 3 * rank}));
+    const at::Tensor approx = AnchorOutputs(reduced_table, keys, values, 3);
+    const double error = (approx - full).pow(2).sum().item<double>();
+    const double best = sv.narrow(0, rank, sv.size(0) - rank).pow(2).sum().item<double>();
+    const double total = sv.pow(2).sum().item<double>();
+    EXPECT_NEAR(error, best, 1e-3 * total) << rank;
+    EXPECT_NEAR(*kept, 1 - best / total, 1e-4) << rank;
+    // The reduced translator loads and translates as its outputs say.
+    TranslatorSpec reduced_spec = spec;
+    reduced_spec.anchor_window = 3;
+    EXPECT_TRUE(Translator::Create(reduced_spec, keys, values, DType::kFloat32, reduced_table).ok());
+  }
+  at::Tensor t = table;
+  TranslatorMaps keys = tr->key_maps(), values = tr->value_maps();
+  EXPECT_EQ(ReduceAnchorRank(3, 5, &t, &keys, &values).status().code(),
+            absl::StatusCode::kInvalidArgument);  // above the table's width
+  EXPECT_EQ(ReduceAnchorRank(0, 2, &t, &keys, &values).status().code(),
+            absl::StatusCode::kInvalidArgument);  // no anchors
+}
+
+TEST(TranslateTest, ALowRankAnchorTableIsTheTablesTopPrincipalDirections) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const at::Tensor embed = at::randn({40, 6}, gen);
+  const at::Tensor full = AnchorTable(embed, 1e-6);
+  EXPECT_EQ(AnchorTable(embed, 1e-6, 6).sizes(), full.sizes());  // rank >= E: the full table
+  const at::Tensor low = AnchorTable(embed, 1e-6, 2);
+  ASSERT_EQ(low.sizes(), at::IntArrayRef({40, 2}));
+  // Oracle: with full = U S Vᵀ, the rank-2 table is U_2 S_2 (up to each
+  // column's sign), so its Gram matrix is U_2 S_2² U_2ᵀ.
+  const auto [u, s, vh] = at::linalg_svd(full.to(at::kDouble), /*full_matrices=*/false);
+  const at::Tensor us = u.narrow(1, 0, 2) * s.narrow(0, 0, 2);
+  const at::Tensor low64 = low.to(at::kDouble);
+  EXPECT_LT((at::mm(low64, low64.t()) - at::mm(us, us.t())).abs().max().item<double>(), 1e-4);
+}
+
 TEST(TranslateTest, MatchesTheOracleWhenEveryLayerReadsTheSameSourceLayers) {
   // Every target layer reads all source layers (kvl fit --band all) for keys
   // and the same single layer for values: the one-product path, short and long.
