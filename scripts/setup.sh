@@ -24,13 +24,15 @@ BUILD_PACKAGES=(
 # tools they run as peers and oracles (Redis, nginx, Prometheus, Docker with
 # debootstrap for the base image, Python's gRPC), gnuplot for the plots, and
 # clang 14 with its sanitizer and libFuzzer runtimes and llvm-symbolizer for
-# the fuzz and ASan checks (scripts/ci/fuzz.sh, scripts/ci/asan_check.sh).
+# the fuzz and ASan checks (scripts/ci/fuzz.sh, scripts/ci/asan_check.sh), and
+# lld, the test build's linker when present (the top CMakeLists.txt).
 TEST_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   redis-server nginx docker.io docker-compose debootstrap
   prometheus python3-grpcio python3-protobuf curl
   gnuplot-nox bc
   clang-14 libclang-rt-14-dev llvm-14
+  lld
 )
 PACKAGES=("${BUILD_PACKAGES[@]}")
 [ "${KVL_SETUP:-all}" = build ] || PACKAGES+=("${TEST_PACKAGES[@]}")

@@ -45,12 +45,21 @@ free_port() {
   /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
+# Whether pid runs. Everything `up` starts outlives it, and so is an orphan
+# that only init reaps: a process that exited stays a zombie (state Z), which
+# kill -0 still finds, until init gets to it (seconds, on some machines).
+running() {
+  local state
+  state=$(ps -o stat= -p "$1" 2>/dev/null) || return 1
+  [[ $state != Z* ]]
+}
+
 stop_pid() {  # pid signal seconds
   local pid=$1 sig=$2 wait_s=$3
-  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || return 0
+  [[ -n "$pid" ]] && running "$pid" || return 0
   kill "-$sig" "$pid" 2>/dev/null || true
   for _ in $(seq $((wait_s * 10))); do
-    kill -0 "$pid" 2>/dev/null || return 0
+    running "$pid" || return 0
     sleep 0.1
   done
   kill -KILL "$pid" 2>/dev/null || true

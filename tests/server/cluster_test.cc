@@ -269,7 +269,10 @@ TEST_F(ClusterTest, AKilledReplicaLosesNoAcknowledgedTurnAndARestartLosesNothing
   }
 
   // The whole cluster restarts on the same directory: Redis reloads its
-  // append-only file, the replicas start empty.
+  // append-only file, the replicas start empty. The client hangs up first:
+  // nginx's graceful stop waits for open client connections to close.
+  sessions.reset();
+  channel.reset();
   ASSERT_EQ(Cluster("down", cluster_dir_), 0);
   ASSERT_EQ(Cluster("up", cluster_dir_), 0);
   env = ReadEnv(cluster_dir_ + "/cluster.env");
@@ -282,6 +285,8 @@ TEST_F(ClusterTest, AKilledReplicaLosesNoAcknowledgedTurnAndARestartLosesNothing
   Converse(channel, "c0", kTurns, 1, &more, &more_done);
   EXPECT_EQ(more.failure, "");
   EXPECT_EQ(more.replays, 0);
+  sessions.reset();
+  channel.reset();
   EXPECT_EQ(Cluster("down", cluster_dir_), 0);
 }
 

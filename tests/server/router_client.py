@@ -14,6 +14,12 @@ import time
 
 import grpc
 
+# Tokens of the answer that streams while the drain scenario's server drains:
+# enough that the refusal, milliseconds after the signal, comes while it
+# streams, with a wide margin (the result has both times: refused.after_s,
+# long.streamed_after_sigterm_s).
+DRAIN_LONG_TOKENS = 1000
+
 
 def main():
     target, stubs_dir, scenario = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -244,12 +250,11 @@ def main():
 
         def run_long():
             req = S.ChatRequest(session_id="dr-a", user_message=b"Talk for a long time.",
-                                sampling=S.SamplingParams(max_tokens=2000),
+                                sampling=S.SamplingParams(max_tokens=DRAIN_LONG_TOKENS),
                                 routing=S.RoutingHints(policy="explicit", model="large"))
             long["code"], long["deltas"] = "OK", 0
             try:
-                # 2000 tokens take 20-40 s; a loaded machine may need more.
-                for ev in chat_call(req, timeout=300):
+                for ev in chat_call(req, timeout=300):  # a loaded machine may be slow
                     kind = ev.WhichOneof("event")
                     if kind == "delta":
                         long["deltas"] += 1
@@ -274,10 +279,12 @@ def main():
                      max_tokens=1)
             if r["code"] != "OK":
                 refused = {"code": r["code"], "details": r.get("details", ""),
-                           "long_still_streaming": "summary_at" not in long}
+                           "long_still_streaming": "summary_at" not in long,
+                           "after_s": round(time.monotonic() - signalled_at, 3)}
                 break
             time.sleep(0.01)
         worker.join()
+        long["streamed_after_sigterm_s"] = round(long.get("summary_at", signalled_at) - signalled_at, 3)
         long["in_flight_at_sigterm"] = long.get("summary_at", float("inf")) > signalled_at
         long.pop("summary_at", None)
         result = {"long": long, "refused": refused}

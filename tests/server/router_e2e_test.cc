@@ -452,10 +452,29 @@ TEST_F(RouterE2eTest, EvictionUnderATinyBudgetRebuildsSessionsCorrectly) {
   EXPECT_TRUE(seen["budget_exhausted"]["unchanged"].get<bool>());
 }
 
-TEST_F(RouterE2eTest, DrainingRefusesNewChatsWithUnavailableAndFinishesRunningOnes) {
+// The drain needs the models and the Python stubs but no translators: its
+// turns never switch models, and fitting the suite's six translators took
+// most of this test's time.
+class DrainE2eTest : public RouterE2eTest {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir("drain-e2e");
+    ASSERT_TRUE(testing::WriteFixtureModels(dir_->path()).ok());
+    stubs_ = dir_->MakeDir("stubs");
+    auto protoc = testing::RunProcess(
+        {"protoc", "--proto_path=" + std::string(KVL_SOURCE_DIR) + "/proto",
+         "--python_out=" + stubs_, "kvlingo/v1/chat.proto", "kvlingo/v1/session.proto",
+         "kvlingo/v1/model.proto"},
+        30s, {std::string(KVL_SOURCE_DIR) + "/proto", {}});
+    ASSERT_TRUE(protoc.ok() && protoc->exit_code == 0);
+  }
+};
+
+TEST_F(DrainE2eTest, DrainingRefusesNewChatsWithUnavailableAndFinishesRunningOnes) {
   Json config = Json::parse(Config(int64_t{1} << 30));
-  // The long answer (2000 tokens) takes 20-40 s; the drain waits for it with
-  // room to spare on a loaded machine.
+  config["translators"] = Json::array();
+  // The long answer (router_client.py's DRAIN_LONG_TOKENS) takes a few
+  // seconds; the drain waits for it with room to spare on a loaded machine.
   config["server"]["drain_timeout_seconds"] = 300;
   Running server = Start(config.dump());
   const Json seen = Client(server, "drain", 300s);  // the client sends SIGTERM itself

@@ -584,8 +584,9 @@ INSTANTIATE_TEST_SUITE_P(
         // Debian's LibTorch is CPU-only: a CUDA device stops the start, before
         // any model loads, saying why and what to do.
         BadConfigCase{"CudaDeviceOnACpuOnlyBuild",
-                      R"({"runtime": {"device": "cuda:0"},
-                          "models": [{"name": "m", "path": ")" KVL_SOURCE_DIR R"(/models/kvl-small"}],
+                      std::string(R"({"runtime": {"device": "cuda:0"},
+                          "models": [{"name": "m", "path": ")") +
+                          KVL_SOURCE_DIR + R"(/models/kvl-small"}],
                           "routing": {"default_model": "m"}})",
                       {},
                       "kvl-server: config: runtime.device cuda:0: this binary's LibTorch has no "
