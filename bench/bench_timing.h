@@ -18,10 +18,21 @@
 
 namespace kvl::bench {
 
-// Wall seconds of one call of f.
-inline double Seconds(const std::function<void()>& f) {
+// Waits until the work queued on `device` is done: a GPU runs LibTorch's
+// kernels asynchronously, so a clock read after a call would time the launch
+// only. A one-element copy to the host waits for the device's stream (what
+// every kernel here is queued on); on the CPU it does nothing.
+inline void Synchronize(const at::Device& device) {
+  if (device.is_cpu()) return;
+  (void)at::zeros({1}, at::TensorOptions().device(device)).item<float>();
+}
+
+// Wall seconds of one call of f, and of the work it queued on `device`.
+inline double Seconds(const std::function<void()>& f, const at::Device& device = at::kCPU) {
+  Synchronize(device);
   const auto t0 = std::chrono::steady_clock::now();
   f();
+  Synchronize(device);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -49,27 +60,45 @@ class Report {
 };
 
 // The fastest of n calls: on a shared machine the minimum is the least noisy.
-inline double Best(int n, const std::function<void()>& f) {
+inline double Best(int n, const std::function<void()>& f, const at::Device& device = at::kCPU) {
   double best = 1e300;
-  for (int i = 0; i < n; ++i) best = std::min(best, Seconds(f));
+  for (int i = 0; i < n; ++i) best = std::min(best, Seconds(f, device));
   return best;
 }
 
-// The machine's square-GEMM rate in GFLOP/s right now (2048^3 in dtype, float32
-// by default; best of 3 after one warm-up). Drivers re-measure it next to each
-// measurement whose ratio to it they report, because the machine is shared.
+// The machine's GEMM rate in GFLOP/s right now (best of 3 after one warm-up):
+// by default a 2048 cube in dtype (float32 by default); with shapes, an
+// [m, k] x [k, n] product whose right side is read transposed, as a model's
+// [out, in] weights are. Drivers re-measure it next to each measurement whose
+// ratio to it they report, because the machine is shared. On `device`
+// (default the CPU), timed to the end of the device's work.
 class GemmRate {
  public:
-  explicit GemmRate(at::ScalarType dtype = at::kFloat)
-      : a_(at::randn({2048, 2048}).to(dtype)), b_(at::randn({2048, 2048}).to(dtype)) {}
+  explicit GemmRate(at::ScalarType dtype = at::kFloat, const at::Device& device = at::kCPU)
+      : GemmRate(2048, 2048, 2048, dtype, device) {}
+  GemmRate(int64_t m, int64_t k, int64_t n, at::ScalarType dtype,
+           const at::Device& device = at::kCPU)
+      : a_(at::randn({m, k}).to(device, dtype)), b_(at::randn({n, k}).to(device, dtype)) {}
   double Measure() const {
-    at::mm(a_, b_);
-    return 2.0 * 2048 * 2048 * 2048 / Best(3, [&] { at::mm(a_, b_); }) / 1e9;
+    const at::Tensor bt = b_.t();
+    at::mm(a_, bt);
+    const double flops = 2.0 * a_.size(0) * a_.size(1) * b_.size(0);
+    return flops / Best(3, [&] { at::mm(a_, bt); }, a_.device()) / 1e9;
   }
 
  private:
   at::Tensor a_, b_;
 };
+
+// The memory read bandwidth in GB/s right now, with LibTorch's current number
+// of threads: the best of 5 sums over a float32 buffer of `bytes` (default
+// 1 GiB, far beyond the caches), after one pass that faults it in; on
+// `device`, its memory's.
+inline double ReadBandwidth(int64_t bytes = int64_t{1} << 30, const at::Device& device = at::kCPU) {
+  const at::Tensor buffer = at::ones({bytes / 4}, at::TensorOptions().device(device));
+  at::sum(buffer);
+  return static_cast<double>(bytes) / Best(5, [&] { at::sum(buffer); }, device) / 1e9;
+}
 
 // How much of the machine other processes used while a driver ran: the CPU
 // time /proc/stat counts as busy on all CPUs, less this process's own (all its

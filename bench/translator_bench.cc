@@ -5,7 +5,7 @@
 // prints one table and writes it to --out.
 //
 // Models: random init with the shapes of models/configs/kvl-small.json and
-// kvl-large.json (max_position_embeddings raised to 16384 for the 8k rung);
+// kvl-large.json (max_position_embeddings raised to 16384, or the longest context);
 // translator: random maps, relative-depth assignment with --band source layers
 // per map (default all, as the committed cross-layer translators), with bias.
 // Timing depends on shapes only, not on trained weights.
@@ -43,6 +43,11 @@
 //                    [--contexts 64,256,1024,4096,8192] [--repeat K] [--band N|all]
 //                    [--translate-dtype auto|float32|bfloat16] [--inputs I | I,I]
 //                    [--native-tail W] [--anchor-window W] [--anchor-rank R]
+//                    [--switch-only] [--direction both|small-large|large-small]
+//                    [--device cpu|cuda[:N]] [--model-dtype float32|bfloat16]
+// --switch-only: the first table alone, without (a)'s parts, the hybrid and the
+// translation-by-what-runs-before tables (what real shapes at 4k-8k tokens
+// have time for on this machine).
 // --repeat multiplies the number of runs each time is the best of (a busy
 // machine needs more to find a quiet moment). --translate-dtype: the
 // translator's arithmetic (default auto: what the server's "auto" picks on this
@@ -55,7 +60,11 @@
 // the ids they read are passed as the router passes them. --anchor-rank: the
 // anchor table's width (default: the target's hidden size); a real
 // vocabulary's anchors need a low rank (translator.h), and then they are a
-// product per token rather than a lookup.
+// product per token rather than a lookup. --device cuda[:N] (with
+// --switch-only) puts the models, their caches and the translator on a GPU,
+// each time taken to the end of the device's work, the GEMM rate the
+// device's; "auto" then translates in bfloat16, as the server does there.
+// --model-dtype: the models' weights and caches (default float32).
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
@@ -99,8 +108,6 @@ struct Phases {
 };
 constexpr kvl::Translator::Output kProduct = kvl::Translator::Output::kProduct;
 
-using kvl::bench::Best;
-using kvl::bench::Seconds;
 
 void Check(const absl::Status& s) {
   if (!s.ok()) {
@@ -169,10 +176,15 @@ double TranslateFlops(const kvl::Translator& tr, double t) {
 int main(int argc, char** argv) {
   kvl::ReexecWithPassiveOpenMpWait(argv);
   int n_threads = 2, repeat = 1;
+  bool switch_only = false;
+  std::string direction = "both";
   int64_t band = 0;  // all
   // small->large, large->small
   kvl::MapInputs inputs[2] = {kvl::MapInputs::kSplit, kvl::MapInputs::kJoint};
   kvl::DType compute = kvl::FastestTranslateDtype();
+  bool compute_auto = true;
+  std::string device_name = "cpu";
+  kvl::DType model_dtype = kvl::DType::kFloat32;
   std::string out_path, save_dir, configs = "models/configs";
   std::vector<int64_t> contexts = {64, 256, 1024, 4096, 8192};
   int64_t tail = 32;  // (e): the target's own share of the prefix
@@ -198,6 +210,9 @@ int main(int argc, char** argv) {
                  }
                  return absl::OkStatus();
                });
+  flags.Choice("direction", &direction, {"both", "small-large", "large-small"},
+               "the switch directions timed");
+  flags.Switch("switch-only", &switch_only, "only the first table (real shapes, long contexts)");
   flags.Add("repeat", &repeat, "K", "runs per cell, the best kept (>= 1)");
   flags.Custom("band", "N|all", "source layers per target layer (default: all)",
                [&](const std::string& v) -> absl::Status {
@@ -229,6 +244,19 @@ int main(int argc, char** argv) {
                    return absl::InvalidArgumentError("expected auto, float32 or bfloat16");
                  }
                  compute = *d;
+                 compute_auto = false;
+                 return absl::OkStatus();
+               });
+  flags.Add("device", &device_name, "D",
+            "cpu (default) or cuda[:N]: the models', caches' and translators' device (with "
+            "--switch-only)");
+  flags.Custom("model-dtype", "float32|bfloat16", "the models' weights and caches (default float32)",
+               [&](const std::string& v) -> absl::Status {
+                 absl::StatusOr<kvl::DType> d = kvl::ParseDType(v);
+                 if (!d.ok() || *d == kvl::DType::kFloat16) {
+                   return absl::InvalidArgumentError("expected float32 or bfloat16");
+                 }
+                 model_dtype = *d;
                  return absl::OkStatus();
                });
   flags.Add("native-tail", &tail, "W", "(e): the target's own last W tokens of the prefix");
@@ -242,6 +270,20 @@ int main(int argc, char** argv) {
     return *exit;
   }
   if (repeat < 1) return flags.UsageError("--repeat must be >= 1");
+  const at::Device device(device_name);
+  if (!device.is_cpu() && !switch_only) {
+    return flags.UsageError("--device other than cpu times the first table only: add --switch-only");
+  }
+  if (!device.is_cpu() && !save_dir.empty()) return flags.UsageError("--save runs on the cpu only");
+  // On a GPU, "auto" is what the server picks there (router/loader.cc).
+  if (!device.is_cpu() && compute_auto) compute = kvl::DType::kBFloat16;
+  // Each time is taken to the end of the device's work (bench_timing.h).
+  auto best = [&device](int n, const std::function<void()>& f) {
+    return kvl::bench::Best(n, f, device);
+  };
+  auto seconds = [&device](const std::function<void()>& f) {
+    return kvl::bench::Seconds(f, device);
+  };
   if (tail < 1) return flags.UsageError("--native-tail must be at least 1");
   if (anchor_window < 0) return flags.UsageError("--anchor-window must be >= 0");
   if (anchor_rank < 0) return flags.UsageError("--anchor-rank must be >= 0");
@@ -259,23 +301,31 @@ int main(int argc, char** argv) {
   small.config = Check(kvl::ModelConfig::FromFile(configs + "/kvl-small.json"));
   large.config = Check(kvl::ModelConfig::FromFile(configs + "/kvl-large.json"));
   for (kvl::Checkpoint* c : {&small, &large}) {
-    c->config.max_position_embeddings = 16384;
+    // Room for the longest context and the span after it.
+    c->config.max_position_embeddings =
+        std::max<int64_t>(16384, *std::max_element(contexts.begin(), contexts.end()) + kSpan);
     c->weights = kvl::InitWeights(c->config, 1);
   }
   kvl::RuntimeOptions options;
   options.n_threads = n_threads;
+  options.device = device_name;
+  options.dtype = model_dtype;
   std::unique_ptr<kvl::Engine> small_engine = Check(kvl::Engine::Create(small, options));
   std::unique_ptr<kvl::Engine> large_engine = Check(kvl::Engine::Create(large, options));
+  // The engines hold what they run with (the fused projections); the weights
+  // as initialised would only take memory (5 GB at Qwen3-1.7B's shapes).
+  small.weights = kvl::ModelWeights();
+  large.weights = kvl::ModelWeights();
   c10::InferenceMode inference;
   std::snprintf(buf, sizeof buf,
                 "translator_bench: kvl-small (L=%lld H=%lld D=%lld) and kvl-large (L=%lld H=%lld "
-                "D=%lld) shapes, random init, fp32 models, %d intra-op threads (taps, translation "
+                "D=%lld) shapes, random init, %s models on %s, %d intra-op threads (taps, translation "
                 "and Accept on one, as the router runs them), prefill chunk "
                 "%lld, translator band %s, %s inputs small->large and %s large->small, "
                 "token anchors W=%lld rank %s, computing in %s",
                 (long long)small.config.n_layer, (long long)small.config.n_head_kv,
                 (long long)small.config.head_dim, (long long)large.config.n_layer,
-                (long long)large.config.n_head_kv, (long long)large.config.head_dim, n_threads,
+                (long long)large.config.n_head_kv, (long long)large.config.head_dim, kvl::DTypeName(model_dtype), device_name.c_str(), n_threads,
                 (long long)options.prefill_chunk, band == 0 ? "all" : std::to_string(band).c_str(),
                 kvl::MapInputsName(inputs[0]), kvl::MapInputsName(inputs[1]),
                 (long long)anchor_window,
@@ -284,7 +334,8 @@ int main(int argc, char** argv) {
   emit(buf);
 
   // The rate the translation's own arithmetic could reach.
-  const kvl::bench::GemmRate gemm(compute == kvl::DType::kBFloat16 ? at::kBFloat16 : at::kFloat);
+  const kvl::bench::GemmRate gemm(compute == kvl::DType::kBFloat16 ? at::kBFloat16 : at::kFloat,
+                                  device);
   // On one thread, as the translation runs (bfloat16 through oneDNN's
   // OpenMP; float32 products keep OpenBLAS's own threads either way).
   auto gemm_rate = [&] {
@@ -316,9 +367,13 @@ int main(int argc, char** argv) {
   for (const Direction& dir :
        {Direction{"small->large", small_engine.get(), large_engine.get(), inputs[0]},
         Direction{"large->small", large_engine.get(), small_engine.get(), inputs[1]}}) {
+    if (direction != "both" && direction != (dir.name[0] == 's' ? "small-large" : "large-small")) {
+      continue;
+    }
     const std::unique_ptr<kvl::Translator> tr =
         RandomTranslator(dir.source->config(), dir.target->config(), band, dir.inputs, compute,
                          anchor_window, anchor_rank);
+    Check(tr->MoveTo(device_name));
     if (!save_dir.empty()) {
       // The file a real-shape translator makes: saved, loaded back, and the
       // loaded one must translate as the saved one.
@@ -364,9 +419,9 @@ int main(int argc, char** argv) {
     std::snprintf(buf, sizeof buf, "%s: TTFT after a switch (ms, best of runs)", dir.name);
     emit(buf);
     emit("| context T | (a) translate T + decode | (b) re-prefill T | (b)/(a) | (c) translate 256 "
-         "new + decode | (d) prefill 256 new | (d)/(c) | translate-only ms | translate GFLOP/s | "
-         "GEMM GFLOP/s | % of GEMM |");
-    emit("|---|---|---|---|---|---|---|---|---|---|---|");
+         "new + decode | (d) prefill 256 new | (d)/(c) | translate-only ms | translate / (a) | "
+         "translate GFLOP/s | GEMM GFLOP/s | % of GEMM |");
+    emit("|---|---|---|---|---|---|---|---|---|---|---|---|");
     std::vector<std::string> parts, caches, inside;
     // Written before each "cold" translation: more than the translation's
     // own data, so that none of it is left in the caches.
@@ -414,20 +469,20 @@ int main(int argc, char** argv) {
                      s(marks[1], moved), s(moved, decoded), s(decoded, end), s(start, end)};
         }
       };
-      const double a = Best(runs, [&] { switch_a(nullptr); });
-      const double b = Best(runs, [&] {
+      const double a = best(runs, [&] { switch_a(nullptr); });
+      const double b = best(runs, [&] {
         std::unique_ptr<kvl::KvCache> cache = dir.target->NewCache();
         Check(dir.target->Prefill(*cache, slice(0, t)).status());
       });
       std::unique_ptr<kvl::KvCache> line = dir.target->NewCache();
       Check(dir.target->Prefill(*line, slice(0, t)).status());
       Check(line->Reserve(t + kSpan));
-      const double c = Best(3 * repeat, [&] {
+      const double c = best(3 * repeat, [&] {
         move_span(t, t + kSpan - 1, *line, nullptr);
         Check(dir.target->Decode(*line, ids[t + kSpan - 1]).status());
         Check(line->Rollback(t));
       });
-      const double d = Best(3 * repeat, [&] {
+      const double d = best(3 * repeat, [&] {
         Check(dir.target->Prefill(*line, slice(t, t + kSpan)).status());
         Check(line->Rollback(t));
       });
@@ -441,76 +496,79 @@ int main(int argc, char** argv) {
         };
       };
       const double tr_s =
-          Best(runs + 2, serial([&] { (void)Check(tr->Translate(taps, kProduct, ids_t)); }));
-      // (a) part by part, each the best of its own runs.
-      const double taps_s =
-          Best(runs + 2, serial([&] { (void)Check(source_cache->Taps(0, t - 1)); }));
-      const kvl::KvTaps taps_a = Check(source_cache->Taps(0, t - 1));
-      const double translate_s =
-          Best(runs + 2, serial([&] { (void)Check(tr->Translate(taps_a, kProduct, ids_a)); }));
-      const kvl::KvTaps out_a = Check(tr->Translate(taps_a, kProduct, ids_a));
-      const double accept_s = Best(runs + 2, [&] {
-        std::unique_ptr<kvl::KvCache> cache = dir.target->NewCache();
-        Check(cache->Reserve(t));
-        serial([&] { Check(cache->Accept(out_a.keys, out_a.values)); })();
-      });
-      std::unique_ptr<kvl::KvCache> accepted = dir.target->NewCache();
-      Check(accepted->Reserve(t));
-      Check(accepted->Accept(out_a.keys, out_a.values));
-      const double decode_s = Best(runs + 2, [&] {
-        Check(dir.target->Decode(*accepted, ids[t - 1]).status());
-        Check(accepted->Rollback(t - 1));
-      });
-      const double e = Best(runs, [&] {
-        std::unique_ptr<kvl::KvCache> cache = dir.target->NewCache();
-        Check(cache->Reserve(t));
-        move_span(0, t - tail, *cache, nullptr);
-        Check(dir.target->Prefill(*cache, slice(t - tail, t)).status());
-      });
-      std::snprintf(buf, sizeof buf, "| %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %.1fx |",
-                    (long long)t, 1e3 * taps_s, 1e3 * translate_s, 1e3 * accept_s,
-                    1e3 * decode_s, 1e3 * e, b / e);
-      parts.push_back(buf);
-      // The translation of T-1 tokens by what runs before it, each the same
-      // number of times: min and median (ms).
-      const int samples = 8 * repeat;
-      auto min_median = [&](const std::function<double()>& one) {
-        std::vector<double> v;
-        for (int i = 0; i < samples; ++i) v.push_back(one());
-        std::sort(v.begin(), v.end());
-        char cell[64];
-        std::snprintf(cell, sizeof cell, "%.2f / %.2f", 1e3 * v.front(), 1e3 * v[v.size() / 2]);
-        return std::string(cell);
-      };
-      auto translate_after = [&](const std::function<void()>& before) {
-        return min_median([&] {
-          before();
-          return Seconds(serial([&] { (void)Check(tr->Translate(taps_a, kProduct, ids_a)); }));
+          best(runs + 2, serial([&] { (void)Check(tr->Translate(taps, kProduct, ids_t)); }));
+      if (!switch_only) {
+        // (a) part by part, each the best of its own runs.
+        const double taps_s =
+            best(runs + 2, serial([&] { (void)Check(source_cache->Taps(0, t - 1)); }));
+        const kvl::KvTaps taps_a = Check(source_cache->Taps(0, t - 1));
+        const double translate_s =
+            best(runs + 2, serial([&] { (void)Check(tr->Translate(taps_a, kProduct, ids_a)); }));
+        const kvl::KvTaps out_a = Check(tr->Translate(taps_a, kProduct, ids_a));
+        const double accept_s = best(runs + 2, [&] {
+          std::unique_ptr<kvl::KvCache> cache = dir.target->NewCache();
+          Check(cache->Reserve(t));
+          serial([&] { Check(cache->Accept(out_a.keys, out_a.values)); })();
         });
-      };
-      // (a) run as a whole, each phase timed inside it.
-      std::vector<Phases> in_runs(samples);
-      for (Phases& p : in_runs) switch_a(&p);
-      auto phase = [&](double Phases::*field) {
-        return min_median([&, i = 0]() mutable { return in_runs[i++].*field; });
-      };
-      const std::string in_a = phase(&Phases::translate);
-      inside.push_back(absl::StrCat("| ", t, " | ", phase(&Phases::line), " | ",
-                                    phase(&Phases::taps), " | ", in_a, " | ",
-                                    phase(&Phases::accept), " | ", phase(&Phases::decode), " | ",
-                                    phase(&Phases::release), " | ", phase(&Phases::whole), " |"));
-      const std::string warm = translate_after([] {});
-      const std::string cold = translate_after([&] { elsewhere.fill_(static_cast<uint8_t>(t)); });
-      const std::string slept =
-          translate_after([] { std::this_thread::sleep_for(std::chrono::milliseconds(5)); });
-      caches.push_back(absl::StrCat("| ", t, " | ", warm, " | ", in_a, " | ", cold, " | ", slept,
-                                    " |"));
+        std::unique_ptr<kvl::KvCache> accepted = dir.target->NewCache();
+        Check(accepted->Reserve(t));
+        Check(accepted->Accept(out_a.keys, out_a.values));
+        const double decode_s = best(runs + 2, [&] {
+          Check(dir.target->Decode(*accepted, ids[t - 1]).status());
+          Check(accepted->Rollback(t - 1));
+        });
+        const double e = best(runs, [&] {
+          std::unique_ptr<kvl::KvCache> cache = dir.target->NewCache();
+          Check(cache->Reserve(t));
+          move_span(0, t - tail, *cache, nullptr);
+          Check(dir.target->Prefill(*cache, slice(t - tail, t)).status());
+        });
+        std::snprintf(buf, sizeof buf, "| %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %.1fx |",
+                      (long long)t, 1e3 * taps_s, 1e3 * translate_s, 1e3 * accept_s,
+                      1e3 * decode_s, 1e3 * e, b / e);
+        parts.push_back(buf);
+        // The translation of T-1 tokens by what runs before it, each the same
+        // number of times: min and median (ms).
+        const int samples = 8 * repeat;
+        auto min_median = [&](const std::function<double()>& one) {
+          std::vector<double> v;
+          for (int i = 0; i < samples; ++i) v.push_back(one());
+          std::sort(v.begin(), v.end());
+          char cell[64];
+          std::snprintf(cell, sizeof cell, "%.2f / %.2f", 1e3 * v.front(), 1e3 * v[v.size() / 2]);
+          return std::string(cell);
+        };
+        auto translate_after = [&](const std::function<void()>& before) {
+          return min_median([&] {
+            before();
+            return seconds(serial([&] { (void)Check(tr->Translate(taps_a, kProduct, ids_a)); }));
+          });
+        };
+        // (a) run as a whole, each phase timed inside it.
+        std::vector<Phases> in_runs(samples);
+        for (Phases& p : in_runs) switch_a(&p);
+        auto phase = [&](double Phases::*field) {
+          return min_median([&, i = 0]() mutable { return in_runs[i++].*field; });
+        };
+        const std::string in_a = phase(&Phases::translate);
+        inside.push_back(absl::StrCat("| ", t, " | ", phase(&Phases::line), " | ",
+                                      phase(&Phases::taps), " | ", in_a, " | ",
+                                      phase(&Phases::accept), " | ", phase(&Phases::decode), " | ",
+                                      phase(&Phases::release), " | ", phase(&Phases::whole), " |"));
+        const std::string warm = translate_after([] {});
+        const std::string cold = translate_after([&] { elsewhere.fill_(static_cast<uint8_t>(t)); });
+        const std::string slept =
+            translate_after([] { std::this_thread::sleep_for(std::chrono::milliseconds(5)); });
+        caches.push_back(absl::StrCat("| ", t, " | ", warm, " | ", in_a, " | ", cold, " | ", slept,
+                                      " |"));
+      }
       const double gemm = gemm_rate();
       const double tr_gflops = TranslateFlops(*tr, static_cast<double>(t)) / tr_s / 1e9;
-      std::snprintf(buf, sizeof buf,
-                    "| %lld | %.2f | %.2f | %.1fx | %.2f | %.2f | %.1fx | %.2f | %.1f | %.1f | %.1f%% |",
-                    (long long)t, 1e3 * a, 1e3 * b, b / a, 1e3 * c, 1e3 * d, d / c, 1e3 * tr_s,
-                    tr_gflops, gemm, 100.0 * tr_gflops / gemm);
+      std::snprintf(
+          buf, sizeof buf,
+          "| %lld | %.2f | %.2f | %.1fx | %.2f | %.2f | %.1fx | %.2f | %.0f%% | %.1f | %.1f | %.1f%% |",
+          (long long)t, 1e3 * a, 1e3 * b, b / a, 1e3 * c, 1e3 * d, d / c, 1e3 * tr_s,
+          100.0 * tr_s / a, tr_gflops, gemm, 100.0 * tr_gflops / gemm);
       emit(buf);
     }
     // A secondary table: a blank line, its title, header, separator and rows.
@@ -524,6 +582,7 @@ int main(int argc, char** argv) {
       emit(rule + "---|");
       for (const std::string& row : rows) emit(row);
     };
+    if (switch_only) continue;
     const std::string runs_each = absl::StrCat("(ms, min / median of ", 8 * repeat, " runs each)");
     table("(a) part by part, and the hybrid (e) (ms, best of runs each)",
           absl::StrCat("| context T | source taps | translate | target accept | target decode | "

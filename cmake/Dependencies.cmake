@@ -62,7 +62,10 @@ pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)
 
 # The tests run these as oracles and clients; a test never skips for want of
 # one (scripts/setup.sh installs them), so a missing one stops the configure.
-if(KVL_BUILD_TESTS)
+# KVL_TEST_TOOLS=OFF: a build of the tests that run none of them (the device
+# tests scripts/gpu_check.sh builds on a GPU machine without them).
+option(KVL_TEST_TOOLS "Require the programs the whole suite runs (promtool, node, redis, ...)" ON)
+if(KVL_BUILD_TESTS AND KVL_TEST_TOOLS)
   find_program(KVL_PROMTOOL promtool REQUIRED)
   find_program(KVL_PROMETHEUS prometheus REQUIRED)
   find_program(KVL_NODE node REQUIRED)

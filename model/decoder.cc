@@ -63,6 +63,7 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const ModelConfig& conf
     d->options_ = at::TensorOptions().dtype(options.dtype).device(device);
     d->max_scores_bytes_ = std::max<int64_t>(options.max_scores_bytes, 1);
     d->raw_decode_attention_ = options.raw_decode_attention;
+    d->matrix_vector_decode_ = options.matrix_vector_decode;
     d->embed_tokens_ = w.embed_tokens.detach();
     d->norm_ = w.norm.detach();
     d->lm_head_ = w.lm_head.detach();
@@ -106,6 +107,18 @@ at::Tensor Decoder::Forward(KvCache& cache, const at::Tensor& ids, bool all_logi
 }
 
 namespace {
+
+// x · weightᵀ (+ bias): [T, in] -> [T, out] for a weight [out, in]. With
+// one row and `vector` set, a matrix-vector product: OpenBLAS's 1-row GEMM
+// packs the whole weight before it multiplies, gemv reads it once.
+at::Tensor Project(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                   bool vector) {
+  if (vector && x.size(0) == 1) {
+    const at::Tensor row = x[0];
+    return (bias.defined() ? at::addmv(bias, weight, row) : at::mv(weight, row)).unsqueeze(0);
+  }
+  return bias.defined() ? at::addmm(bias, x, weight.t()) : at::mm(x, weight.t());
+}
 
 // Causal mask of a query block against its own tokens' keys, rows ordered
 // (token, group): row i*G+g may see key column c iff c <= i. Earlier keys are
@@ -194,6 +207,7 @@ std::vector<at::Tensor> Decoder::ForwardBatch(const std::vector<Row>& rows) {
   // ops::DecodeAttention over raw memory, with no tensor operation per row.
   const bool raw_rows_possible =
       raw_decode_attention_ && dtype_ == at::kFloat && options_.device().is_cpu();
+  const bool mv = matrix_vector_decode_;
   std::vector<char> raw(n_rows, 0);
   int64_t longest_raw = 0;
   for (size_t r = 0; r < n_rows; ++r) {
@@ -208,8 +222,7 @@ std::vector<at::Tensor> Decoder::ForwardBatch(const std::vector<Row>& rows) {
   for (size_t il = 0; il < layers_.size(); ++il) {
     const Layer& w = layers_[il];
     const at::Tensor h = ops::RmsNorm(x, w.input_layernorm, eps);
-    const at::Tensor qkv = w.qkv_bias.defined() ? at::addmm(w.qkv_bias, h, w.qkv.t())
-                                                : at::mm(h, w.qkv.t());  // [T, (Hq + 2H) * D]
+    const at::Tensor qkv = Project(h, w.qkv, w.qkv_bias, mv);  // [T, (Hq + 2H) * D]
     at::Tensor q = qkv.narrow(1, 0, q_dim).view({total, n_head, d});
     const at::Tensor k = qkv.narrow(1, q_dim, kv_dim).view({total, n_head_kv, d});
     const at::Tensor v = qkv.narrow(1, q_dim + kv_dim, kv_dim).view({total, n_head_kv, d});
@@ -307,17 +320,13 @@ std::vector<at::Tensor> Decoder::ForwardBatch(const std::vector<Row>& rows) {
     }
     const at::Tensor attn =
         attn_buf.permute({1, 0, 2, 3}).reshape({total, q_dim});  // [T, Hq * D]
-    if (w.o_bias.defined()) {
-      x.add_(at::addmm(w.o_bias, attn, w.o_proj.t()));
-    } else {
-      x.add_(at::mm(attn, w.o_proj.t()));
-    }
+    x.add_(Project(attn, w.o_proj, w.o_bias, mv));
 
     const at::Tensor h2 = ops::RmsNorm(x, w.post_attention_layernorm, eps);
-    const at::Tensor gate_up = at::mm(h2, w.gate_up.t());  // [T, 2F]
+    const at::Tensor gate_up = Project(h2, w.gate_up, at::Tensor(), mv);  // [T, 2F]
     at::Tensor act = at::silu(gate_up.narrow(1, 0, ffn));
     act.mul_(gate_up.narrow(1, ffn, ffn));
-    x.add_(at::mm(act, w.down_proj.t()));
+    x.add_(Project(act, w.down_proj, at::Tensor(), mv));
   }
   for (size_t r = 0; r < n_rows; ++r) rows[r].cache->Commit(n[r], /*native=*/true);
 
@@ -338,8 +347,7 @@ std::vector<at::Tensor> Decoder::ForwardBatch(const std::vector<Row>& rows) {
   }
   const at::Tensor h = ops::RmsNorm(wanted, norm_, eps);
   // One row: matrix-vector beats a 1-row GEMM here (docs/model-runtime.md).
-  at::Tensor logits =
-      h.size(0) == 1 ? at::mv(lm_head_, h[0]).unsqueeze(0) : at::mm(h, lm_head_.t());
+  at::Tensor logits = Project(h, lm_head_, at::Tensor(), /*vector=*/true);
   if (logits.scalar_type() != at::kFloat) logits = logits.to(at::kFloat);
   if (single) return {logits};
   std::vector<at::Tensor> out;

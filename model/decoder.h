@@ -40,6 +40,11 @@ struct DecoderOptions {
   // from ops::DecodeAttention, loops over the line's raw memory, instead of
   // per-head GEMMs; false keeps the tensor path (for A/B benchmarks).
   bool raw_decode_attention = true;
+  // A step of one token in all (a lone session's decode) multiplies each
+  // weight by a vector (at::mv: BLAS gemv, which streams the weight once)
+  // instead of a one-row GEMM, which packs the whole weight matrix first;
+  // false keeps the GEMMs (for A/B benchmarks).
+  bool matrix_vector_decode = true;
 };
 
 class Decoder {
@@ -89,6 +94,7 @@ class Decoder {
   KeyTapMode tap_mode_ = KeyTapMode::kInvert;
   int64_t max_scores_bytes_ = 0;
   bool raw_decode_attention_ = true;
+  bool matrix_vector_decode_ = true;
   at::Tensor embed_tokens_, norm_, lm_head_;
   std::vector<Layer> layers_;
   std::shared_ptr<const KeyTransform> key_transform_;

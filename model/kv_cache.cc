@@ -205,16 +205,21 @@ absl::Status KvCache::Accept(const at::Tensor& keys, const at::Tensor& values) {
   if (keys.size(2) != values.size(2)) {
     return absl::InvalidArgumentError("Accept: keys and values cover different token counts");
   }
+  if (keys.device() != options_.device() || values.device() != options_.device()) {
+    // No silent copy across devices: a translator computes where the line is.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Accept: keys on ", keys.device().str(), " and values on ", values.device().str(),
+        ", the line on ", options_.device().str()));
+  }
   const int64_t n = keys.size(2), t0 = n_tokens_;
   try {
     c10::InferenceMode inference;
     EnsureCapacity(t0 + n);
     // KeyTransform::Apply converts the keys' dtype as it needs (bfloat16 ones,
     // a translator's product, a float32 line reads as they are).
-    const at::Tensor k_in = keys.to(options_.device());
     const ops::RopeTable rope = transform_->Rope(t0, n);
     for (int64_t il = 0; il < n_layer_; ++il) {
-      transform_->Apply(il, k_in[il].transpose(0, 1), rope,
+      transform_->Apply(il, keys[il].transpose(0, 1), rope,
                         keys_[il].narrow(1, t0, n).transpose(0, 1), at::Tensor());
     }
     values_.narrow(2, t0, n).copy_(values);  // converts

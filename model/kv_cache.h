@@ -101,7 +101,8 @@ class KvCache {
   // k-norm and RoPE (this model's k-norm and RoPE at the target positions are
   // applied here, exactly as the forward does), values [L, H, T, D]. Any float
   // dtype is converted; any strides are read as they are (Translator::Translate's
-  // Output::kProduct views). InvalidArgument on shape mismatch.
+  // Output::kProduct views). InvalidArgument on shape mismatch, or for tensors
+  // on another device than the line's (nothing crosses devices silently).
   absl::Status Accept(const at::Tensor& keys, const at::Tensor& values);
 
   // Attention views of layer il for the decoder, [H, Length(), D].

@@ -83,14 +83,21 @@ absl::StatusOr<std::unique_ptr<Router>> LoadRouter(const std::vector<ModelSource
     expect.target_identity = identities[t.target];
     expect.source_tokenizer_hash = tokenizer_hashes[t.source];
     expect.target_tokenizer_hash = tokenizer_hashes[t.target];
-    const DType compute = t.compute_dtype.value_or(FastestTranslateDtype());
-    if (compute == DType::kBFloat16 && FastestTranslateDtype() != DType::kBFloat16) {
+    // "auto" on a GPU: bfloat16, which its tensor cores multiply fastest.
+    const bool on_cpu = sources[t.target].device == "cpu";
+    const DType compute =
+        t.compute_dtype.value_or(on_cpu ? FastestTranslateDtype() : DType::kBFloat16);
+    if (on_cpu && compute == DType::kBFloat16 && FastestTranslateDtype() != DType::kBFloat16) {
       spdlog::warn("translator {}: bfloat16 on a CPU without bfloat16 dot-product instructions "
                    "(AVX512-BF16, AMX-BF16) is emulated and may be slower than float32",
                    t.name);
     }
     absl::StatusOr<std::unique_ptr<Translator>> loaded = Translator::Load(t.path, expect, compute);
     if (!loaded.ok()) return Annotate(loaded.status(), where);
+    // Next to the target's cache, which its products are written into.
+    if (absl::Status s = (*loaded)->MoveTo(sources[t.target].device); !s.ok()) {
+      return Annotate(s, where);
+    }
     spdlog::info("loaded translator {} ({} -> {}) from {}, {} maps, computing in {}{}", t.name,
                  sources[t.source].name, sources[t.target].name, t.path,
                  MapInputsName((*loaded)->spec().inputs), DTypeName(compute),

@@ -33,8 +33,9 @@ struct TranslatorSource {
   int source = 0, target = 0;  // indices into the models
   std::string path;            // a translator file (translator/translator.h)
   // The arithmetic of the translator's products (Translator::Translate);
-  // unset: bfloat16 where the CPU has bfloat16 dot-product instructions,
-  // else float32 (kvl::FastestTranslateDtype).
+  // unset: on the CPU, bfloat16 where it has bfloat16 dot-product
+  // instructions, else float32 (kvl::FastestTranslateDtype); on a GPU,
+  // bfloat16. The translator is placed on the target model's device.
   std::optional<DType> compute_dtype;
   // The load-time quality gate's minimum for this pair; unset: the routing
   // configuration's (RouterConfig::load_gate).

@@ -341,13 +341,14 @@ absl::Status Router::Handover(Work& work, int model, int64_t upto, int64_t extra
         ids.assign(work.history.begin() + std::max<int64_t>(0, step.begin - (w - 1)),
                    work.history.begin() + step.end);
       }
-      // Translators compute on the CPU: on another device (runtime.device
-      // cuda) the span crosses to the host and its translation back.
-      const at::Device device = taps->keys.device();
-      if (!device.is_cpu()) *taps = KvTaps{taps->keys.cpu(), taps->values.cpu()};
+      // The translator lives on the target model's device (LoadRouter), so
+      // the span crosses devices only when the two models are on different
+      // ones; its products land where the target's line is.
+      if (taps->keys.device() != translator.device()) {
+        *taps = KvTaps{taps->keys.to(translator.device()), taps->values.to(translator.device())};
+      }
       absl::StatusOr<KvTaps> moved = translator.Translate(*taps, Translator::Output::kProduct, ids);
       if (!moved.ok()) return moved.status();
-      if (!device.is_cpu()) *moved = KvTaps{moved->keys.to(device), moved->values.to(device)};
       KVL_RETURN_IF_ERROR(line->Accept(moved->keys, moved->values));
       const double dt = Seconds(t0, Clock::now());
       ev.translation_seconds += dt;

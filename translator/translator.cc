@@ -406,9 +406,7 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Create(TranslatorSpec sp
       const int64_t w = t->spec_.anchor_window, e = t->anchor_table_.size(1);
       const int64_t vocab = t->anchor_table_.size(0), width = t->spec_.target.n_layer * out;
       const at::ScalarType element = compute == DType::kBFloat16 ? at::kBFloat16 : at::kFloat;
-      // [W*E, 2*L_t*H_t*D_t]: both sides' anchor weights, keys' columns first.
-      const at::Tensor weight =
-          at::cat({at::cat(t->keys_.anchor, 0).t(), at::cat(t->values_.anchor, 0).t()}, 1);
+      const at::Tensor weight = t->AnchorWeight();
       const int64_t lookup_bytes =
           vocab * w * 2 * width * static_cast<int64_t>(c10::elementSize(element));
       if (lookup_bytes <= max_anchor_lookup_bytes) {
@@ -418,8 +416,7 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Create(TranslatorSpec sp
         }
         t->anchor_lookup_ = lookup.to(element).contiguous();
       } else {
-        t->anchor_rows_ =
-            at::cat({t->anchor_table_, at::zeros({1, e}, at::kFloat)}, 0).to(element).contiguous();
+        t->anchor_rows_ = t->AnchorRows(element);
         t->anchor_weight_ = weight.to(element).contiguous();
       }
     }
@@ -462,6 +459,75 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Create(TranslatorSpec sp
   }
 }
 
+namespace {
+
+// x's rows at `index` along dim 0. index_select copies whole rows on the CPU;
+// off it, advanced indexing, which every device has (LibTorch 1.13 has no
+// meta kernel for index_select, and the tests run the device paths on meta).
+at::Tensor SelectRows(const at::Tensor& x, const at::Tensor& index) {
+  return x.device().is_cpu() ? x.index_select(0, index) : x.index({index});
+}
+
+}  // namespace
+
+at::Tensor Translator::AnchorWeight() const {
+  // [W*E, 2*L_t*H_t*D_t]: both sides' anchor weights, keys' columns first.
+  return at::cat({at::cat(keys_.anchor, 0).t(), at::cat(values_.anchor, 0).t()}, 1);
+}
+
+at::Tensor Translator::AnchorRows(at::ScalarType element) const {
+  const at::Tensor zero = at::zeros({1, anchor_table_.size(1)}, at::kFloat);
+  return at::cat({anchor_table_, zero}, 0).to(element).contiguous();
+}
+
+absl::Status Translator::MoveTo(const std::string& device_name) {
+  at::Device device = at::kCPU;
+  try {
+    device = at::Device(device_name);
+    // An empty tensor there: what LibTorch cannot place (CUDA without a
+    // GPU, or without CUDA) throws here, before anything has moved.
+    (void)at::empty({0}, at::TensorOptions().device(device));
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(absl::StrCat("translator device \"", device_name,
+                                                   "\": ", e.what_without_backtrace()));
+  }
+  try {
+    auto to = [&device](at::Tensor& x) {
+      if (x.defined()) x = x.to(device);
+    };
+    // Built whole before any member changes, so that a failure leaves the
+    // translator as it was.
+    Prepared keys = prepared_keys_, values = prepared_values_;
+    for (Prepared* p : {&keys, &values}) {
+      for (at::Tensor& w : p->maps.weight) to(w);
+      for (at::Tensor& b : p->maps.bias) to(b);
+      for (at::Tensor* x : {&p->stacked.index, &p->stacked.weight_t, &p->stacked.bias,
+                            &p->stacked.shared_weight_t, &p->stacked.shared_bias}) {
+        to(*x);
+      }
+    }
+    at::Tensor lookup = anchor_lookup_, rows = anchor_rows_, weight = anchor_weight_;
+    if (lookup.defined() && !device.is_cpu()) {
+      // The lookup's sum runs on the CPU: off it, the product instead.
+      rows = AnchorRows(lookup.scalar_type());
+      weight = AnchorWeight().to(lookup.scalar_type()).contiguous();
+      lookup = at::Tensor();
+    }
+    to(rows);
+    to(weight);
+    prepared_keys_ = std::move(keys);
+    prepared_values_ = std::move(values);
+    anchor_lookup_ = std::move(lookup);
+    anchor_rows_ = std::move(rows);
+    anchor_weight_ = std::move(weight);
+    device_ = device;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("moving the translator to ", device_name, ": ",
+                                            e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
+
 at::Tensor Translator::Apply(const at::Tensor& x,
                              const std::vector<std::vector<int64_t>>& lists,
                              const Prepared& prepared, Output output) const {
@@ -489,7 +555,7 @@ at::Tensor Translator::Apply(const at::Tensor& x,
   if (stacked.uniform && n_tokens <= kBatchedMaxTokens) {
     const int64_t band = static_cast<int64_t>(lists.front().size());
     // [L_t*ν, T, in] -> [L_t, T, ν*in] with the ν blocks in list order.
-    const at::Tensor xs = x.index_select(0, stacked.index)
+    const at::Tensor xs = SelectRows(x, stacked.index)
                               .view({n_layer_target, band, n_tokens, in_per_layer})
                               .permute({0, 2, 1, 3})
                               .reshape({n_layer_target, n_tokens, band * in_per_layer});
@@ -611,8 +677,8 @@ absl::Status Translator::AddAnchors(const std::vector<int64_t>& ids, KvTaps* out
   }
   const TranslatorEndpoint& t = spec_.target;
   const int64_t width = t.n_layer * t.n_head_kv * t.head_dim, d = 2 * width;
-  const at::Tensor buffer =
-      at::empty({std::min(n_tokens, kAnchorChunkTokens), d}, at::dtype(at::kFloat));
+  const at::Tensor buffer = at::empty({std::min(n_tokens, kAnchorChunkTokens), d},
+                                      at::dtype(at::kFloat).device(device_));
   for (int64_t t0 = 0; t0 < n_tokens; t0 += kAnchorChunkTokens) {
     const int64_t n = std::min(kAnchorChunkTokens, n_tokens - t0);
     at::Tensor sum = buffer.narrow(0, 0, n);  // [n, 2*L_t*H_t*D_t]
@@ -627,7 +693,7 @@ absl::Status Translator::AddAnchors(const std::vector<int64_t>& ids, KvTaps* out
         }
       }
       const at::Tensor rows =
-          anchor_rows_.index_select(0, at::tensor(index, at::kLong)).view({n, -1});
+          SelectRows(anchor_rows_, at::tensor(index, at::kLong).to(device_)).view({n, -1});
       sum.copy_(at::mm(rows, anchor_weight_));
     } else if (anchor_lookup_.scalar_type() == at::kBFloat16) {
       sum.zero_();
@@ -663,6 +729,11 @@ absl::StatusOr<KvTaps> Translator::Translate(const KvTaps& source, Output output
   if (source.keys.size(2) != source.values.size(2)) {
     return absl::InvalidArgumentError("source keys and values cover different token counts");
   }
+  if (source.keys.device() != device_ || source.values.device() != device_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "source taps on ", source.keys.device().str(), " and ", source.values.device().str(),
+        ", the translator on ", device_.str(), " (Translator::MoveTo)"));
+  }
   try {
     c10::InferenceMode guard;
     // The maps' dtype is the compute dtype; a float32 result comes from
@@ -672,8 +743,8 @@ absl::StatusOr<KvTaps> Translator::Translate(const KvTaps& source, Output output
     // blocks of InputBlocks: head-major rows, as the maps expect; one copy per
     // side that also converts to the compute dtype.
     const int64_t n_tokens = source.keys.size(2);
-    const at::Tensor rows =
-        at::empty({2, s.n_layer, n_tokens, s.n_head_kv, s.head_dim}, at::dtype(compute));
+    const at::Tensor rows = at::empty({2, s.n_layer, n_tokens, s.n_head_kv, s.head_dim},
+                                      at::dtype(compute).device(device_));
     rows[0].copy_(source.keys.permute({0, 2, 1, 3}));
     rows[1].copy_(source.values.permute({0, 2, 1, 3}));
     const at::Tensor x = rows.view({2 * s.n_layer, n_tokens, s.n_head_kv * s.head_dim});

@@ -214,6 +214,18 @@ class Translator {
   // Writes the file (safetensors, metadata under __metadata__["kvlingo_translator"]).
   absl::Status Save(const std::string& path) const;
 
+  // Places what Translate computes with (the maps in the compute dtype and
+  // the anchors) on `device` ("cpu", "cuda", "cuda:N", or any device
+  // LibTorch names, such as "meta" in tests); Translate then reads taps on
+  // that device and returns its products there. key_maps(), value_maps()
+  // and anchor_table() stay float32 on the CPU (Save and training read
+  // them). Off the CPU the anchors are a product even where a lookup would
+  // fit (the lookup's sum is a CPU loop). InvalidArgument for a name
+  // LibTorch does not parse or a device it cannot place tensors on; the
+  // translator is unchanged then.
+  absl::Status MoveTo(const std::string& device);
+  const at::Device& device() const { return device_; }
+
   const TranslatorSpec& spec() const { return spec_; }
   // The maps as created or loaded, float32 whatever the compute dtype.
   const TranslatorMaps& key_maps() const { return keys_; }
@@ -242,8 +254,8 @@ class Translator {
   // says. Runs under c10::InferenceMode (the result is an inference tensor).
   // ids: with token anchors, the span's T token ids preceded by up to W-1 of
   // the ids before it (fewer only at the conversation's start); ignored
-  // without. InvalidArgument on shape mismatch, missing ids or an id outside
-  // the table.
+  // without. InvalidArgument on shape mismatch, taps on another device than
+  // device(), missing ids or an id outside the table.
   absl::StatusOr<KvTaps> Translate(const KvTaps& source, Output output = Output::kFloat32,
                                    const std::vector<int64_t>& ids = {}) const;
 
@@ -278,6 +290,11 @@ class Translator {
   // into out's keys and values ([L_t, H_t, T, D_t], as Apply returned them),
   // a chunk of tokens at a time through one small float32 buffer.
   absl::Status AddAnchors(const std::vector<int64_t>& ids, KvTaps* out) const;
+  // Both sides' anchor weights [W*E, 2*L_t*H_t*D_t] (keys' columns first),
+  // float32 on the CPU; and the table with a zero row after it [V+1, E] in
+  // `element`: what the anchors' product reads.
+  at::Tensor AnchorWeight() const;
+  at::Tensor AnchorRows(at::ScalarType element) const;
 
   TranslatorSpec spec_;
   InputBlocks blocks_;
@@ -293,6 +310,7 @@ class Translator {
   at::Tensor anchor_rows_, anchor_weight_;
   DType compute_ = DType::kFloat32;
   Prepared prepared_keys_, prepared_values_;
+  at::Device device_ = at::kCPU;
 };
 
 }  // namespace kvl

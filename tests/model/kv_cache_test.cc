@@ -161,6 +161,12 @@ TEST(KvCache, TapAndAcceptErrors) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(cache->Accept(taps.keys.to(at::kLong), taps.values).code(),
             absl::StatusCode::kInvalidArgument);
+  // A span on another device (meta stands in for a GPU) is refused, naming
+  // both devices, rather than copied across.
+  const absl::Status elsewhere =
+      cache->Accept(taps.keys, taps.values.to(at::Device("meta")));
+  EXPECT_EQ(elsewhere.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(elsewhere.message().find("meta"), std::string::npos) << elsewhere;
   EXPECT_EQ(cache->Length(), 8);
   // Float64 input (e.g. from a translator) is converted.
   ASSERT_TRUE(cache->Accept(taps.keys.to(at::kDouble), taps.values.to(at::kDouble)).ok());

@@ -168,6 +168,68 @@ TEST(DecoderForwardBatch, RawDecodeAttentionMatchesTheTensorPath) {
   }
 }
 
+// A step of one token multiplies the weights by vectors (at::mv, at::addmv
+// with biases) instead of 1-row GEMMs; the GEMMs are the oracle. A model with
+// biases and one without, token by token over a history that grows past the
+// cache's first capacity, then a batched step of two decode rows (GEMMs on
+// both sides) on the same lines: float32 paths differ by summation order only
+// (1e-5 on O(1) values). In bfloat16 each product is rounded to 8 bits, and
+// the two paths round differently; against the float32 model as the oracle
+// the vectors' error must be no larger than the GEMMs' (within 1.5x: which
+// one rounds closer differs token by token).
+TEST(DecoderForwardBatch, MatrixVectorDecodeMatchesTheGemmPath) {
+  for (const testing::TinyModel& m : {testing::TinyModel{"qwen3", true, false, false, 4, 2},
+                                      testing::TinyModel{"llama-bias", false, true, true, 4, 4}}) {
+    SCOPED_TRACE(m.name);
+    const ModelConfig config = TinyConfig(m, 2, 32, 8);
+    const ModelWeights w = RandomWeights(config, 6);
+    // Per dtype: the vector path, the GEMM path, their lines.
+    struct Pair {
+      std::unique_ptr<Decoder> vector, gemm;
+      std::unique_ptr<KvCache> vector_line, gemm_line;
+      double vector_error = 0, gemm_error = 0;  // bfloat16 against float32
+    };
+    std::vector<Pair> pairs;
+    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      DecoderOptions vector_options, gemm_options;
+      vector_options.dtype = gemm_options.dtype = dtype;
+      gemm_options.matrix_vector_decode = false;
+      auto vector = Decoder::Create(config, w, vector_options);
+      auto gemm = Decoder::Create(config, w, gemm_options);
+      ASSERT_TRUE(vector.ok() && gemm.ok());
+      Pair p{*std::move(vector), *std::move(gemm), nullptr, nullptr};
+      p.vector_line = p.vector->NewCache();
+      p.gemm_line = p.gemm->NewCache();
+      pairs.push_back(std::move(p));
+    }
+    Pair &f32 = pairs[0], &bf16 = pairs[1];
+    for (int64_t id : Ids(70, 3)) {
+      const at::Tensor token = at::tensor(std::vector<int64_t>{id});
+      const at::Tensor want = f32.gemm->Forward(*f32.gemm_line, token, false);
+      ASSERT_LT(MaxAbsDiff(f32.vector->Forward(*f32.vector_line, token, false), want), 1e-5);
+      bf16.vector_error = std::max(
+          bf16.vector_error, MaxAbsDiff(bf16.vector->Forward(*bf16.vector_line, token, false), want));
+      bf16.gemm_error = std::max(
+          bf16.gemm_error, MaxAbsDiff(bf16.gemm->Forward(*bf16.gemm_line, token, false), want));
+    }
+    EXPECT_LE(bf16.vector_error, 1.5 * bf16.gemm_error);
+    for (int64_t il = 0; il < config.n_layer; ++il) {
+      EXPECT_LT(MaxAbsDiff(f32.vector_line->Keys(il), f32.gemm_line->Keys(il)), 1e-5);
+      EXPECT_LT(MaxAbsDiff(f32.vector_line->Values(il), f32.gemm_line->Values(il)), 1e-5);
+    }
+    // Two rows in one step: both decoders multiply matrices.
+    std::unique_ptr<KvCache> vector_other = f32.vector->NewCache(),
+                             gemm_other = f32.gemm->NewCache();
+    const at::Tensor next = at::tensor(Ids(1, 9));
+    const std::vector<at::Tensor> got = f32.vector->ForwardBatch(
+        {{f32.vector_line.get(), next, false}, {vector_other.get(), next, false}});
+    const std::vector<at::Tensor> want = f32.gemm->ForwardBatch(
+        {{f32.gemm_line.get(), next, false}, {gemm_other.get(), next, false}});
+    EXPECT_LT(MaxAbsDiff(got[0], want[0]), 1e-5);
+    EXPECT_LT(MaxAbsDiff(got[1], want[1]), 1e-5);
+  }
+}
+
 // One request of a mix: an existing history in the line, a prompt, options.
 struct Job {
   std::vector<int64_t> history, prompt;

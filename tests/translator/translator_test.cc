@@ -369,6 +369,86 @@ at::Tensor AnchorOutputs(const at::Tensor& table, const TranslatorMaps& keys,
   return at::cat(outputs, 1);
 }
 
+// A translator moved to another device computes only there: LibTorch's meta
+// device stands in for a GPU (its tensors have shapes, devices and dtypes but
+// no data, and an operation mixing it with a CPU tensor throws), so every
+// tensor Translate makes or reads must be on the translator's device for the
+// call to succeed. Every Apply path, both anchor forms and both compute
+// dtypes. (A meta tensor cannot come back: the values are checked on the CPU
+// by the tests above, the anchors' product by AnchorsTooLargeForTheirLookup.)
+TEST(TranslateTest, AMovedTranslatorReadsAndWritesOnlyOnItsDevice) {
+  struct Variant {
+    const char* name;
+    Lists keys, values;
+    bool anchored;
+    DType compute;
+  };
+  const std::vector<Variant> variants = {
+      {"per-layer", {{2}, {0, 1, 2}}, {{1}, {0}}, false, DType::kFloat32},
+      {"stacked", {{2, 0}, {1, 2}}, {{1}, {0}}, false, DType::kFloat32},
+      {"shared", {{0, 1, 2}, {0, 1, 2}}, {{2}, {2}}, false, DType::kBFloat16},
+      {"anchors", {{2, 0}, {1, 2}}, {{1}, {0}}, true, DType::kFloat32},
+      {"anchors-bf16", {{2, 0}, {1, 2}}, {{1}, {0}}, true, DType::kBFloat16}};
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.name);
+    TranslatorSpec spec = MixedSpec();
+    spec.assignment.keys = v.keys;
+    spec.assignment.values = v.values;
+    at::Tensor table;
+    std::unique_ptr<Translator> tr;
+    if (v.anchored) {
+      tr = AnchoredTranslator(spec, v.compute, &table);
+      ASSERT_TRUE(tr->anchor_lookup());
+    } else {
+      const std::unique_ptr<Translator> f32 = RandomTranslator(spec, 5);
+      tr = *Translator::Create(f32->spec(), f32->key_maps(), f32->value_maps(), v.compute);
+    }
+    const KvTaps src = RandomTaps(spec.source, 300, 9);  // past one chunk of the anchors' sum
+    std::vector<int64_t> ids = {7, 1};
+    for (int64_t i = 0; i < 300; ++i) ids.push_back((i * 7) % 10);
+    if (!v.anchored) ids.clear();
+    // To the CPU, where it is (what LoadRouter does on a CPU server): nothing changes.
+    auto before = tr->Translate(src, Translator::Output::kFloat32, ids);
+    ASSERT_TRUE(before.ok()) << before.status();
+    ASSERT_TRUE(tr->MoveTo("cpu").ok());
+    EXPECT_EQ(tr->anchor_lookup(), v.anchored);
+    auto after = tr->Translate(src, Translator::Output::kFloat32, ids);
+    ASSERT_TRUE(after.ok()) << after.status();
+    EXPECT_TRUE(after->keys.equal(before->keys) && after->values.equal(before->values));
+
+    ASSERT_TRUE(tr->MoveTo("meta").ok());
+    EXPECT_EQ(tr->device(), at::Device("meta"));
+    EXPECT_FALSE(tr->anchor_lookup());  // off the CPU the anchors are a product
+    EXPECT_EQ(tr->key_maps().weight[0].device(), at::Device(at::kCPU));  // Save reads these
+    const KvTaps on_meta{src.keys.to(at::Device("meta")), src.values.to(at::Device("meta"))};
+    for (Translator::Output output : {Translator::Output::kProduct, Translator::Output::kFloat32}) {
+      auto out = tr->Translate(on_meta, output, ids);
+      ASSERT_TRUE(out.ok()) << out.status();
+      const at::ScalarType dtype = output == Translator::Output::kFloat32 ||
+                                           v.compute == DType::kFloat32
+                                       ? at::kFloat
+                                       : at::kBFloat16;
+      for (const at::Tensor* x : {&out->keys, &out->values}) {
+        EXPECT_EQ(x->device(), at::Device("meta"));
+        EXPECT_EQ(x->sizes(), at::IntArrayRef({2, 3, 300, 2}));
+        EXPECT_EQ(x->scalar_type(), dtype);
+      }
+    }
+    // Taps on the CPU are refused, naming both devices, not copied over.
+    auto refused = tr->Translate(src, Translator::Output::kProduct, ids);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.status().message().find("meta"), std::string::npos) << refused.status();
+
+    // A device LibTorch cannot name or place leaves the translator where it was.
+    EXPECT_EQ(tr->MoveTo("quantum:3").code(), absl::StatusCode::kInvalidArgument);
+    if (!at::hasCUDA()) {
+      EXPECT_EQ(tr->MoveTo("cuda").code(), absl::StatusCode::kInvalidArgument);
+    }
+    EXPECT_EQ(tr->device(), at::Device("meta"));
+
+  }
+}
+
 TEST(TranslateTest, ReducingTheAnchorRankKeepsTheBestRankRApproximationOfTheAnchors) {
   at::Tensor table;
   const TranslatorSpec spec = MixedSpec();
