@@ -104,6 +104,7 @@ struct ArchitectureInfo {
 constexpr ArchitectureInfo kArchitectures[] = {
     {"Qwen3ForCausalLM", "qwen3", Architecture::kQwen3, true},
     {"LlamaForCausalLM", "llama", Architecture::kLlama, false},
+    {"MistralForCausalLM", "mistral", Architecture::kMistral, false},
 };
 
 const ArchitectureInfo& InfoFor(Architecture a) {
@@ -152,7 +153,8 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j) {
     }
     if (info == nullptr) {
       return Refuse("architectures", *archs,
-                    "unsupported architecture (supported: Qwen3ForCausalLM, LlamaForCausalLM)");
+                    "unsupported architecture (supported: Qwen3ForCausalLM, LlamaForCausalLM, "
+                    "MistralForCausalLM)");
     }
   }
   auto model_type = j.find("model_type");
@@ -164,7 +166,8 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j) {
       if (type == a.model_type) by_type = &a;
     }
     if (by_type == nullptr) {
-      return Refuse("model_type", *model_type, "unsupported model_type (supported: qwen3, llama)");
+      return Refuse("model_type", *model_type,
+                    "unsupported model_type (supported: qwen3, llama, mistral)");
     }
     if (info != nullptr && info != by_type) {
       return Refuse("model_type", *model_type,
@@ -232,7 +235,19 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j) {
     return Refuse("quantization_config", *q, "quantized checkpoints are not supported");
   }
   KVL_RETURN_IF_ERROR(CheckRopeScaling(j));
-  KVL_RETURN_IF_ERROR(CheckSlidingWindow(j));
+  if (c.architecture == Architecture::kMistral) {
+    // Mistral's window is on when the key holds a number (v0.1: 4096;
+    // v0.2 and v0.3 ship null, no window).
+    auto window = j.find("sliding_window");
+    if (window != j.end() && !window->is_null()) {
+      if (!window->is_number_integer() || window->get<int64_t>() <= 0) {
+        return Refuse("sliding_window", *window, "must be a positive integer or null");
+      }
+      c.sliding_window = window->get<int64_t>();
+    }
+  } else {
+    KVL_RETURN_IF_ERROR(CheckSlidingWindow(j));
+  }
 
   // "torch_dtype" (transformers < 4.56) or "dtype" (newer).
   for (const char* key : {"torch_dtype", "dtype"}) {
@@ -303,7 +318,7 @@ json ModelConfig::ToJson() const {
   j["max_position_embeddings"] = max_position_embeddings;
   if (architecture == Architecture::kQwen3) {
     j["max_window_layers"] = n_layer;
-  } else {
+  } else if (architecture == Architecture::kLlama) {
     j["mlp_bias"] = false;
     j["pretraining_tp"] = 1;
   }
@@ -315,6 +330,9 @@ json ModelConfig::ToJson() const {
   j["rope_scaling"] = nullptr;
   j["rope_theta"] = rope_theta;
   if (architecture == Architecture::kQwen3) j["sliding_window"] = nullptr;
+  if (architecture == Architecture::kMistral) {
+    j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
+  }
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["torch_dtype"] = torch_dtype;
   j["use_cache"] = true;

@@ -12,10 +12,10 @@
 
 namespace kvl {
 
-enum class Architecture { kQwen3, kLlama };
+enum class Architecture { kQwen3, kLlama, kMistral };
 
-// Hyper-parameters of a Qwen3-family or Llama-style decoder, with the Hugging
-// Face config.json key each field comes from.
+// Hyper-parameters of a Qwen3-family, Llama-style or Mistral decoder, with the
+// Hugging Face config.json key each field comes from.
 struct ModelConfig {
   Architecture architecture = Architecture::kQwen3;  // "architectures"[0]
   std::string architecture_name = "Qwen3ForCausalLM";
@@ -35,16 +35,24 @@ struct ModelConfig {
   // Per-head RMSNorm on queries and keys before RoPE (Qwen3: yes; Llama: no).
   bool qk_norm = true;
   std::string torch_dtype = "float32";              // "torch_dtype": dtype of the stored weights
+  // Mistral: every layer's query at position q attends to keys k with
+  // q - W < k <= q ("sliding_window"; 0: none, every earlier key).
+  int64_t sliding_window = 0;
   std::vector<int64_t> eos_token_ids;               // "eos_token_id" (int or list)
   int64_t bos_token_id = -1;                        // "bos_token_id", -1 when absent
 
   // Parses config.json. Unsupported architectures, rope_scaling types, hidden
-  // activations, sliding windows and inconsistent shapes are refused with
-  // InvalidArgument naming the key.
+  // activations, sliding windows (other than Mistral's) and inconsistent
+  // shapes are refused with InvalidArgument naming the key.
   static absl::StatusOr<ModelConfig> FromJson(const nlohmann::json& j);
   static absl::StatusOr<ModelConfig> FromFile(const std::string& path);
-  // The config.json a Hugging Face Qwen3ForCausalLM / LlamaForCausalLM loads.
+  // The config.json a Hugging Face Qwen3ForCausalLM / LlamaForCausalLM /
+  // MistralForCausalLM loads.
   nlohmann::json ToJson() const;
+
+  // The window of layer il's attention: W when its queries see only the
+  // last W keys (themselves included), 0 when they see every earlier key.
+  int64_t AttentionWindow(int64_t il) const { return sliding_window; }
 
   // Parameters, counting a tied lm_head once.
   int64_t ParameterCount() const;

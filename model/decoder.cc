@@ -133,6 +133,22 @@ at::Tensor DiagonalMask(int64_t block, int64_t n_group, const at::TensorOptions&
       .reshape({block * n_group, block});
 }
 
+// The window's mask of a query block: rows (token, group) for queries at
+// positions [q0, q0 + block), columns the keys at [first_key, first_key +
+// n_keys); the query at p may not see a key at k <= p - window. (The causal
+// part is DiagonalMask's.)
+at::Tensor WindowMask(int64_t block, int64_t n_group, int64_t first_key, int64_t q0,
+                      int64_t n_keys, int64_t window, const at::TensorOptions& options) {
+  const at::Tensor query = at::arange(q0, q0 + block, options.dtype(at::kLong));
+  const at::Tensor key = at::arange(first_key, first_key + n_keys, options.dtype(at::kLong));
+  const at::Tensor hidden = key.unsqueeze(0) <= (query - window).unsqueeze(1);  // [block, keys]
+  return at::zeros({block, n_keys}, options)
+      .masked_fill_(hidden, -std::numeric_limits<double>::infinity())
+      .unsqueeze(1)
+      .expand({block, n_group, n_keys})
+      .reshape({block * n_group, n_keys});
+}
+
 }  // namespace
 
 std::vector<at::Tensor> Decoder::ForwardBatch(const std::vector<Row>& rows) {
@@ -221,6 +237,8 @@ std::vector<at::Tensor> Decoder::ForwardBatch(const std::vector<Row>& rows) {
 
   for (size_t il = 0; il < layers_.size(); ++il) {
     const Layer& w = layers_[il];
+    // A windowed layer's query at position p sees keys (p - window, p].
+    const int64_t window = config_.AttentionWindow(static_cast<int64_t>(il));
     const at::Tensor h = ops::RmsNorm(x, w.input_layernorm, eps);
     const at::Tensor qkv = Project(h, w.qkv, w.qkv_bias, mv);  // [T, (Hq + 2H) * D]
     at::Tensor q = qkv.narrow(1, 0, q_dim).view({total, n_head, d});
@@ -263,9 +281,11 @@ std::vector<at::Tensor> Decoder::ForwardBatch(const std::vector<Row>& rows) {
           cache.keys_prenorm_[il].narrow(1, t0, 1).copy_(k.narrow(0, off[r], 1).transpose(0, 1));
         }
         const int64_t head_stride = total * n_group * d;
-        ops::DecodeAttention({n_head_kv, n_group, d, cap, t0 + 1},
+        const int64_t first_key = window > 0 ? std::max<int64_t>(0, t0 + 1 - window) : 0;
+        ops::DecodeAttention({n_head_kv, n_group, d, cap, t0 + 1 - first_key},
                              q_buf.data_ptr<float>() + off[r] * n_group * d, head_stride,
-                             line_keys, line_values, static_cast<float>(scale),
+                             line_keys + first_key * d, line_values + first_key * d,
+                             static_cast<float>(scale),
                              attn_buf.data_ptr<float>() + off[r] * n_group * d, head_stride,
                              raw_scratch.data());
         continue;
@@ -284,7 +304,11 @@ std::vector<at::Tensor> Decoder::ForwardBatch(const std::vector<Row>& rows) {
       const at::Tensor keys = cache.keys_[il];      // [H, capacity, D]
       const at::Tensor values = cache.values_[il];  // [H, capacity, D]
       for (int64_t i0 = 0; i0 < nr; i0 += block[r]) {
-        const int64_t nb = std::min(block[r], nr - i0), n_keys = t0 + i0 + nb;
+        const int64_t nb = std::min(block[r], nr - i0);
+        // The block's queries are at positions [t0 + i0, t0 + i0 + nb): with a
+        // window, none of them sees a key before first_key.
+        const int64_t first_key = window > 0 ? std::max<int64_t>(0, t0 + i0 + 1 - window) : 0;
+        const int64_t n_keys = t0 + i0 + nb - first_key;
         const at::Tensor qb =
             q_buf.narrow(1, off[r] + i0, nb).view({n_head_kv, nb * n_group, d});
         // Per kv head: each head's cached keys/values are a contiguous [T, D]
@@ -297,19 +321,22 @@ std::vector<at::Tensor> Decoder::ForwardBatch(const std::vector<Row>& rows) {
         // another pass over the scores (beta 0: dst's contents are ignored).
         for (int64_t hk = 0; hk < n_head_kv; ++hk) {
           at::Tensor dst = scores[hk];
-          at::addmm_out(dst, dst, qb[hk], keys[hk].narrow(0, 0, n_keys).t(), /*beta=*/0,
+          at::addmm_out(dst, dst, qb[hk], keys[hk].narrow(0, first_key, n_keys).t(), /*beta=*/0,
                         /*alpha=*/scale);
         }
         if (nb > 1) {
-          scores.narrow(2, t0 + i0, nb)
+          scores.narrow(2, t0 + i0 - first_key, nb)
               .add_(diag_masks[r].narrow(0, 0, nb * n_group).narrow(1, 0, nb));
+          if (window > 0 && window < nb + (t0 + i0 - first_key)) {
+            scores.add_(WindowMask(nb, n_group, first_key, t0 + i0, n_keys, window, options_));
+          }
         }
         const at::Tensor probs = bf16_softmax ? at::softmax(scores, -1, at::kFloat).to(dtype_)
                                               : at::softmax(scores, -1);
         at::Tensor out = at::empty({n_head_kv, nb * n_group, d}, options_);
         for (int64_t hk = 0; hk < n_head_kv; ++hk) {
           at::Tensor dst = out[hk];
-          at::mm_out(dst, probs[hk], values[hk].narrow(0, 0, n_keys));
+          at::mm_out(dst, probs[hk], values[hk].narrow(0, first_key, n_keys));
         }
         if (single && nb == nr) {
           attn_buf = out.view({n_head_kv, nr, n_group, d});

@@ -111,9 +111,15 @@ ReferenceOutput ReferenceForward(const ModelConfig& config, const ModelWeights& 
     q = ApplyRope(q, cos, sin);
     k = ApplyRope(k, at::cat({cos_prefix, cos}, 0), at::cat({sin_prefix, sin}, 0));
 
-    const at::Tensor attn = options.attention
-                                ? options.attention(static_cast<int64_t>(il), q, k, v, masked, scale)
-                                : EagerAttention(q, k, v, masked, scale);
+    // A windowed layer also hides the keys at or before query - window.
+    const int64_t window = config.AttentionWindow(static_cast<int64_t>(il));
+    const at::Tensor layer_masked =
+        window > 0 ? masked.logical_or(key_pos.unsqueeze(0) <= (query_pos - window).unsqueeze(1))
+                   : masked;
+    const at::Tensor attn =
+        options.attention
+            ? options.attention(static_cast<int64_t>(il), q, k, v, layer_masked, scale)
+            : EagerAttention(q, k, v, layer_masked, scale);
     x = x + Linear(attn, w.o_proj, w.o_bias);
 
     const at::Tensor h2 = RmsNorm(x, w.post_attention_layernorm, config.rms_norm_eps);

@@ -23,7 +23,9 @@ namespace kvl {
 
 // One layer's attention: q [B, Hq, T, D] after q-norm and RoPE; k, v
 // [B, H, P+T, D] (k after k-norm and RoPE); masked [T, P+T], true where the key
-// comes after the query; scale 1/sqrt(D); layer il. Returns [B, T, Hq*D].
+// comes after the query, or (a windowed layer, ModelConfig::AttentionWindow)
+// at or before the query's position minus the window; scale 1/sqrt(D); layer
+// il. Returns [B, T, Hq*D].
 using AttentionFn = std::function<at::Tensor(int64_t il, const at::Tensor& q, const at::Tensor& k,
                                              const at::Tensor& v, const at::Tensor& masked,
                                              double scale)>;

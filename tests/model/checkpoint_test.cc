@@ -322,11 +322,19 @@ TEST(CheckpointTest, UnsupportedConfigs) {
   const std::string dir = FreshDir("unsupported");
   ASSERT_TRUE(SaveCheckpoint(dir, c, InitWeights(c, 1), DType::kFloat32).ok());
   json j = TinyJson();
-  j["architectures"] = {"MistralForCausalLM"};
+  j["architectures"] = {"Gemma3ForCausalLM"};
   j.erase("model_type");
   WriteJson(dir + "/config.json", j);
   ExpectLoadError(dir, absl::StatusCode::kInvalidArgument,
-                  {"config.json", "architectures", "MistralForCausalLM"});
+                  {"config.json", "architectures", "Gemma3ForCausalLM"});
+  // A supported class whose layers differ from the weights' (Mistral has no
+  // q/k norms): the loader names the tensors it did not expect.
+  j = TinyJson();
+  j["architectures"] = {"MistralForCausalLM"};
+  j["model_type"] = "mistral";
+  WriteJson(dir + "/config.json", j);
+  ExpectLoadError(dir, absl::StatusCode::kInvalidArgument,
+                  {"unexpected tensor", "MistralForCausalLM", "q_norm"});
   j = TinyJson();
   j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
   WriteJson(dir + "/config.json", j);

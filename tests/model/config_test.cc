@@ -70,6 +70,53 @@ TEST(ModelConfigTest, ParsesLlamaWithDefaults) {
   EXPECT_EQ(c->ParameterCount(), 1100048384);
 }
 
+// Mistral-7B-Instruct-v0.3's config.json (the paper's App. K pair): Llama's
+// math, untied head, BOS 1 / EOS 2, and a window key that is null there.
+TEST(ModelConfigTest, ParsesMistralAndItsWindow) {
+  const json real = ReadJson(kData + "mistral_7b_instruct_v0.3_config.json");
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromJson(real);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kMistral);
+  EXPECT_EQ(c->model_type, "mistral");
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_FALSE(c->qk_norm);
+  EXPECT_FALSE(c->tie_word_embeddings);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 1e6);
+  EXPECT_EQ(c->sliding_window, 0);  // null: every layer sees every earlier key
+  EXPECT_EQ(c->AttentionWindow(0), 0);
+  EXPECT_EQ(c->bos_token_id, 1);
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(2));
+  // Mistral-7B-v0.3's published parameter count.
+  EXPECT_EQ(c->ParameterCount(), 7248023552);
+  // Written back, every key of the real file with its value.
+  const json written = c->ToJson();
+  for (const auto& [key, value] : real.items()) {
+    if (key == "transformers_version") continue;
+    ASSERT_TRUE(written.contains(key)) << key;
+    EXPECT_EQ(written[key], value) << key;
+  }
+
+  // v0.1's window of 4096 tokens applies to every layer.
+  json windowed = real;
+  windowed["sliding_window"] = 4096;
+  absl::StatusOr<ModelConfig> w = ModelConfig::FromJson(windowed);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->sliding_window, 4096);
+  EXPECT_EQ(w->AttentionWindow(31), 4096);
+  EXPECT_EQ(w->ToJson()["sliding_window"], 4096);
+  for (const json& bad : {json(0), json(-1), json("4096")}) {
+    windowed["sliding_window"] = bad;
+    absl::StatusOr<ModelConfig> refused = ModelConfig::FromJson(windowed);
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr("sliding_window"));
+  }
+  // model_type mistral under another class name is a mismatch.
+  json mismatch = real;
+  mismatch["architectures"] = json::array({"LlamaForCausalLM"});
+  EXPECT_FALSE(ModelConfig::FromJson(mismatch).ok());
+}
+
 TEST(ModelConfigTest, EosListAndMissingKvHeads) {
   json j = ReadJson(kData + "tiny_qwen3_config.json");
   j.erase("num_key_value_heads");

@@ -196,5 +196,44 @@ TEST_F(ModelCliTest, AJsonReportThatCannotBeWrittenIsAnErrorNamingTheFile) {
   }
 }
 
+// A Mistral checkpoint with a 4-token window, written by init-model and read
+// back by logits: the config keeps its class and window through config.json,
+// and the logits past the window equal the reference forward's, which applies
+// the same window (tests/model/decoder_test.cc checks that one against loops).
+TEST(ModelCliMistralTest, LogitsOfAWindowedMistralCheckpointMatchTheReference) {
+  TempDir dir("model-cli-mistral");
+  const std::string config = dir.WriteFile("config.json", R"({"architectures": ["MistralForCausalLM"],
+    "model_type": "mistral", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 96,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "max_position_embeddings": 512,
+    "sliding_window": 4, "tie_word_embeddings": false, "hidden_act": "silu",
+    "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"})");
+  const std::string model = dir.Path("mistral");
+  absl::StatusOr<RunResult> init = RunProcess(
+      {KVL_CLI_BIN, "init-model", "--config", config, "--out", model, "--seed", "3"}, kTimeout);
+  ASSERT_TRUE(init.ok()) << init.status();
+  ASSERT_EQ(init->exit_code, 0) << init->err;
+  absl::StatusOr<Checkpoint> loaded = LoadCheckpoint(model);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->config.architecture, Architecture::kMistral);
+  EXPECT_EQ(loaded->config.sliding_window, 4);
+
+  const std::vector<int64_t> ids = {1, 300, 17, 400, 42, 9, 77, 5, 260, 11};
+  absl::StatusOr<RunResult> run = RunProcess(
+      {KVL_CLI_BIN, "logits", "--model", model, "--ids", absl::StrJoin(ids, ",")}, kTimeout);
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_EQ(run->exit_code, 0) << run->err;
+  const nlohmann::json out = nlohmann::json::parse(run->out);
+  c10::InferenceMode guard;
+  const at::Tensor expected =
+      ReferenceForward(loaded->config, loaded->weights, at::tensor(ids, at::kLong).unsqueeze(0))
+          .logits[0];
+  ASSERT_EQ(out["logits"].size(), ids.size());
+  for (size_t t = 0; t < ids.size(); ++t) {
+    const at::Tensor got = at::tensor(out["logits"][t].get<std::vector<float>>());
+    EXPECT_LT((got - expected[t]).abs().max().item<float>(), 1e-4) << "position " << t;
+  }
+}
+
 }  // namespace
 }  // namespace kvl
