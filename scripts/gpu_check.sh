@@ -57,7 +57,9 @@ else
 fi
 mkdir -p "$out_dir"
 results=$out_dir/gpu_check.txt
-log_dir=$out_dir/gpu_check_logs
+# The steps' logs stay in the tree (a failed step's tail goes into the results
+# file): $OUT then holds one file.
+log_dir=$src/build-gpu/logs
 mkdir -p "$log_dir"
 : > "$results"
 say() { echo "$*" | tee -a "$results"; }
