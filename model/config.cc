@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -55,23 +56,34 @@ absl::Status ReadBool(const json& j, const char* key, bool* out) {
   return absl::OkStatus();
 }
 
-// rope_scaling: only plain RoPE is implemented; YaRN, linear, dynamic NTK and
-// Llama-3 scaling change the rotary frequencies and are refused.
-absl::Status CheckRopeScaling(const json& j) {
-  auto it = j.find("rope_scaling");
-  if (it == j.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_object()) return Refuse("rope_scaling", *it, "expected null or an object");
+// The RoPE type and linear factor of one "rope_scaling" (or "rope_parameters")
+// object. Only plain and linear RoPE are implemented; YaRN, dynamic NTK,
+// LongRoPE and Llama-3 scaling change the rotary frequencies otherwise and
+// are refused.
+absl::Status ReadRopeScaling(const char* key, const json& r, double* factor) {
+  if (!r.is_object()) return Refuse(key, r, "expected null or an object");
   std::string type;
-  for (const char* key : {"rope_type", "type"}) {
-    auto t = it->find(key);
-    if (t != it->end() && t->is_string()) {
+  for (const char* name : {"rope_type", "type"}) {
+    auto t = r.find(name);
+    if (t != r.end() && t->is_string()) {
       type = t->get<std::string>();
       break;
     }
   }
-  if (type == "default") return absl::OkStatus();
-  return Refuse("rope_scaling", *it,
-                "unsupported rope_scaling type (only null or \"default\" is supported)");
+  if (type == "default") {
+    *factor = 1.0;
+    return absl::OkStatus();
+  }
+  if (type == "linear") {
+    auto f = r.find("factor");
+    if (f == r.end() || !f->is_number() || !(f->get<double>() > 0)) {
+      return Refuse(key, r, "linear scaling needs a positive \"factor\"");
+    }
+    *factor = f->get<double>();
+    return absl::OkStatus();
+  }
+  return Refuse(key, r,
+                "unsupported RoPE type (only \"default\" and \"linear\" are supported)");
 }
 
 absl::Status CheckSlidingWindow(const json& j) {
@@ -105,7 +117,126 @@ constexpr ArchitectureInfo kArchitectures[] = {
     {"Qwen3ForCausalLM", "qwen3", Architecture::kQwen3, true},
     {"LlamaForCausalLM", "llama", Architecture::kLlama, false},
     {"MistralForCausalLM", "mistral", Architecture::kMistral, false},
+    {"Gemma3ForCausalLM", "gemma3_text", Architecture::kGemma3, true},
 };
+
+// A vision-language Gemma-3 checkpoint: its text model is read from
+// "text_config".
+constexpr const char* kGemma3Multimodal = "Gemma3ForConditionalGeneration";
+constexpr const char* kGemma3MultimodalType = "gemma3";
+
+// Gemma3TextConfig's defaults: configs rely on them (gemma-3-4b's
+// text_config gives only six keys).
+json Gemma3TextDefaults() {
+  return json{{"vocab_size", 262208},
+              {"hidden_size", 2304},
+              {"intermediate_size", 9216},
+              {"num_hidden_layers", 26},
+              {"num_attention_heads", 8},
+              {"num_key_value_heads", 4},
+              {"head_dim", 256},
+              {"hidden_activation", "gelu_pytorch_tanh"},
+              {"max_position_embeddings", 131072},
+              {"rms_norm_eps", 1e-6},
+              {"eos_token_id", 1},
+              {"bos_token_id", 2},
+              {"tie_word_embeddings", true},
+              {"rope_theta", 1000000.0},
+              {"attention_bias", false},
+              {"query_pre_attn_scalar", 256},
+              {"sliding_window", 4096},
+              {"sliding_window_pattern", 6},
+              {"rope_local_base_freq", 10000.0}};
+}
+
+// Gemma-3's text config with its defaults filled in. From a multimodal
+// config, the text_config; the outer config's token ids and dtype apply
+// where the text config has none.
+absl::StatusOr<json> Gemma3TextConfig(const json& j, bool multimodal) {
+  json text = Gemma3TextDefaults();
+  const json* given = &j;
+  if (multimodal) {
+    auto t = j.find("text_config");
+    if (t == j.end() || !t->is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: ", kGemma3Multimodal, " needs a text_config object"));
+    }
+    for (const char* key : {"eos_token_id", "bos_token_id", "torch_dtype", "dtype",
+                            "tie_word_embeddings"}) {
+      auto outer = j.find(key);
+      if (outer != j.end() && !outer->is_null()) text[key] = *outer;
+    }
+    given = &*t;
+  }
+  for (const auto& [key, value] : given->items()) {
+    if (!value.is_null() || !text.contains(key)) text[key] = value;
+  }
+  text["model_type"] = "gemma3_text";
+  text.erase("architectures");
+  return text;
+}
+
+// Gemma-3's layer kinds and RoPE: "layer_types" or "sliding_window_pattern";
+// "rope_local_base_freq", "rope_theta" and "rope_scaling", or the newer
+// "rope_parameters" per layer kind.
+absl::Status ReadGemma3Layers(const json& j, ModelConfig* c) {
+  auto window = j.find("sliding_window");
+  if (window == j.end() || !window->is_number_integer() || window->get<int64_t>() <= 0) {
+    return Refuse("sliding_window", window == j.end() ? json(nullptr) : *window,
+                  "must be a positive integer");
+  }
+  c->sliding_window = window->get<int64_t>();
+  c->sliding_layers.assign(static_cast<size_t>(c->n_layer), false);
+  auto types = j.find("layer_types");
+  if (types != j.end() && !types->is_null()) {
+    if (!types->is_array() || static_cast<int64_t>(types->size()) != c->n_layer) {
+      return Refuse("layer_types", *types,
+                    absl::StrCat("expected a list of num_hidden_layers = ", c->n_layer, " kinds"));
+    }
+    for (int64_t il = 0; il < c->n_layer; ++il) {
+      const json& t = (*types)[il];
+      if (t != "sliding_attention" && t != "full_attention") {
+        return Refuse("layer_types", *types,
+                      "kinds must be \"sliding_attention\" or \"full_attention\"");
+      }
+      c->sliding_layers[il] = t == "sliding_attention";
+    }
+  } else {
+    int64_t pattern = 6;
+    KVL_RETURN_IF_ERROR(ReadInt(j, "sliding_window_pattern", false, &pattern));
+    if (pattern <= 0) return Refuse("sliding_window_pattern", pattern, "must be positive");
+    for (int64_t il = 0; il < c->n_layer; ++il) c->sliding_layers[il] = (il + 1) % pattern != 0;
+  }
+
+  c->rope_local_theta = 10000.0;
+  KVL_RETURN_IF_ERROR(ReadDouble(j, "rope_local_base_freq", &c->rope_local_theta));
+  auto params = j.find("rope_parameters");
+  if (params != j.end() && !params->is_null()) {
+    if (!params->is_object()) return Refuse("rope_parameters", *params, "expected an object");
+    for (const auto& [kind, local] : {std::pair{"full_attention", false},
+                                      std::pair{"sliding_attention", true}}) {
+      auto p = params->find(kind);
+      if (p == params->end()) continue;
+      double factor = 1.0;
+      KVL_RETURN_IF_ERROR(ReadRopeScaling("rope_parameters", *p, &factor));
+      double theta = local ? c->rope_local_theta : c->rope_theta;
+      KVL_RETURN_IF_ERROR(ReadDouble(*p, "rope_theta", &theta));
+      if (local) {
+        if (factor != 1.0) {
+          return Refuse("rope_parameters", *params, "scaled RoPE on sliding layers is not supported");
+        }
+        c->rope_local_theta = theta;
+      } else {
+        c->rope_theta = theta;
+        c->rope_scaling_factor = factor;
+      }
+    }
+  }
+  if (!(c->rope_local_theta > 0)) {
+    return Refuse("rope_local_base_freq", c->rope_local_theta, "must be positive");
+  }
+  return absl::OkStatus();
+}
 
 const ArchitectureInfo& InfoFor(Architecture a) {
   for (const ArchitectureInfo& info : kArchitectures) {
@@ -136,9 +267,27 @@ const char* DTypeName(DType dtype) {
   return "float32";
 }
 
-absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j) {
-  if (!j.is_object()) return absl::InvalidArgumentError("config.json: expected a JSON object");
+absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& outer) {
+  if (!outer.is_object()) return absl::InvalidArgumentError("config.json: expected a JSON object");
+  // A multimodal Gemma-3 checkpoint: its text half.
+  const auto outer_archs = outer.find("architectures");
+  const bool multimodal =
+      (outer_archs != outer.end() && outer_archs->is_array() && outer_archs->size() == 1 &&
+       (*outer_archs)[0] == kGemma3Multimodal) ||
+      outer.value("model_type", json()) == kGemma3MultimodalType;
+  bool gemma3 = multimodal || outer.value("model_type", json()) == "gemma3_text" ||
+                (outer_archs != outer.end() && outer_archs->is_array() &&
+                 outer_archs->size() == 1 && (*outer_archs)[0] == "Gemma3ForCausalLM");
+  json gemma3_text;
+  if (gemma3) {
+    absl::StatusOr<json> text = Gemma3TextConfig(outer, multimodal);
+    if (!text.ok()) return text.status();
+    gemma3_text = *std::move(text);
+    if (!multimodal && outer_archs != outer.end()) gemma3_text["architectures"] = *outer_archs;
+  }
+  const json& j = gemma3 ? gemma3_text : outer;
   ModelConfig c;
+  c.text_of_multimodal = multimodal;
 
   // Architecture: "architectures"[0], or "model_type" when the list is absent.
   const ArchitectureInfo* info = nullptr;
@@ -154,7 +303,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j) {
     if (info == nullptr) {
       return Refuse("architectures", *archs,
                     "unsupported architecture (supported: Qwen3ForCausalLM, LlamaForCausalLM, "
-                    "MistralForCausalLM)");
+                    "MistralForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration)");
     }
   }
   auto model_type = j.find("model_type");
@@ -167,7 +316,8 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j) {
     }
     if (by_type == nullptr) {
       return Refuse("model_type", *model_type,
-                    "unsupported model_type (supported: qwen3, llama, mistral)");
+                    "unsupported model_type (supported: qwen3, llama, mistral, gemma3_text, "
+                    "gemma3)");
     }
     if (info != nullptr && info != by_type) {
       return Refuse("model_type", *model_type,
@@ -227,15 +377,48 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& j) {
   KVL_RETURN_IF_ERROR(ReadBool(j, "mlp_bias", &mlp_bias));
   if (mlp_bias) return Refuse("mlp_bias", true, "biases in the MLP are not supported");
 
-  auto act = j.find("hidden_act");
-  if (act != j.end() && !act->is_null() && *act != "silu") {
-    return Refuse("hidden_act", *act, "only \"silu\" is supported");
+  // Gemma names the key hidden_activation (and ignores hidden_act).
+  const char* act_key = c.architecture == Architecture::kGemma3 ? "hidden_activation" : "hidden_act";
+  auto act = j.find(act_key);
+  if (act != j.end() && !act->is_null()) {
+    if (*act == "silu") {
+      c.hidden_act = Activation::kSilu;
+    } else if (*act == "gelu_pytorch_tanh") {
+      c.hidden_act = Activation::kGeluTanh;
+    } else {
+      return Refuse(act_key, *act, "only \"silu\" and \"gelu_pytorch_tanh\" are supported");
+    }
   }
   if (auto q = j.find("quantization_config"); q != j.end() && !q->is_null()) {
     return Refuse("quantization_config", *q, "quantized checkpoints are not supported");
   }
-  KVL_RETURN_IF_ERROR(CheckRopeScaling(j));
-  if (c.architecture == Architecture::kMistral) {
+  if (auto r = j.find("rope_scaling"); r != j.end() && !r->is_null()) {
+    KVL_RETURN_IF_ERROR(ReadRopeScaling("rope_scaling", *r, &c.rope_scaling_factor));
+  }
+  if (auto r = j.find("rope_parameters");
+      r != j.end() && !r->is_null() && c.architecture != Architecture::kGemma3) {
+    KVL_RETURN_IF_ERROR(ReadRopeScaling("rope_parameters", *r, &c.rope_scaling_factor));
+    KVL_RETURN_IF_ERROR(ReadDouble(*r, "rope_theta", &c.rope_theta));
+  }
+  if (auto cap = j.find("attn_logit_softcapping"); cap != j.end() && !cap->is_null()) {
+    return Refuse("attn_logit_softcapping", *cap,
+                  "soft-capped attention scores (Gemma-2) are not supported");
+  }
+  KVL_RETURN_IF_ERROR(ReadDouble(j, "final_logit_softcapping", &c.final_logit_softcapping));
+  if (c.final_logit_softcapping < 0) {
+    return Refuse("final_logit_softcapping", c.final_logit_softcapping, "must be positive or null");
+  }
+  if (c.architecture == Architecture::kGemma3) {
+    c.norm_weight_offset = true;
+    c.sandwich_norms = true;
+    c.scale_embeddings = true;
+    KVL_RETURN_IF_ERROR(ReadDouble(j, "query_pre_attn_scalar", &c.query_pre_attn_scalar));
+    if (!(c.query_pre_attn_scalar > 0)) {
+      return Refuse("query_pre_attn_scalar", c.query_pre_attn_scalar, "must be positive");
+    }
+    KVL_RETURN_IF_ERROR(ReadGemma3Layers(j, &c));
+    if (!(c.rope_theta > 0)) return Refuse("rope_parameters", c.rope_theta, "must be positive");
+  } else if (c.architecture == Architecture::kMistral) {
     // Mistral's window is on when the key holds a number (v0.1: 4096;
     // v0.2 and v0.3 ship null, no window).
     auto window = j.find("sliding_window");
@@ -300,6 +483,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromFile(const std::string& path) {
 json ModelConfig::ToJson() const {
   // The keys and defaults of a config.json written by transformers for these
   // classes, so that AutoModelForCausalLM.from_pretrained() reads it unchanged.
+  const bool gemma3 = architecture == Architecture::kGemma3;
   json j = json::object();
   j["architectures"] = json::array({InfoFor(architecture).class_name});
   j["attention_bias"] = attention_bias;
@@ -310,8 +494,10 @@ json ModelConfig::ToJson() const {
   } else if (!eos_token_ids.empty()) {
     j["eos_token_id"] = eos_token_ids;
   }
+  if (final_logit_softcapping > 0) j["final_logit_softcapping"] = final_logit_softcapping;
   j["head_dim"] = head_dim;
-  j["hidden_act"] = "silu";
+  j[gemma3 ? "hidden_activation" : "hidden_act"] =
+      hidden_act == Activation::kGeluTanh ? "gelu_pytorch_tanh" : "silu";
   j["hidden_size"] = hidden_size;
   j["initializer_range"] = 0.02;
   j["intermediate_size"] = intermediate_size;
@@ -327,11 +513,25 @@ json ModelConfig::ToJson() const {
   j["num_hidden_layers"] = n_layer;
   j["num_key_value_heads"] = n_head_kv;
   j["rms_norm_eps"] = rms_norm_eps;
-  j["rope_scaling"] = nullptr;
+  j["rope_scaling"] = rope_scaling_factor == 1.0
+                          ? json(nullptr)
+                          : json{{"rope_type", "linear"}, {"factor", rope_scaling_factor}};
   j["rope_theta"] = rope_theta;
   if (architecture == Architecture::kQwen3) j["sliding_window"] = nullptr;
   if (architecture == Architecture::kMistral) {
     j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
+  }
+  if (gemma3) {
+    j["attn_logit_softcapping"] = nullptr;
+    if (final_logit_softcapping <= 0) j["final_logit_softcapping"] = nullptr;
+    json types = json::array();
+    for (int64_t il = 0; il < n_layer; ++il) {
+      types.push_back(IsSlidingLayer(il) ? "sliding_attention" : "full_attention");
+    }
+    j["layer_types"] = types;
+    j["query_pre_attn_scalar"] = query_pre_attn_scalar;
+    j["rope_local_base_freq"] = rope_local_theta;
+    j["sliding_window"] = sliding_window;
   }
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["torch_dtype"] = torch_dtype;
@@ -341,10 +541,16 @@ json ModelConfig::ToJson() const {
   return j;
 }
 
+double ModelConfig::AttentionScale() const {
+  const double scalar =
+      query_pre_attn_scalar > 0 ? query_pre_attn_scalar : static_cast<double>(head_dim);
+  return 1.0 / std::sqrt(scalar);
+}
+
 int64_t ModelConfig::ParameterCount() const {
   const int64_t q_dim = n_head * head_dim;
   const int64_t kv_dim = n_head_kv * head_dim;
-  int64_t per_layer = 2 * hidden_size                                 // input/post-attention norms
+  int64_t per_layer = (sandwich_norms ? 4 : 2) * hidden_size          // the layer's norms
                       + (q_dim + 2 * kv_dim) * hidden_size            // q, k, v
                       + hidden_size * q_dim                           // o
                       + 3 * intermediate_size * hidden_size;          // gate, up, down

@@ -12,10 +12,13 @@
 
 namespace kvl {
 
-enum class Architecture { kQwen3, kLlama, kMistral };
+enum class Architecture { kQwen3, kLlama, kMistral, kGemma3 };
 
-// Hyper-parameters of a Qwen3-family, Llama-style or Mistral decoder, with the
-// Hugging Face config.json key each field comes from.
+// The MLP's gate activation ("hidden_act", Gemma: "hidden_activation").
+enum class Activation { kSilu, kGeluTanh };
+
+// Hyper-parameters of a Qwen3-family, Llama-style, Mistral or Gemma-3 text
+// decoder, with the Hugging Face config.json key each field comes from.
 struct ModelConfig {
   Architecture architecture = Architecture::kQwen3;  // "architectures"[0]
   std::string architecture_name = "Qwen3ForCausalLM";
@@ -35,11 +38,40 @@ struct ModelConfig {
   // Per-head RMSNorm on queries and keys before RoPE (Qwen3: yes; Llama: no).
   bool qk_norm = true;
   std::string torch_dtype = "float32";              // "torch_dtype": dtype of the stored weights
-  // Mistral: every layer's query at position q attends to keys k with
+  // A sliding layer's query at position q attends to keys k with
   // q - W < k <= q ("sliding_window"; 0: none, every earlier key).
   int64_t sliding_window = 0;
+  // Which layers slide ("layer_types": "sliding_attention"; Gemma-3's older
+  // "sliding_window_pattern" P: all but every P-th). Empty: every layer does
+  // when sliding_window > 0 (Mistral).
+  std::vector<bool> sliding_layers;
+  // RoPE base of the sliding layers (Gemma-3's "rope_local_base_freq");
+  // 0: they use rope_theta like the others.
+  double rope_local_theta = 0;
+  // Linear RoPE scaling ("rope_scaling": {"rope_type": "linear", "factor"}):
+  // positions divided by the factor, on every layer that uses rope_theta.
+  double rope_scaling_factor = 1.0;
   std::vector<int64_t> eos_token_ids;               // "eos_token_id" (int or list)
   int64_t bos_token_id = -1;                        // "bos_token_id", -1 when absent
+
+  // Gemma-3 (false/defaults elsewhere):
+  Activation hidden_act = Activation::kSilu;  // "hidden_act" / "hidden_activation"
+  // RMSNorm weights hold w for a scale of (1 + w), applied in float32 before
+  // the cast back (Gemma's RMSNorm; Llama's casts first, then scales by w).
+  bool norm_weight_offset = false;
+  // Four norms per layer: the attention's and the MLP's outputs are normed
+  // before their residual adds (post_attention_layernorm and
+  // post_feedforward_layernorm), the MLP's input by pre_feedforward_layernorm.
+  bool sandwich_norms = false;
+  // Token embeddings times sqrt(hidden_size), rounded to the weights' dtype.
+  bool scale_embeddings = false;
+  double query_pre_attn_scalar = 0;     // attention scale 1/sqrt(this); 0: head_dim
+  double final_logit_softcapping = 0;   // logits = cap * tanh(logits / cap); 0: none
+  // Read from Gemma3ForConditionalGeneration: the text model of a
+  // vision-language checkpoint ("text_config"; tensors under
+  // "language_model.model." or "model.language_model.", vision tensors
+  // skipped). Written back as the Gemma3ForCausalLM it is.
+  bool text_of_multimodal = false;
 
   // Parses config.json. Unsupported architectures, rope_scaling types, hidden
   // activations, sliding windows (other than Mistral's) and inconsistent
@@ -47,12 +79,22 @@ struct ModelConfig {
   static absl::StatusOr<ModelConfig> FromJson(const nlohmann::json& j);
   static absl::StatusOr<ModelConfig> FromFile(const std::string& path);
   // The config.json a Hugging Face Qwen3ForCausalLM / LlamaForCausalLM /
-  // MistralForCausalLM loads.
+  // MistralForCausalLM / Gemma3ForCausalLM loads.
   nlohmann::json ToJson() const;
 
+  bool IsSlidingLayer(int64_t il) const {
+    return sliding_window > 0 && (sliding_layers.empty() || sliding_layers[il]);
+  }
   // The window of layer il's attention: W when its queries see only the
   // last W keys (themselves included), 0 when they see every earlier key.
-  int64_t AttentionWindow(int64_t il) const { return sliding_window; }
+  int64_t AttentionWindow(int64_t il) const { return IsSlidingLayer(il) ? sliding_window : 0; }
+  // Layer il's RoPE: its base, and the linear factor its positions are
+  // divided by (1: none). Layers with the same pair share rotary tables.
+  bool UsesLocalRope(int64_t il) const { return rope_local_theta > 0 && IsSlidingLayer(il); }
+  double RopeTheta(int64_t il) const { return UsesLocalRope(il) ? rope_local_theta : rope_theta; }
+  double RopeFactor(int64_t il) const { return UsesLocalRope(il) ? 1.0 : rope_scaling_factor; }
+  // The factor scores are multiplied by: 1/sqrt(query_pre_attn_scalar or head_dim).
+  double AttentionScale() const;
 
   // Parameters, counting a tied lm_head once.
   int64_t ParameterCount() const;

@@ -17,12 +17,15 @@ namespace kvl {
 
 // Fused per-layer weights in the runtime dtype/device. Linear weights stay
 // [out, in]; matmuls read them transposed (BLAS handles it without a copy).
+// Gemma's norms are float32 (1 + w) (ops::RmsNorm).
 struct Decoder::Layer {
   at::Tensor input_layernorm;           // [E]
   at::Tensor qkv, qkv_bias;             // [(Hq + 2H) * D, E], [(Hq + 2H) * D] or undefined
   at::Tensor o_proj, o_bias;            // [E, Hq * D], [E] or undefined
   at::Tensor q_norm;                    // [D] or undefined
-  at::Tensor post_attention_layernorm;  // [E]
+  at::Tensor post_attention_layernorm;  // [E]: the MLP's input norm, or with sandwich
+                                        // norms the attention output's
+  at::Tensor pre_feedforward_layernorm, post_feedforward_layernorm;  // [E]; sandwich norms only
   at::Tensor gate_up;                   // [2F, E]
   at::Tensor down_proj;                 // [E, F]
 };
@@ -64,14 +67,29 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const ModelConfig& conf
     d->max_scores_bytes_ = std::max<int64_t>(options.max_scores_bytes, 1);
     d->raw_decode_attention_ = options.raw_decode_attention;
     d->matrix_vector_decode_ = options.matrix_vector_decode;
+    // Gemma's RMSNorm scales by 1 + w, computed in float32 (HF:
+    // 1.0 + weight.float(), the weight in the model's dtype).
+    auto norm = [&config](const at::Tensor& weight) {
+      if (!weight.defined()) return weight;
+      return config.norm_weight_offset ? weight.detach().to(at::kFloat).add(1.0) : weight.detach();
+    };
     d->embed_tokens_ = w.embed_tokens.detach();
-    d->norm_ = w.norm.detach();
+    if (config.scale_embeddings) {
+      // sqrt(E) rounded to the weights' dtype first, as HF does (55.4256
+      // becomes 55.5 in bfloat16).
+      d->embed_scale_ =
+          at::scalar_tensor(std::sqrt(static_cast<double>(config.hidden_size)), at::kDouble)
+              .to(options.dtype)
+              .to(at::kDouble)
+              .item<double>();
+    }
+    d->norm_ = norm(w.norm);
     d->lm_head_ = w.lm_head.detach();
     std::vector<at::Tensor> k_norm;
     bool k_norm_invertible = true;
     for (const LayerWeights& lw : w.layers) {
       Layer l;
-      l.input_layernorm = lw.input_layernorm.detach();
+      l.input_layernorm = norm(lw.input_layernorm);
       l.qkv = at::cat({lw.q_proj, lw.k_proj, lw.v_proj}, 0).detach();
       if (config.attention_bias) {
         l.qkv_bias = at::cat({lw.q_bias, lw.k_bias, lw.v_bias}, 0).detach();
@@ -79,11 +97,13 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const ModelConfig& conf
       }
       l.o_proj = lw.o_proj.detach().contiguous();
       if (config.qk_norm) {
-        l.q_norm = lw.q_norm.detach();
-        k_norm.push_back(lw.k_norm.detach());
-        k_norm_invertible = k_norm_invertible && !(lw.k_norm == 0).any().item<bool>();
+        l.q_norm = norm(lw.q_norm);
+        k_norm.push_back(norm(lw.k_norm));
+        k_norm_invertible = k_norm_invertible && !(k_norm.back() == 0).any().item<bool>();
       }
-      l.post_attention_layernorm = lw.post_attention_layernorm.detach();
+      l.post_attention_layernorm = norm(lw.post_attention_layernorm);
+      l.pre_feedforward_layernorm = norm(lw.pre_feedforward_layernorm);
+      l.post_feedforward_layernorm = norm(lw.post_feedforward_layernorm);
       l.gate_up = at::cat({lw.gate_proj, lw.up_proj}, 0).detach();
       l.down_proj = lw.down_proj.detach().contiguous();
       d->layers_.push_back(std::move(l));
@@ -160,7 +180,7 @@ std::vector<at::Tensor> Decoder::ForwardBatch(const std::vector<Row>& rows) {
   const int64_t n_group = n_head / n_head_kv, q_dim = n_head * d, kv_dim = n_head_kv * d;
   const int64_t ffn = config_.intermediate_size;
   const double eps = config_.rms_norm_eps;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const double scale = config_.AttentionScale();
   const bool bf16_softmax = dtype_ != at::kFloat;
   const int64_t score_elem = static_cast<int64_t>(c10::elementSize(dtype_));
 
@@ -186,7 +206,7 @@ std::vector<at::Tensor> Decoder::ForwardBatch(const std::vector<Row>& rows) {
   const int64_t total = off[n_rows];
 
   at::Tensor ids_all, rope_positions;
-  ops::RopeTable rope;
+  LayerRope rope;
   if (single) {
     ids_all = rows[0].ids;
     rope = key_transform_->Rope(p0[0], n[0]);
@@ -206,6 +226,7 @@ std::vector<at::Tensor> Decoder::ForwardBatch(const std::vector<Row>& rows) {
 
   const at::Tensor ids_dev = ids_all.to(options_.device(), at::kLong);
   at::Tensor x = at::embedding(embed_tokens_, ids_dev);  // [T, E]
+  if (config_.scale_embeddings) x.mul_(embed_scale_);
   // Queries in the layout the grouped attention matmul reads: [H, T, G, D].
   at::Tensor q_buf = at::empty({n_head_kv, total, n_group, d}, options_);
   const at::Tensor q_dst = q_buf.permute({1, 0, 2, 3});  // [T, H, G, D] view
@@ -246,16 +267,17 @@ std::vector<at::Tensor> Decoder::ForwardBatch(const std::vector<Row>& rows) {
     const at::Tensor v = qkv.narrow(1, q_dim + kv_dim, kv_dim).view({total, n_head_kv, d});
 
     if (w.q_norm.defined()) q = ops::RmsNorm(q, w.q_norm, eps);
-    ops::ApplyRope(q.view({total, n_head_kv, n_group, d}), rope, q_dst);
+    const ops::RopeTable& layer_rope = rope.For(static_cast<int64_t>(il));
+    ops::ApplyRope(q.view({total, n_head_kv, n_group, d}), layer_rope, q_dst);
 
     if (single) {
       KvCache& cache = *rows[0].cache;
       const at::Tensor k_dst = cache.keys_[il].narrow(1, p0[0], n[0]).transpose(0, 1);  // [T, H, D]
       const at::Tensor inv_rms_dst =
           cache.keep_inv_rms_ ? cache.inv_rms_[il].narrow(1, p0[0], n[0]).t() : at::Tensor();
-      key_transform_->Apply(static_cast<int64_t>(il), k, rope, k_dst, inv_rms_dst);
+      key_transform_->Apply(static_cast<int64_t>(il), k, layer_rope, k_dst, inv_rms_dst);
     } else {
-      key_transform_->Apply(static_cast<int64_t>(il), k, rope, k_batch, inv_rms_batch);
+      key_transform_->Apply(static_cast<int64_t>(il), k, layer_rope, k_batch, inv_rms_batch);
     }
     for (size_t r = 0; r < n_rows; ++r) {
       KvCache& cache = *rows[r].cache;
@@ -347,13 +369,26 @@ std::vector<at::Tensor> Decoder::ForwardBatch(const std::vector<Row>& rows) {
     }
     const at::Tensor attn =
         attn_buf.permute({1, 0, 2, 3}).reshape({total, q_dim});  // [T, Hq * D]
-    x.add_(Project(attn, w.o_proj, w.o_bias, mv));
+    const at::Tensor attn_out = Project(attn, w.o_proj, w.o_bias, mv);
+    if (config_.sandwich_norms) {
+      x.add_(ops::RmsNorm(attn_out, w.post_attention_layernorm, eps));
+    } else {
+      x.add_(attn_out);
+    }
 
-    const at::Tensor h2 = ops::RmsNorm(x, w.post_attention_layernorm, eps);
+    const at::Tensor h2 = ops::RmsNorm(
+        x, config_.sandwich_norms ? w.pre_feedforward_layernorm : w.post_attention_layernorm, eps);
     const at::Tensor gate_up = Project(h2, w.gate_up, at::Tensor(), mv);  // [T, 2F]
-    at::Tensor act = at::silu(gate_up.narrow(1, 0, ffn));
+    at::Tensor act = config_.hidden_act == Activation::kGeluTanh
+                         ? at::gelu(gate_up.narrow(1, 0, ffn), "tanh")
+                         : at::silu(gate_up.narrow(1, 0, ffn));
     act.mul_(gate_up.narrow(1, ffn, ffn));
-    x.add_(Project(act, w.down_proj, at::Tensor(), mv));
+    const at::Tensor mlp_out = Project(act, w.down_proj, at::Tensor(), mv);
+    if (config_.sandwich_norms) {
+      x.add_(ops::RmsNorm(mlp_out, w.post_feedforward_layernorm, eps));
+    } else {
+      x.add_(mlp_out);
+    }
   }
   for (size_t r = 0; r < n_rows; ++r) rows[r].cache->Commit(n[r], /*native=*/true);
 
@@ -375,6 +410,11 @@ std::vector<at::Tensor> Decoder::ForwardBatch(const std::vector<Row>& rows) {
   const at::Tensor h = ops::RmsNorm(wanted, norm_, eps);
   // One row: matrix-vector beats a 1-row GEMM here (docs/model-runtime.md).
   at::Tensor logits = Project(h, lm_head_, at::Tensor(), /*vector=*/true);
+  if (config_.final_logit_softcapping > 0) {
+    // In the model's dtype, as HF: logits / cap, tanh, * cap.
+    const double cap = config_.final_logit_softcapping;
+    logits.div_(cap).tanh_().mul_(cap);
+  }
   if (logits.scalar_type() != at::kFloat) logits = logits.to(at::kFloat);
   if (single) return {logits};
   std::vector<at::Tensor> out;

@@ -1,4 +1,4 @@
-// The cached decoder: a Qwen3-family / Llama-style model prepared for fast
+// The cached decoder: a Qwen3-family / Llama-style / Gemma-3 model prepared for fast
 // inference (dtype/device chosen at load, q/k/v and gate/up weights fused once),
 // running chunks of tokens against a KvCache line. Numerically it follows
 // model/reference.h (the oracle it is tested against).
@@ -96,6 +96,7 @@ class Decoder {
   bool raw_decode_attention_ = true;
   bool matrix_vector_decode_ = true;
   at::Tensor embed_tokens_, norm_, lm_head_;
+  double embed_scale_ = 1.0;  // config.scale_embeddings: sqrt(E) in the runtime dtype
   std::vector<Layer> layers_;
   std::shared_ptr<const KeyTransform> key_transform_;
 };

@@ -14,8 +14,9 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps,
   at::Tensor inv_rms = at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true).add_(eps));
   at::Tensor normed = xf * inv_rms;
   if (inv_rms_out != nullptr) *inv_rms_out = inv_rms.squeeze(-1);
-  if (x.scalar_type() != at::kFloat) normed = normed.to(x.scalar_type());
-  return normed.mul_(weight);
+  if (x.scalar_type() == at::kFloat) return normed.mul_(weight);
+  if (weight.scalar_type() == at::kFloat) return normed.mul_(weight).to(x.scalar_type());
+  return normed.to(x.scalar_type()).mul_(weight);
 }
 
 at::Tensor RopeInvFreq(int64_t head_dim, double theta) {

@@ -13,8 +13,10 @@
 namespace kvl::ops {
 
 // HF RMSNorm over the last dimension: in float32, x * rsqrt(mean(x^2) + eps),
-// cast back to x's dtype, then times weight. When inv_rms_out is given it
-// receives the float32 rsqrt(mean(x^2) + eps) (x's shape without its last dim).
+// cast back to x's dtype, then times weight (Llama, Qwen3). A float32 weight
+// on a lower-precision x scales before the cast instead (Gemma, whose weight
+// is 1 + w in float32). When inv_rms_out is given it receives the float32
+// rsqrt(mean(x^2) + eps) (x's shape without its last dim).
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps,
                    at::Tensor* inv_rms_out = nullptr);
 

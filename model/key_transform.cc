@@ -45,15 +45,37 @@ KeyTransform::KeyTransform(const ModelConfig& config, std::vector<at::Tensor> k_
     : qk_norm_(config.qk_norm),
       eps_(config.rms_norm_eps),
       k_norm_(std::move(k_norm)),
-      inv_freq_(ops::RopeInvFreq(config.head_dim, config.rope_theta).to(options.device())),
-      dtype_(options.dtype().toScalarType()) {}
-
-ops::RopeTable KeyTransform::Rope(int64_t pos0, int64_t n_tokens) const {
-  return ops::MakeRopeTable(inv_freq_, pos0, n_tokens, dtype_);
+      dtype_(options.dtype().toScalarType()) {
+  std::vector<std::pair<double, double>> kinds;  // (base, factor) per inv_freq_ entry
+  for (int64_t il = 0; il < config.n_layer; ++il) {
+    const std::pair<double, double> kind{config.RopeTheta(il), config.RopeFactor(il)};
+    auto it = std::find(kinds.begin(), kinds.end(), kind);
+    if (it == kinds.end()) {
+      kinds.push_back(kind);
+      // Linear scaling divides the frequencies (HF: inv_freq /= factor, float32).
+      at::Tensor inv_freq = ops::RopeInvFreq(config.head_dim, kind.first);
+      if (kind.second != 1.0) inv_freq = inv_freq / kind.second;
+      inv_freq_.push_back(inv_freq.to(options.device()));
+      it = kinds.end() - 1;
+    }
+    layer_rope_.push_back(static_cast<int>(it - kinds.begin()));
+  }
 }
 
-ops::RopeTable KeyTransform::RopeAt(const at::Tensor& positions) const {
-  return ops::MakeRopeTableAt(inv_freq_, positions, dtype_);
+LayerRope KeyTransform::Rope(int64_t pos0, int64_t n_tokens) const {
+  LayerRope rope{{}, &layer_rope_};
+  for (const at::Tensor& inv_freq : inv_freq_) {
+    rope.tables.push_back(ops::MakeRopeTable(inv_freq, pos0, n_tokens, dtype_));
+  }
+  return rope;
+}
+
+LayerRope KeyTransform::RopeAt(const at::Tensor& positions) const {
+  LayerRope rope{{}, &layer_rope_};
+  for (const at::Tensor& inv_freq : inv_freq_) {
+    rope.tables.push_back(ops::MakeRopeTableAt(inv_freq, positions, dtype_));
+  }
+  return rope;
 }
 
 void KeyTransform::Apply(int64_t il, const at::Tensor& k, const ops::RopeTable& rope,

@@ -1,6 +1,7 @@
 // What a model does to keys between the k projection and the cache: per-head
-// k-norm (Qwen3) and RoPE at the token's position; and its inverse for
-// translation taps. Shared by the decoder and the KV cache so that the accept
+// k-norm (Qwen3, Gemma-3) and RoPE at the token's position, with each layer's
+// base and scaling (Gemma-3's sliding and global layers differ); and its
+// inverse for translation taps. Shared by the decoder and the KV cache so that the accept
 // path and the forward run the very same operations.
 //
 // Legend: T=tokens, H=n_head_kv, D=head_dim. Immutable, so thread-safe.
@@ -16,21 +17,30 @@
 
 namespace kvl {
 
+// The rotary tables of some positions for every layer: one table per
+// distinct (base, scaling) of the model's layers, For(il) is layer il's.
+// Valid while the KeyTransform that made it lives.
+struct LayerRope {
+  std::vector<ops::RopeTable> tables;
+  const std::vector<int>* layer_table = nullptr;
+  const ops::RopeTable& For(int64_t il) const { return tables[(*layer_table)[il]]; }
+};
+
 class KeyTransform {
  public:
-  // k_norm: per layer [D] weights in the cache dtype/device (ignored without qk_norm).
+  // k_norm: per layer [D] weights in the cache dtype/device, or float32
+  // (1 + w) for Gemma's norm (ops::RmsNorm); ignored without qk_norm.
   KeyTransform(const ModelConfig& config, std::vector<at::Tensor> k_norm,
                at::TensorOptions options);
 
   bool has_norm() const { return qk_norm_; }
-  const at::Tensor& inv_freq() const { return inv_freq_; }
 
   // cos/sin for positions [pos0, pos0 + n_tokens) in the cache dtype.
-  ops::RopeTable Rope(int64_t pos0, int64_t n_tokens) const;
+  LayerRope Rope(int64_t pos0, int64_t n_tokens) const;
   // cos/sin for any positions [T] (int64), row by row as Rope's.
-  ops::RopeTable RopeAt(const at::Tensor& positions) const;
+  LayerRope RopeAt(const at::Tensor& positions) const;
 
-  // k: [T, H, D] before k-norm/RoPE, in out's dtype (any other is converted
+  // k: [T, H, D] before k-norm/RoPE (rope: the layer's, LayerRope::For), in out's dtype (any other is converted
   // first; bfloat16 into a float32 out is widened exactly, head vector by head
   // vector, without a copy). Writes the attention keys into out ([T, H, D],
   // may be a strided view into a cache line, must not overlap k) and, when
@@ -59,8 +69,9 @@ class KeyTransform {
 
   bool qk_norm_;
   double eps_;
-  std::vector<at::Tensor> k_norm_;  // L x [D]
-  at::Tensor inv_freq_;             // [D/2] float32
+  std::vector<at::Tensor> k_norm_;   // L x [D]
+  std::vector<at::Tensor> inv_freq_; // per distinct (base, scaling): [D/2] float32
+  std::vector<int> layer_rope_;      // L: index into inv_freq_
   at::ScalarType dtype_;
 };
 

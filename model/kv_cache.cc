@@ -181,11 +181,11 @@ KvTaps KvCache::TapsUnchecked(int64_t t0, int64_t t1) const {
     return taps;
   }
   taps.keys = at::empty({n_layer_, n_head_kv_, n, head_dim_}, options_);
-  const ops::RopeTable rope = transform_->Rope(t0, n);
+  const LayerRope rope = transform_->Rope(t0, n);
   for (int64_t il = 0; il < n_layer_; ++il) {
     const at::Tensor post = keys_[il].narrow(1, t0, n).transpose(0, 1);  // [T, H, D]
     const at::Tensor inv = keep_inv_rms_ ? inv_rms_[il].narrow(1, t0, n).t() : at::Tensor();
-    transform_->Invert(il, post, inv, rope, taps.keys[il].transpose(0, 1));
+    transform_->Invert(il, post, inv, rope.For(il), taps.keys[il].transpose(0, 1));
   }
   return taps;
 }
@@ -217,9 +217,9 @@ absl::Status KvCache::Accept(const at::Tensor& keys, const at::Tensor& values) {
     EnsureCapacity(t0 + n);
     // KeyTransform::Apply converts the keys' dtype as it needs (bfloat16 ones,
     // a translator's product, a float32 line reads as they are).
-    const ops::RopeTable rope = transform_->Rope(t0, n);
+    const LayerRope rope = transform_->Rope(t0, n);
     for (int64_t il = 0; il < n_layer_; ++il) {
-      transform_->Apply(il, keys[il].transpose(0, 1), rope,
+      transform_->Apply(il, keys[il].transpose(0, 1), rope.For(il),
                         keys_[il].narrow(1, t0, n).transpose(0, 1), at::Tensor());
     }
     values_.narrow(2, t0, n).copy_(values);  // converts

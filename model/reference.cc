@@ -12,10 +12,15 @@ namespace kvl {
 namespace {
 
 // HF RMSNorm: float32 statistics, cast back to the input dtype, then * weight.
-at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+// Gemma's (config.norm_weight_offset): the float32 result times (1 + w) in
+// float32, then cast back.
+at::Tensor RmsNorm(const ModelConfig& config, const at::Tensor& x, const at::Tensor& weight) {
   const at::Tensor xf = x.to(at::kFloat);
   const at::Tensor variance = xf.pow(2).mean(-1, /*keepdim=*/true);
-  const at::Tensor normed = xf * at::rsqrt(variance + eps);
+  const at::Tensor normed = xf * at::rsqrt(variance + config.rms_norm_eps);
+  if (config.norm_weight_offset) {
+    return (normed * (1.0 + weight.to(at::kFloat))).to(x.scalar_type());
+  }
   return weight * normed.to(x.scalar_type());
 }
 
@@ -29,14 +34,17 @@ at::Tensor RotateHalf(const at::Tensor& x) {
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
-// cos, sin: [T, D] for positions [pos0, pos0 + T), float32 then cast to dtype.
-std::pair<at::Tensor, at::Tensor> RopeCosSin(const ModelConfig& config, int64_t pos0,
+// cos, sin of layer il: [T, D] for positions [pos0, pos0 + T), float32 then
+// cast to dtype; linear scaling divides the frequencies by its factor.
+std::pair<at::Tensor, at::Tensor> RopeCosSin(const ModelConfig& config, int64_t il, int64_t pos0,
                                              int64_t n_tokens, const at::TensorOptions& opts) {
   const int64_t d = config.head_dim;
   const at::TensorOptions f32 = opts.dtype(at::kFloat);
-  const at::Tensor inv_freq =
-      1.0 / at::pow(config.rope_theta, at::arange(0, d, 2, f32.dtype(at::kLong)).to(at::kFloat) /
-                                           static_cast<double>(d));
+  at::Tensor inv_freq =
+      1.0 / at::pow(config.RopeTheta(il),
+                    at::arange(0, d, 2, f32.dtype(at::kLong)).to(at::kFloat) /
+                        static_cast<double>(d));
+  if (config.RopeFactor(il) != 1.0) inv_freq = inv_freq / config.RopeFactor(il);
   const at::Tensor pos = at::arange(pos0, pos0 + n_tokens, f32.dtype(at::kLong)).to(at::kFloat);
   const at::Tensor freqs = pos.unsqueeze(1) * inv_freq.unsqueeze(0);  // [T, D/2]
   const at::Tensor emb = at::cat({freqs, freqs}, -1);                 // [T, D]
@@ -45,6 +53,14 @@ std::pair<at::Tensor, at::Tensor> RopeCosSin(const ModelConfig& config, int64_t 
 
 at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   return x * cos + RotateHalf(x) * sin;
+}
+
+// down(act(gate(h)) * up(h)), act SiLU or GELU with the tanh approximation.
+at::Tensor Mlp(const ModelConfig& config, const LayerWeights& w, const at::Tensor& h) {
+  const at::Tensor gate = at::linear(h, w.gate_proj);
+  const at::Tensor act =
+      config.hidden_act == Activation::kGeluTanh ? at::gelu(gate, "tanh") : at::silu(gate);
+  return at::linear(act * at::linear(h, w.up_proj), w.down_proj);
 }
 
 }  // namespace
@@ -77,19 +93,26 @@ ReferenceOutput ReferenceForward(const ModelConfig& config, const ModelWeights& 
   const at::ScalarType dtype = weights.embed_tokens.scalar_type();
   const at::TensorOptions opts = weights.embed_tokens.options();
 
-  const auto [cos, sin] = RopeCosSin(config, n_prefix, n_tokens, opts);
-  const auto [cos_prefix, sin_prefix] = RopeCosSin(config, 0, n_prefix, opts);
   // Causal mask over [prefix | ids]: query i sees every prefix key and ids keys <= i.
   const at::Tensor key_pos = at::arange(n_prefix + n_tokens, opts.dtype(at::kLong));
   const at::Tensor query_pos = at::arange(n_prefix, n_prefix + n_tokens, opts.dtype(at::kLong));
   const at::Tensor masked = key_pos.unsqueeze(0) > query_pos.unsqueeze(1);  // [T, P+T]
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const double scale =
+      1.0 / std::sqrt(config.query_pre_attn_scalar > 0 ? config.query_pre_attn_scalar
+                                                       : static_cast<double>(d));
 
   ReferenceOutput out;
   at::Tensor x = at::embedding(weights.embed_tokens, ids);  // [B, T, E]
+  if (config.scale_embeddings) {
+    // Gemma: times sqrt(E) as a tensor in the weights' dtype.
+    x = x * at::scalar_tensor(std::sqrt(static_cast<double>(config.hidden_size)), opts);
+  }
   for (size_t il = 0; il < weights.layers.size(); ++il) {
     const LayerWeights& w = weights.layers[il];
-    const at::Tensor h = RmsNorm(x, w.input_layernorm, config.rms_norm_eps);
+    const auto [cos, sin] = RopeCosSin(config, static_cast<int64_t>(il), n_prefix, n_tokens, opts);
+    const auto [cos_prefix, sin_prefix] =
+        RopeCosSin(config, static_cast<int64_t>(il), 0, n_prefix, opts);
+    const at::Tensor h = RmsNorm(config, x, w.input_layernorm);
     at::Tensor q =
         Linear(h, w.q_proj, w.q_bias).view({n_batch, n_tokens, n_head, d}).transpose(1, 2);
     at::Tensor k =
@@ -105,8 +128,8 @@ ReferenceOutput ReferenceForward(const ModelConfig& config, const ModelWeights& 
       v = at::cat({options.prefix_values[il].to(dtype), v}, 2);
     }
     if (config.qk_norm) {
-      q = RmsNorm(q, w.q_norm, config.rms_norm_eps);
-      k = RmsNorm(k, w.k_norm, config.rms_norm_eps);
+      q = RmsNorm(config, q, w.q_norm);
+      k = RmsNorm(config, k, w.k_norm);
     }
     q = ApplyRope(q, cos, sin);
     k = ApplyRope(k, at::cat({cos_prefix, cos}, 0), at::cat({sin_prefix, sin}, 0));
@@ -120,16 +143,23 @@ ReferenceOutput ReferenceForward(const ModelConfig& config, const ModelWeights& 
         options.attention
             ? options.attention(static_cast<int64_t>(il), q, k, v, layer_masked, scale)
             : EagerAttention(q, k, v, layer_masked, scale);
-    x = x + Linear(attn, w.o_proj, w.o_bias);
-
-    const at::Tensor h2 = RmsNorm(x, w.post_attention_layernorm, config.rms_norm_eps);
-    const at::Tensor mlp =
-        at::linear(at::silu(at::linear(h2, w.gate_proj)) * at::linear(h2, w.up_proj), w.down_proj);
-    x = x + mlp;
+    const at::Tensor attn_out = Linear(attn, w.o_proj, w.o_bias);
+    if (config.sandwich_norms) {
+      x = x + RmsNorm(config, attn_out, w.post_attention_layernorm);
+      const at::Tensor h2 = RmsNorm(config, x, w.pre_feedforward_layernorm);
+      x = x + RmsNorm(config, Mlp(config, w, h2), w.post_feedforward_layernorm);
+    } else {
+      x = x + attn_out;
+      x = x + Mlp(config, w, RmsNorm(config, x, w.post_attention_layernorm));
+    }
   }
-  x = RmsNorm(x, weights.norm, config.rms_norm_eps);
+  x = RmsNorm(config, x, weights.norm);
   if (options.last_logits_only) x = x.narrow(1, n_tokens - 1, 1);
-  out.logits = at::linear(x, weights.lm_head).to(at::kFloat);
+  at::Tensor logits = at::linear(x, weights.lm_head);
+  if (config.final_logit_softcapping > 0) {
+    logits = at::tanh(logits / config.final_logit_softcapping) * config.final_logit_softcapping;
+  }
+  out.logits = logits.to(at::kFloat);
   return out;
 }
 

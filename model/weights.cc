@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <cstring>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -39,13 +40,15 @@ template <typename W>
 std::vector<Slot<W>> Slots(const ModelConfig& c, W* w) {
   const int64_t e = c.hidden_size, f = c.intermediate_size, d = c.head_dim;
   const int64_t q_dim = c.n_head * d, kv_dim = c.n_head_kv * d;
+  // Gemma's norms scale by (1 + w): they start at zero.
+  const InitKind norm_init = c.norm_weight_offset ? InitKind::kZeros : InitKind::kOnes;
   std::vector<Slot<W>> slots;
   slots.push_back(
       {"model.embed_tokens.weight", &w->embed_tokens, {c.vocab_size, e}, InitKind::kNormal});
   for (int64_t il = 0; il < c.n_layer; ++il) {
     auto& l = w->layers[il];
     const std::string p = absl::StrCat("model.layers.", il, ".");
-    slots.push_back({p + "input_layernorm.weight", &l.input_layernorm, {e}, InitKind::kOnes});
+    slots.push_back({p + "input_layernorm.weight", &l.input_layernorm, {e}, norm_init});
     slots.push_back({p + "self_attn.q_proj.weight", &l.q_proj, {q_dim, e}, InitKind::kNormal});
     slots.push_back({p + "self_attn.k_proj.weight", &l.k_proj, {kv_dim, e}, InitKind::kNormal});
     slots.push_back({p + "self_attn.v_proj.weight", &l.v_proj, {kv_dim, e}, InitKind::kNormal});
@@ -57,16 +60,22 @@ std::vector<Slot<W>> Slots(const ModelConfig& c, W* w) {
       slots.push_back({p + "self_attn.o_proj.bias", &l.o_bias, {e}, InitKind::kZeros});
     }
     if (c.qk_norm) {
-      slots.push_back({p + "self_attn.q_norm.weight", &l.q_norm, {d}, InitKind::kOnes});
-      slots.push_back({p + "self_attn.k_norm.weight", &l.k_norm, {d}, InitKind::kOnes});
+      slots.push_back({p + "self_attn.q_norm.weight", &l.q_norm, {d}, norm_init});
+      slots.push_back({p + "self_attn.k_norm.weight", &l.k_norm, {d}, norm_init});
     }
     slots.push_back(
-        {p + "post_attention_layernorm.weight", &l.post_attention_layernorm, {e}, InitKind::kOnes});
+        {p + "post_attention_layernorm.weight", &l.post_attention_layernorm, {e}, norm_init});
+    if (c.sandwich_norms) {
+      slots.push_back(
+          {p + "pre_feedforward_layernorm.weight", &l.pre_feedforward_layernorm, {e}, norm_init});
+      slots.push_back(
+          {p + "post_feedforward_layernorm.weight", &l.post_feedforward_layernorm, {e}, norm_init});
+    }
     slots.push_back({p + "mlp.gate_proj.weight", &l.gate_proj, {f, e}, InitKind::kNormal});
     slots.push_back({p + "mlp.up_proj.weight", &l.up_proj, {f, e}, InitKind::kNormal});
     slots.push_back({p + "mlp.down_proj.weight", &l.down_proj, {e, f}, InitKind::kNormal});
   }
-  slots.push_back({"model.norm.weight", &w->norm, {e}, InitKind::kOnes});
+  slots.push_back({"model.norm.weight", &w->norm, {e}, norm_init});
   return slots;
 }
 
@@ -80,6 +89,25 @@ std::string ShapeString(at::IntArrayRef shape) {
 // config (RoPE inverse frequencies); loading ignores them.
 bool IsHarmlessExtra(const std::string& name) {
   return absl::EndsWith(name, ".rotary_emb.inv_freq");
+}
+
+// A multimodal checkpoint's tensor name as the text model's: the language
+// model's move under "model." (its head to "lm_head.weight"); false for a
+// tensor of the vision side, which is dropped. Other names stay as they are
+// (the text model's own, or unexpected ones that FromNamed reports).
+bool TextModelName(std::string* name) {
+  for (const char* prefix : {"vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                             "model.multi_modal_projector."}) {
+    if (absl::StartsWith(*name, prefix)) return false;
+  }
+  for (const char* prefix : {"language_model.model.", "model.language_model."}) {
+    if (absl::StartsWith(*name, prefix)) {
+      *name = absl::StrCat("model.", name->substr(std::strlen(prefix)));
+      return true;
+    }
+  }
+  if (*name == "language_model.lm_head.weight") *name = kLmHead;
+  return true;
 }
 
 bool IsFloating(const at::Tensor& t) {
@@ -120,6 +148,14 @@ std::map<std::string, at::Tensor> ModelWeights::Named(const ModelConfig& config)
 
 absl::StatusOr<ModelWeights> ModelWeights::FromNamed(const ModelConfig& config,
                                                      std::map<std::string, at::Tensor> named) {
+  if (config.text_of_multimodal) {
+    std::map<std::string, at::Tensor> text;
+    for (auto& [name, tensor] : named) {
+      std::string renamed = name;
+      if (TextModelName(&renamed)) text.emplace(std::move(renamed), std::move(tensor));
+    }
+    named = std::move(text);
+  }
   ModelWeights w;
   w.layers.resize(config.n_layer);
   for (const auto& slot : Slots(config, &w)) {
@@ -159,8 +195,9 @@ std::vector<at::Tensor> ModelWeights::All() const {
   for (const LayerWeights& l : layers) {
     for (const at::Tensor* t :
          {&l.input_layernorm, &l.q_proj, &l.k_proj, &l.v_proj, &l.q_bias, &l.k_bias, &l.v_bias,
-          &l.o_proj, &l.o_bias, &l.q_norm, &l.k_norm, &l.post_attention_layernorm, &l.gate_proj,
-          &l.up_proj, &l.down_proj}) {
+          &l.o_proj, &l.o_bias, &l.q_norm, &l.k_norm, &l.post_attention_layernorm,
+          &l.pre_feedforward_layernorm, &l.post_feedforward_layernorm, &l.gate_proj, &l.up_proj,
+          &l.down_proj}) {
       add(*t);
     }
   }
@@ -191,6 +228,8 @@ ModelWeights ModelWeights::To(at::ScalarType dtype, const std::string& device) c
     o.q_norm = conv(l.q_norm);
     o.k_norm = conv(l.k_norm);
     o.post_attention_layernorm = conv(l.post_attention_layernorm);
+    o.pre_feedforward_layernorm = conv(l.pre_feedforward_layernorm);
+    o.post_feedforward_layernorm = conv(l.post_feedforward_layernorm);
     o.gate_proj = conv(l.gate_proj);
     o.up_proj = conv(l.up_proj);
     o.down_proj = conv(l.down_proj);

@@ -1,5 +1,5 @@
-// The tensors of a Qwen3-family / Llama-style decoder, named as in Hugging Face
-// checkpoints ("model.layers.{il}.self_attn.q_proj.weight", ...).
+// The tensors of a Qwen3-family / Llama-style / Gemma-3 decoder, named as in
+// Hugging Face checkpoints ("model.layers.{il}.self_attn.q_proj.weight", ...).
 //
 // Legend: V=vocab_size, E=hidden_size, F=intermediate_size, Hq=n_head,
 // H=n_head_kv, D=head_dim. Linear weights are [out, in] as in torch.nn.Linear.
@@ -23,7 +23,10 @@ struct LayerWeights {
   // Hugging Face's Qwen3 and Llama give o_proj a bias too when attention_bias.
   at::Tensor o_bias;                    // [E]; undefined unless attention_bias
   at::Tensor q_norm, k_norm;            // [D] each; undefined without qk_norm
+  // Without sandwich norms the MLP's input norm; with them (Gemma-3) the
+  // attention output's, and the MLP has its own two.
   at::Tensor post_attention_layernorm;  // [E]
+  at::Tensor pre_feedforward_layernorm, post_feedforward_layernorm;  // [E]; sandwich norms only
   at::Tensor gate_proj, up_proj;        // [F, E]
   at::Tensor down_proj;                 // [E, F]
 };
@@ -37,7 +40,11 @@ struct ModelWeights {
   // Hugging Face tensor name -> tensor (lm_head omitted when tied).
   std::map<std::string, at::Tensor> Named(const ModelConfig& config) const;
   // Fills the weights from named tensors; a missing tensor or a wrong shape is
-  // InvalidArgument naming the tensor and both shapes.
+  // InvalidArgument naming the tensor and both shapes. For the text model of a
+  // multimodal checkpoint (config.text_of_multimodal) the language model's
+  // tensors may carry either prefix transformers has written
+  // ("language_model.model." or "model.language_model."), and the vision
+  // tower's and projector's tensors are skipped.
   static absl::StatusOr<ModelWeights> FromNamed(const ModelConfig& config,
                                                 std::map<std::string, at::Tensor> named);
   // All tensors, e.g. for an optimiser.

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -322,11 +323,11 @@ TEST(CheckpointTest, UnsupportedConfigs) {
   const std::string dir = FreshDir("unsupported");
   ASSERT_TRUE(SaveCheckpoint(dir, c, InitWeights(c, 1), DType::kFloat32).ok());
   json j = TinyJson();
-  j["architectures"] = {"Gemma3ForCausalLM"};
+  j["architectures"] = {"Gemma2ForCausalLM"};
   j.erase("model_type");
   WriteJson(dir + "/config.json", j);
   ExpectLoadError(dir, absl::StatusCode::kInvalidArgument,
-                  {"config.json", "architectures", "Gemma3ForCausalLM"});
+                  {"config.json", "architectures", "Gemma2ForCausalLM"});
   // A supported class whose layers differ from the weights' (Mistral has no
   // q/k norms): the loader names the tensors it did not expect.
   j = TinyJson();
@@ -339,6 +340,47 @@ TEST(CheckpointTest, UnsupportedConfigs) {
   j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
   WriteJson(dir + "/config.json", j);
   ExpectLoadError(dir, absl::StatusCode::kInvalidArgument, {"rope_scaling", "dynamic"});
+}
+
+// The text half of a vision-language Gemma-3 checkpoint loads from either
+// prefix transformers has written (language_model.model.* up to 4.51,
+// model.language_model.* since); the vision tower's and projector's tensors
+// are skipped, a stored language-model head is the tied embedding.
+TEST(CheckpointTest, MultimodalGemma3LoadsItsTextModel) {
+  const json config_json = {
+      {"architectures", {"Gemma3ForConditionalGeneration"}},
+      {"model_type", "gemma3"},
+      {"torch_dtype", "float32"},
+      {"text_config",
+       {{"hidden_size", 32}, {"intermediate_size", 48}, {"num_hidden_layers", 2},
+        {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 8},
+        {"vocab_size", 61}, {"sliding_window", 4}, {"sliding_window_pattern", 2},
+        {"max_position_embeddings", 256}, {"model_type", "gemma3_text"}}},
+      {"vision_config", {{"model_type", "siglip_vision_model"}}}};
+  const ModelConfig c = Config(config_json);
+  ASSERT_TRUE(c.text_of_multimodal);
+  ModelWeights w = InitWeights(c, 3);
+  for (at::Tensor& t : w.All()) t.normal_();  // norms start at zero: make them differ
+  for (const auto& [text_prefix, vision_prefix] :
+       {std::pair{"language_model.model.", "vision_tower."},
+        std::pair{"model.language_model.", "model.vision_tower."}}) {
+    SCOPED_TRACE(text_prefix);
+    std::map<std::string, at::Tensor> named;
+    for (const auto& [name, t] : w.Named(c)) {
+      named.emplace(std::string(text_prefix) + name.substr(std::strlen("model.")), t);
+    }
+    named.emplace(std::string(vision_prefix) + "vision_model.post_layernorm.weight", at::ones({4}));
+    named.emplace("multi_modal_projector.mm_input_projection_weight", at::ones({4, 32}));
+    named.emplace("language_model.lm_head.weight", w.embed_tokens.clone());
+    const std::string dir = FreshDir("gemma3_multimodal");
+    fs::create_directories(dir);
+    WriteJson(dir + "/config.json", config_json);
+    ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", named).ok());
+    absl::StatusOr<Checkpoint> loaded = LoadCheckpoint(dir);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    ExpectSameWeights(c, loaded->weights, w);
+    EXPECT_TRUE(loaded->weights.lm_head.is_same(loaded->weights.embed_tokens));
+  }
 }
 
 TEST(CheckpointTest, GenerationConfig) {

@@ -117,6 +117,112 @@ TEST(ModelConfigTest, ParsesMistralAndItsWindow) {
   EXPECT_FALSE(ModelConfig::FromJson(mismatch).ok());
 }
 
+// Gemma-3-1B-it's config.json: Gemma3ForCausalLM with five sliding layers
+// (window 512, RoPE base 10000) before each global one (base 1e6), the
+// attention scalar, GELU-tanh and its norms.
+TEST(ModelConfigTest, ParsesGemma3TextAndItsLayerKinds) {
+  const json real = ReadJson(kData + "gemma3_1b_it_config.json");
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromJson(real);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kGemma3);
+  EXPECT_EQ(c->architecture_name, "Gemma3ForCausalLM");
+  EXPECT_FALSE(c->text_of_multimodal);
+  EXPECT_EQ(c->hidden_act, Activation::kGeluTanh);
+  EXPECT_TRUE(c->qk_norm && c->norm_weight_offset && c->sandwich_norms && c->scale_embeddings);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_EQ(c->head_dim, 256);
+  EXPECT_DOUBLE_EQ(c->AttentionScale(), 1.0 / 16);
+  for (int64_t il = 0; il < 26; ++il) {
+    const bool global = (il + 1) % 6 == 0;  // layers 5, 11, 17, 23
+    EXPECT_EQ(c->AttentionWindow(il), global ? 0 : 512) << il;
+    EXPECT_DOUBLE_EQ(c->RopeTheta(il), global ? 1e6 : 1e4) << il;
+    EXPECT_DOUBLE_EQ(c->RopeFactor(il), 1.0) << il;
+  }
+  EXPECT_EQ(c->bos_token_id, 2);
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(1, 106));
+  // Gemma-3-1B's published parameter count (four norms per layer, q/k norms,
+  // tied head).
+  EXPECT_EQ(c->ParameterCount(), 999885952);
+  // Written back as transformers writes it (the layer kinds as layer_types),
+  // it reads as the same model.
+  const json written = c->ToJson();
+  EXPECT_EQ(written["model_type"], "gemma3_text");
+  EXPECT_EQ(written["layer_types"][5], "full_attention");
+  EXPECT_EQ(written["layer_types"][4], "sliding_attention");
+  absl::StatusOr<ModelConfig> again = ModelConfig::FromJson(written);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->ToJson(), written);
+
+  // The newer rope_parameters, per layer kind.
+  json newer = real;
+  newer.erase("rope_theta");
+  newer.erase("rope_local_base_freq");
+  newer["rope_parameters"] = {
+      {"full_attention", {{"rope_type", "linear"}, {"factor", 8.0}, {"rope_theta", 1e6}}},
+      {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 1e4}}}};
+  absl::StatusOr<ModelConfig> n = ModelConfig::FromJson(newer);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_DOUBLE_EQ(n->RopeTheta(5), 1e6);
+  EXPECT_DOUBLE_EQ(n->RopeFactor(5), 8.0);
+  EXPECT_DOUBLE_EQ(n->RopeTheta(0), 1e4);
+  EXPECT_DOUBLE_EQ(n->RopeFactor(0), 1.0);
+
+  // Refusals name the key.
+  for (const auto& [key, value] :
+       {std::pair<const char*, json>{"attn_logit_softcapping", 50.0},
+        {"layer_types", json::array({"sliding_attention"})},
+        {"sliding_window", 0},
+        {"hidden_activation", "relu"},
+        {"query_pre_attn_scalar", 0}}) {
+    json bad = real;
+    bad[key] = value;
+    absl::StatusOr<ModelConfig> refused = ModelConfig::FromJson(bad);
+    ASSERT_FALSE(refused.ok()) << key;
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr(key));
+  }
+}
+
+// Gemma-3-4B-it: a vision-language checkpoint whose text_config gives six
+// keys; the rest are Gemma3TextConfig's defaults, and its global layers
+// scale RoPE linearly by 8.
+TEST(ModelConfigTest, ParsesTheTextHalfOfAMultimodalGemma3) {
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromFile(kData + "gemma3_4b_it_config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kGemma3);
+  EXPECT_TRUE(c->text_of_multimodal);
+  EXPECT_EQ(c->vocab_size, 262208);
+  EXPECT_EQ(c->hidden_size, 2560);
+  EXPECT_EQ(c->n_layer, 34);
+  EXPECT_EQ(c->n_head, 8);
+  EXPECT_EQ(c->n_head_kv, 4);
+  EXPECT_EQ(c->head_dim, 256);
+  EXPECT_EQ(c->AttentionWindow(0), 1024);
+  EXPECT_EQ(c->AttentionWindow(5), 0);
+  EXPECT_DOUBLE_EQ(c->RopeFactor(5), 8.0);
+  EXPECT_DOUBLE_EQ(c->RopeFactor(0), 1.0);
+  EXPECT_DOUBLE_EQ(c->RopeTheta(0), 1e4);
+  EXPECT_EQ(c->torch_dtype, "bfloat16");
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(1, 106));  // the outer config's
+  // The text model's parameters: 3,209M outside the embedding, as the
+  // Gemma 3 report lists for 4B, plus a 262,208 x 2,560 embedding.
+  EXPECT_EQ(c->ParameterCount(), 3880263168);
+  // Written back, it is the Gemma3ForCausalLM it holds.
+  const json written = c->ToJson();
+  EXPECT_EQ(written["architectures"], json::array({"Gemma3ForCausalLM"}));
+  EXPECT_EQ(written["rope_scaling"], json({{"rope_type", "linear"}, {"factor", 8.0}}));
+  absl::StatusOr<ModelConfig> again = ModelConfig::FromJson(written);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->ParameterCount(), c->ParameterCount());
+  EXPECT_FALSE(again->text_of_multimodal);
+
+  json no_text = ReadJson(kData + "gemma3_4b_it_config.json");
+  no_text.erase("text_config");
+  absl::StatusOr<ModelConfig> refused = ModelConfig::FromJson(no_text);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("text_config"));
+}
+
 TEST(ModelConfigTest, EosListAndMissingKvHeads) {
   json j = ReadJson(kData + "tiny_qwen3_config.json");
   j.erase("num_key_value_heads");
@@ -202,9 +308,10 @@ INSTANTIATE_TEST_SUITE_P(
                      {"factor", 4.0},
                      {"original_max_position_embeddings", 32768}},
                 "yarn"},
-        Refusal{"Linear", "rope_scaling", json{{"type", "linear"}, {"factor", 2.0}}, "linear"},
+        Refusal{"LinearWithoutFactor", "rope_scaling", json{{"type", "linear"}}, "factor"},
         Refusal{"Llama3", "rope_scaling", json{{"rope_type", "llama3"}, {"factor", 8.0}}, "llama3"},
         Refusal{"Gelu", "hidden_act", "gelu", "gelu"},
+        Refusal{"AttentionSoftcap", "attn_logit_softcapping", 50.0, "50"},
         Refusal{"SlidingWindow", "use_sliding_window", true, "sliding"},
         Refusal{"LayerTypes", "layer_types", json::array({"full_attention", "sliding_attention"}),
                 "sliding_attention"},

@@ -61,7 +61,7 @@ class KeyTransformFloat32Test : public ::testing::TestWithParam<bool> {
 TEST_P(KeyTransformFloat32Test, ApplyMatchesTheOpByOpPathOnStridedViews) {
   const KeyTransform transform(config_, k_norm_, at::TensorOptions().dtype(at::kFloat));
   Layouts l = MakeLayouts(7);
-  const ops::RopeTable rope = transform.Rope(100, kTokens);
+  const ops::RopeTable rope = transform.Rope(100, kTokens).For(0);
   transform.Apply(1, l.k, rope, l.out, l.rms_out);
 
   at::Tensor inv_rms;
@@ -84,7 +84,7 @@ TEST_P(KeyTransformFloat32Test, ApplyMatchesTheOpByOpPathOnStridedViews) {
 TEST_P(KeyTransformFloat32Test, InvertMatchesTheOpByOpPathAndUndoesApply) {
   const KeyTransform transform(config_, k_norm_, at::TensorOptions().dtype(at::kFloat));
   Layouts l = MakeLayouts(8);
-  const ops::RopeTable rope = transform.Rope(1000, kTokens);
+  const ops::RopeTable rope = transform.Rope(1000, kTokens).For(0);
   transform.Apply(0, l.k, rope, l.out, l.rms_out);
 
   // Into a [H, T, D] taps layout, as KvCache::Taps writes.
@@ -110,7 +110,7 @@ TEST_P(KeyTransformFloat32Test, Bfloat16KeysIntoAFloat32LineEqualTheirFloat32Wid
                            .view({kTokens, kHeads, kDim})
                            .copy_(l.k);
   ASSERT_EQ(k.stride(0), l.k.stride(0));
-  const ops::RopeTable rope = transform.Rope(40, kTokens);
+  const ops::RopeTable rope = transform.Rope(40, kTokens).For(0);
   transform.Apply(1, k, rope, l.out, l.rms_out);
   Layouts want = MakeLayouts(9);
   transform.Apply(1, k.to(at::kFloat), rope, want.out, want.rms_out);
@@ -128,7 +128,7 @@ TEST(KeyTransform, Bfloat16KeysTakeTheOpByOpPath) {
   const std::vector<at::Tensor> k_norm{(at::rand({kDim}) + 0.5).to(at::kBFloat16)};
   const KeyTransform transform(config, k_norm, at::TensorOptions().dtype(at::kBFloat16));
   const at::Tensor k = at::randn({kTokens, kHeads, kDim}).to(at::kBFloat16);
-  const ops::RopeTable rope = transform.Rope(3, kTokens);
+  const ops::RopeTable rope = transform.Rope(3, kTokens).For(0);
   const at::Tensor got = at::empty({kTokens, kHeads, kDim}, at::kBFloat16);
   const at::Tensor got_rms = at::empty({kTokens, kHeads});
   transform.Apply(0, k, rope, got, got_rms);

@@ -196,26 +196,22 @@ TEST_F(ModelCliTest, AJsonReportThatCannotBeWrittenIsAnErrorNamingTheFile) {
   }
 }
 
-// A Mistral checkpoint with a 4-token window, written by init-model and read
-// back by logits: the config keeps its class and window through config.json,
-// and the logits past the window equal the reference forward's, which applies
-// the same window (tests/model/decoder_test.cc checks that one against loops).
-TEST(ModelCliMistralTest, LogitsOfAWindowedMistralCheckpointMatchTheReference) {
-  TempDir dir("model-cli-mistral");
-  const std::string config = dir.WriteFile("config.json", R"({"architectures": ["MistralForCausalLM"],
-    "model_type": "mistral", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 96,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "max_position_embeddings": 512,
-    "sliding_window": 4, "tie_word_embeddings": false, "hidden_act": "silu",
-    "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"})");
-  const std::string model = dir.Path("mistral");
+// init-model writes a checkpoint from `config_json` and logits reads it back:
+// the config keeps its class and layer kinds through config.json, and the
+// logits equal the reference forward's (tests/model/decoder_test.cc checks
+// that one against loops).
+void ExpectLogitsMatchTheReference(const std::string& name, const std::string& config_json,
+                                   Architecture architecture) {
+  TempDir dir("model-cli-" + name);
+  const std::string config = dir.WriteFile("config.json", config_json);
+  const std::string model = dir.Path(name);
   absl::StatusOr<RunResult> init = RunProcess(
       {KVL_CLI_BIN, "init-model", "--config", config, "--out", model, "--seed", "3"}, kTimeout);
   ASSERT_TRUE(init.ok()) << init.status();
   ASSERT_EQ(init->exit_code, 0) << init->err;
   absl::StatusOr<Checkpoint> loaded = LoadCheckpoint(model);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
-  EXPECT_EQ(loaded->config.architecture, Architecture::kMistral);
+  EXPECT_EQ(loaded->config.architecture, architecture);
   EXPECT_EQ(loaded->config.sliding_window, 4);
 
   const std::vector<int64_t> ids = {1, 300, 17, 400, 42, 9, 77, 5, 260, 11};
@@ -233,6 +229,31 @@ TEST(ModelCliMistralTest, LogitsOfAWindowedMistralCheckpointMatchTheReference) {
     const at::Tensor got = at::tensor(out["logits"][t].get<std::vector<float>>());
     EXPECT_LT((got - expected[t]).abs().max().item<float>(), 1e-4) << "position " << t;
   }
+}
+
+// A Mistral checkpoint with a 4-token window on every layer.
+TEST(ModelCliMistralTest, LogitsOfAWindowedMistralCheckpointMatchTheReference) {
+  ExpectLogitsMatchTheReference("mistral", R"({"architectures": ["MistralForCausalLM"],
+    "model_type": "mistral", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 96,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "max_position_embeddings": 512,
+    "sliding_window": 4, "tie_word_embeddings": false, "hidden_act": "silu",
+    "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"})",
+                                Architecture::kMistral);
+}
+
+// A Gemma-3 checkpoint: sliding layers (window 4) around global ones with
+// linearly scaled RoPE, soft-capped logits; the rest Gemma3TextConfig's
+// defaults.
+TEST(ModelCliGemma3Test, LogitsOfAGemma3CheckpointMatchTheReference) {
+  ExpectLogitsMatchTheReference("gemma3", R"({"architectures": ["Gemma3ForCausalLM"],
+    "model_type": "gemma3_text", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 96,
+    "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 4,
+    "sliding_window_pattern": 2, "rope_scaling": {"rope_type": "linear", "factor": 4.0},
+    "final_logit_softcapping": 30.0, "max_position_embeddings": 512,
+    "torch_dtype": "float32"})",
+                                Architecture::kGemma3);
 }
 
 }  // namespace
