@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -118,7 +119,37 @@ constexpr ArchitectureInfo kArchitectures[] = {
     {"LlamaForCausalLM", "llama", Architecture::kLlama, false},
     {"MistralForCausalLM", "mistral", Architecture::kMistral, false},
     {"Gemma3ForCausalLM", "gemma3_text", Architecture::kGemma3, true},
+    {"Qwen3MoeForCausalLM", "qwen3_moe", Architecture::kQwen3Moe, true},
 };
+
+// Qwen3-MoE's expert keys: the three sizes are required, the layer pattern
+// takes Qwen3MoeConfig's defaults.
+absl::Status ReadMixtureOfExperts(const json& j, ModelConfig* c) {
+  KVL_RETURN_IF_ERROR(ReadPositiveInt(j, "num_experts", &c->n_expert));
+  KVL_RETURN_IF_ERROR(ReadPositiveInt(j, "num_experts_per_tok", &c->n_expert_used));
+  if (c->n_expert_used > c->n_expert) {
+    return Refuse("num_experts_per_tok", c->n_expert_used,
+                  absl::StrCat("more than num_experts = ", c->n_expert));
+  }
+  KVL_RETURN_IF_ERROR(ReadPositiveInt(j, "moe_intermediate_size", &c->moe_intermediate_size));
+  KVL_RETURN_IF_ERROR(ReadBool(j, "norm_topk_prob", &c->norm_topk_prob));
+  KVL_RETURN_IF_ERROR(ReadInt(j, "decoder_sparse_step", false, &c->decoder_sparse_step));
+  if (c->decoder_sparse_step <= 0) {
+    return Refuse("decoder_sparse_step", c->decoder_sparse_step, "must be positive");
+  }
+  auto dense = j.find("mlp_only_layers");
+  if (dense != j.end() && !dense->is_null()) {
+    if (!dense->is_array()) return Refuse("mlp_only_layers", *dense, "expected a list of layers");
+    for (const json& il : *dense) {
+      if (!il.is_number_integer() || il.get<int64_t>() < 0 || il.get<int64_t>() >= c->n_layer) {
+        return Refuse("mlp_only_layers", *dense,
+                      absl::StrCat("expected layer indices below ", c->n_layer));
+      }
+      c->mlp_only_layers.push_back(il.get<int64_t>());
+    }
+  }
+  return absl::OkStatus();
+}
 
 // A vision-language Gemma-3 checkpoint: its text model is read from
 // "text_config".
@@ -303,7 +334,8 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& outer) {
     if (info == nullptr) {
       return Refuse("architectures", *archs,
                     "unsupported architecture (supported: Qwen3ForCausalLM, LlamaForCausalLM, "
-                    "MistralForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration)");
+                    "MistralForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, "
+                    "Qwen3MoeForCausalLM)");
     }
   }
   auto model_type = j.find("model_type");
@@ -317,7 +349,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& outer) {
     if (by_type == nullptr) {
       return Refuse("model_type", *model_type,
                     "unsupported model_type (supported: qwen3, llama, mistral, gemma3_text, "
-                    "gemma3)");
+                    "gemma3, qwen3_moe)");
     }
     if (info != nullptr && info != by_type) {
       return Refuse("model_type", *model_type,
@@ -431,6 +463,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const json& outer) {
   } else {
     KVL_RETURN_IF_ERROR(CheckSlidingWindow(j));
   }
+  if (c.architecture == Architecture::kQwen3Moe) KVL_RETURN_IF_ERROR(ReadMixtureOfExperts(j, &c));
 
   // "torch_dtype" (transformers < 4.56) or "dtype" (newer).
   for (const char* key : {"torch_dtype", "dtype"}) {
@@ -502,7 +535,8 @@ json ModelConfig::ToJson() const {
   j["initializer_range"] = 0.02;
   j["intermediate_size"] = intermediate_size;
   j["max_position_embeddings"] = max_position_embeddings;
-  if (architecture == Architecture::kQwen3) {
+  const bool qwen3 = architecture == Architecture::kQwen3 || architecture == Architecture::kQwen3Moe;
+  if (qwen3) {
     j["max_window_layers"] = n_layer;
   } else if (architecture == Architecture::kLlama) {
     j["mlp_bias"] = false;
@@ -517,7 +551,17 @@ json ModelConfig::ToJson() const {
                           ? json(nullptr)
                           : json{{"rope_type", "linear"}, {"factor", rope_scaling_factor}};
   j["rope_theta"] = rope_theta;
-  if (architecture == Architecture::kQwen3) j["sliding_window"] = nullptr;
+  if (qwen3) j["sliding_window"] = nullptr;
+  if (architecture == Architecture::kQwen3Moe) {
+    j["decoder_sparse_step"] = decoder_sparse_step;
+    j["mlp_only_layers"] = mlp_only_layers;
+    j["moe_intermediate_size"] = moe_intermediate_size;
+    j["norm_topk_prob"] = norm_topk_prob;
+    j["num_experts"] = n_expert;
+    j["num_experts_per_tok"] = n_expert_used;
+    j["output_router_logits"] = false;
+    j["router_aux_loss_coef"] = 0.001;
+  }
   if (architecture == Architecture::kMistral) {
     j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
   }
@@ -536,9 +580,14 @@ json ModelConfig::ToJson() const {
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["torch_dtype"] = torch_dtype;
   j["use_cache"] = true;
-  if (architecture == Architecture::kQwen3) j["use_sliding_window"] = false;
+  if (qwen3) j["use_sliding_window"] = false;
   j["vocab_size"] = vocab_size;
   return j;
+}
+
+bool ModelConfig::IsMoeLayer(int64_t il) const {
+  return n_expert > 0 && (il + 1) % decoder_sparse_step == 0 &&
+         std::find(mlp_only_layers.begin(), mlp_only_layers.end(), il) == mlp_only_layers.end();
 }
 
 double ModelConfig::AttentionScale() const {
@@ -550,13 +599,16 @@ double ModelConfig::AttentionScale() const {
 int64_t ModelConfig::ParameterCount() const {
   const int64_t q_dim = n_head * head_dim;
   const int64_t kv_dim = n_head_kv * head_dim;
-  int64_t per_layer = (sandwich_norms ? 4 : 2) * hidden_size          // the layer's norms
+  int64_t attention = (sandwich_norms ? 4 : 2) * hidden_size          // the layer's norms
                       + (q_dim + 2 * kv_dim) * hidden_size            // q, k, v
-                      + hidden_size * q_dim                           // o
-                      + 3 * intermediate_size * hidden_size;          // gate, up, down
-  if (attention_bias) per_layer += q_dim + 2 * kv_dim + hidden_size;  // q, k, v, o biases
-  if (qk_norm) per_layer += 2 * head_dim;
-  int64_t total = vocab_size * hidden_size + n_layer * per_layer + hidden_size;
+                      + hidden_size * q_dim;                          // o
+  if (attention_bias) attention += q_dim + 2 * kv_dim + hidden_size;  // q, k, v, o biases
+  if (qk_norm) attention += 2 * head_dim;
+  const int64_t dense_mlp = 3 * intermediate_size * hidden_size;     // gate, up, down
+  const int64_t moe = n_expert * hidden_size                          // router
+                      + n_expert * 3 * moe_intermediate_size * hidden_size;
+  int64_t total = vocab_size * hidden_size + hidden_size;  // embedding, final norm
+  for (int64_t il = 0; il < n_layer; ++il) total += attention + (IsMoeLayer(il) ? moe : dense_mlp);
   if (!tie_word_embeddings) total += vocab_size * hidden_size;
   return total;
 }

@@ -12,13 +12,14 @@
 
 namespace kvl {
 
-enum class Architecture { kQwen3, kLlama, kMistral, kGemma3 };
+enum class Architecture { kQwen3, kLlama, kMistral, kGemma3, kQwen3Moe };
 
 // The MLP's gate activation ("hidden_act", Gemma: "hidden_activation").
 enum class Activation { kSilu, kGeluTanh };
 
-// Hyper-parameters of a Qwen3-family, Llama-style, Mistral or Gemma-3 text
-// decoder, with the Hugging Face config.json key each field comes from.
+// Hyper-parameters of a Qwen3-family (dense or mixture-of-experts),
+// Llama-style, Mistral or Gemma-3 text decoder, with the Hugging Face
+// config.json key each field comes from.
 struct ModelConfig {
   Architecture architecture = Architecture::kQwen3;  // "architectures"[0]
   std::string architecture_name = "Qwen3ForCausalLM";
@@ -67,6 +68,17 @@ struct ModelConfig {
   bool scale_embeddings = false;
   double query_pre_attn_scalar = 0;     // attention scale 1/sqrt(this); 0: head_dim
   double final_logit_softcapping = 0;   // logits = cap * tanh(logits / cap); 0: none
+  // Qwen3-MoE: a sparse mixture of experts in place of the MLP on its MoE
+  // layers (IsMoeLayer). Each token's router logits (a [X, E] linear) go
+  // through a float32 softmax; the top n_expert_used experts (each a SwiGLU
+  // MLP of moe_intermediate_size) run on it and their outputs add up weighted
+  // by those probabilities, renormalized to sum to 1 when norm_topk_prob.
+  int64_t n_expert = 0;               // "num_experts"; 0: a dense model
+  int64_t n_expert_used = 0;          // "num_experts_per_tok"
+  int64_t moe_intermediate_size = 0;  // "moe_intermediate_size"
+  bool norm_topk_prob = false;        // "norm_topk_prob"
+  int64_t decoder_sparse_step = 1;    // "decoder_sparse_step": every k-th layer is MoE
+  std::vector<int64_t> mlp_only_layers;  // "mlp_only_layers": dense despite the step
   // Read from Gemma3ForConditionalGeneration: the text model of a
   // vision-language checkpoint ("text_config"; tensors under
   // "language_model.model." or "model.language_model.", vision tensors
@@ -93,6 +105,8 @@ struct ModelConfig {
   bool UsesLocalRope(int64_t il) const { return rope_local_theta > 0 && IsSlidingLayer(il); }
   double RopeTheta(int64_t il) const { return UsesLocalRope(il) ? rope_local_theta : rope_theta; }
   double RopeFactor(int64_t il) const { return UsesLocalRope(il) ? 1.0 : rope_scaling_factor; }
+  // Whether layer il's MLP is the mixture of experts.
+  bool IsMoeLayer(int64_t il) const;
   // The factor scores are multiplied by: 1/sqrt(query_pre_attn_scalar or head_dim).
   double AttentionScale() const;
 

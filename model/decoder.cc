@@ -26,9 +26,18 @@ struct Decoder::Layer {
   at::Tensor post_attention_layernorm;  // [E]: the MLP's input norm, or with sandwich
                                         // norms the attention output's
   at::Tensor pre_feedforward_layernorm, post_feedforward_layernorm;  // [E]; sandwich norms only
-  at::Tensor gate_up;                   // [2F, E]
+  at::Tensor gate_up;                   // [2F, E]; undefined on a mixture-of-experts layer
   at::Tensor down_proj;                 // [E, F]
+  // A mixture-of-experts layer: the router and each expert's fused weights.
+  at::Tensor router;                    // [X, E]
+  std::vector<at::Tensor> expert_gate_up;  // X x [2Fm, E]
+  std::vector<at::Tensor> expert_down;     // X x [E, Fm]
 };
+
+namespace {
+at::Tensor Project(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                   bool vector);
+}  // namespace
 
 Decoder::~Decoder() = default;
 
@@ -104,8 +113,16 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const ModelConfig& conf
       l.post_attention_layernorm = norm(lw.post_attention_layernorm);
       l.pre_feedforward_layernorm = norm(lw.pre_feedforward_layernorm);
       l.post_feedforward_layernorm = norm(lw.post_feedforward_layernorm);
-      l.gate_up = at::cat({lw.gate_proj, lw.up_proj}, 0).detach();
-      l.down_proj = lw.down_proj.detach().contiguous();
+      if (lw.router.defined()) {
+        l.router = lw.router.detach().contiguous();
+        for (size_t x = 0; x < lw.expert_gate.size(); ++x) {
+          l.expert_gate_up.push_back(at::cat({lw.expert_gate[x], lw.expert_up[x]}, 0).detach());
+          l.expert_down.push_back(lw.expert_down[x].detach().contiguous());
+        }
+      } else {
+        l.gate_up = at::cat({lw.gate_proj, lw.up_proj}, 0).detach();
+        l.down_proj = lw.down_proj.detach().contiguous();
+      }
       d->layers_.push_back(std::move(l));
     }
     d->tap_mode_ = k_norm_invertible ? options.tap_mode : KeyTapMode::kStorePreNorm;
@@ -120,6 +137,48 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const ModelConfig& conf
 std::unique_ptr<KvCache> Decoder::NewCache() const {
   return std::unique_ptr<KvCache>(new KvCache(key_transform_, config_.n_layer, config_.n_head_kv,
                                               config_.head_dim, options_, tap_mode_));
+}
+
+at::Tensor Decoder::Mlp(const at::Tensor& h, const at::Tensor& gate_up_weight,
+                        const at::Tensor& down_weight, int64_t ffn) const {
+  const at::Tensor gate_up = Project(h, gate_up_weight, at::Tensor(), matrix_vector_decode_);
+  at::Tensor act = config_.hidden_act == Activation::kGeluTanh
+                       ? at::gelu(gate_up.narrow(1, 0, ffn), "tanh")
+                       : at::silu(gate_up.narrow(1, 0, ffn));
+  act.mul_(gate_up.narrow(1, ffn, ffn));
+  return Project(act, down_weight, at::Tensor(), matrix_vector_decode_);
+}
+
+at::Tensor Decoder::MixtureOfExperts(const Layer& w, const at::Tensor& h) const {
+  const int64_t n_tokens = h.size(0), k = config_.n_expert_used;
+  // HF's order: float32 softmax over the router logits, the top k, optionally
+  // renormalized, then cast to the activations' dtype.
+  const at::Tensor logits = Project(h, w.router, at::Tensor(), matrix_vector_decode_);  // [T, X]
+  auto [weights, experts] = at::softmax(logits, -1, at::kFloat).topk(k, -1);  // [T, k] each
+  if (config_.norm_topk_prob) weights.div_(weights.sum(-1, /*keepdim=*/true));
+  weights = weights.to(h.scalar_type());
+  // The (token, slot) pairs grouped by expert: each expert runs once over its
+  // tokens, experts in ascending order, their outputs added in that order (as
+  // HF's loop does).
+  const at::Tensor flat = experts.reshape({-1});
+  const at::Tensor order = flat.argsort();
+  const at::Tensor sorted = flat.index_select(0, order).cpu();
+  const at::Tensor pair_weights = weights.reshape({-1, 1}).index_select(0, order);
+  const at::Tensor tokens = order.div(k, "floor");
+  const int64_t* expert_of = sorted.data_ptr<int64_t>();
+  at::Tensor out = at::zeros_like(h);
+  const int64_t n_pairs = n_tokens * k;
+  for (int64_t i = 0; i < n_pairs;) {
+    int64_t j = i;
+    while (j < n_pairs && expert_of[j] == expert_of[i]) ++j;
+    const int64_t x = expert_of[i];
+    const at::Tensor rows = tokens.narrow(0, i, j - i);
+    const at::Tensor y = Mlp(h.index_select(0, rows), w.expert_gate_up[x], w.expert_down[x],
+                             config_.moe_intermediate_size);
+    out.index_add_(0, rows, y.mul_(pair_weights.narrow(0, i, j - i)));
+    i = j;
+  }
+  return out;
 }
 
 at::Tensor Decoder::Forward(KvCache& cache, const at::Tensor& ids, bool all_logits) {
@@ -378,12 +437,8 @@ std::vector<at::Tensor> Decoder::ForwardBatch(const std::vector<Row>& rows) {
 
     const at::Tensor h2 = ops::RmsNorm(
         x, config_.sandwich_norms ? w.pre_feedforward_layernorm : w.post_attention_layernorm, eps);
-    const at::Tensor gate_up = Project(h2, w.gate_up, at::Tensor(), mv);  // [T, 2F]
-    at::Tensor act = config_.hidden_act == Activation::kGeluTanh
-                         ? at::gelu(gate_up.narrow(1, 0, ffn), "tanh")
-                         : at::silu(gate_up.narrow(1, 0, ffn));
-    act.mul_(gate_up.narrow(1, ffn, ffn));
-    const at::Tensor mlp_out = Project(act, w.down_proj, at::Tensor(), mv);
+    const at::Tensor mlp_out = w.router.defined() ? MixtureOfExperts(w, h2)
+                                                  : Mlp(h2, w.gate_up, w.down_proj, ffn);
     if (config_.sandwich_norms) {
       x.add_(ops::RmsNorm(mlp_out, w.post_feedforward_layernorm, eps));
     } else {

@@ -1,4 +1,5 @@
-// The cached decoder: a Qwen3-family / Llama-style / Gemma-3 model prepared for fast
+// The cached decoder: a Qwen3-family (dense or MoE) / Llama-style / Gemma-3
+// model prepared for fast
 // inference (dtype/device chosen at load, q/k/v and gate/up weights fused once),
 // running chunks of tokens against a KvCache line. Numerically it follows
 // model/reference.h (the oracle it is tested against).
@@ -87,6 +88,12 @@ class Decoder {
  private:
   struct Layer;
   Decoder() = default;
+  // The gated MLP: down(act(gate(h)) * up(h)), gate and up fused as
+  // [2 * ffn, E]; h: [T, E].
+  at::Tensor Mlp(const at::Tensor& h, const at::Tensor& gate_up_weight,
+                 const at::Tensor& down_weight, int64_t ffn) const;
+  // A mixture-of-experts layer's MLP over h: [T, E] (ModelConfig, Qwen3-MoE).
+  at::Tensor MixtureOfExperts(const Layer& w, const at::Tensor& h) const;
 
   ModelConfig config_;
   at::ScalarType dtype_ = at::kFloat;

@@ -56,11 +56,37 @@ at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
 }
 
 // down(act(gate(h)) * up(h)), act SiLU or GELU with the tanh approximation.
-at::Tensor Mlp(const ModelConfig& config, const LayerWeights& w, const at::Tensor& h) {
-  const at::Tensor gate = at::linear(h, w.gate_proj);
+at::Tensor GatedMlp(const ModelConfig& config, const at::Tensor& h, const at::Tensor& gate_proj,
+                    const at::Tensor& up_proj, const at::Tensor& down_proj) {
+  const at::Tensor gate = at::linear(h, gate_proj);
   const at::Tensor act =
       config.hidden_act == Activation::kGeluTanh ? at::gelu(gate, "tanh") : at::silu(gate);
-  return at::linear(act * at::linear(h, w.up_proj), w.down_proj);
+  return at::linear(act * at::linear(h, up_proj), down_proj);
+}
+
+// The layer's MLP over h [B, T, E]. A mixture-of-experts layer, as HF's
+// Qwen3-MoE block: router softmax in float32, the top k experts per token
+// (renormalized with norm_topk_prob), weights cast to h's dtype, each
+// expert's output times its weight added in ascending expert order.
+at::Tensor Mlp(const ModelConfig& config, const LayerWeights& w, const at::Tensor& h) {
+  if (!w.router.defined()) return GatedMlp(config, h, w.gate_proj, w.up_proj, w.down_proj);
+  const at::Tensor flat = h.reshape({-1, h.size(-1)});  // [B*T, E]
+  const at::Tensor probs = at::softmax(at::linear(flat, w.router), -1, at::kFloat);
+  auto [weights, experts] = probs.topk(config.n_expert_used, -1);  // [B*T, k]
+  if (config.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  weights = weights.to(h.scalar_type());
+  at::Tensor out = at::zeros_like(flat);
+  for (int64_t x = 0; x < config.n_expert; ++x) {
+    const at::Tensor hit = (experts == x).nonzero();  // [n, 2]: (token, slot)
+    if (hit.size(0) == 0) continue;
+    const at::Tensor token = hit.select(1, 0), slot = hit.select(1, 1);
+    const at::Tensor y = GatedMlp(config, flat.index_select(0, token), w.expert_gate[x],
+                                  w.expert_up[x], w.expert_down[x]);
+    const at::Tensor weight =
+        weights.reshape({-1}).index_select(0, token * config.n_expert_used + slot);
+    out = out.index_add(0, token, y * weight.unsqueeze(1));
+  }
+  return out.view(h.sizes());
 }
 
 }  // namespace

@@ -35,7 +35,7 @@ struct Slot {
 
 // Every tensor of a checkpoint in a fixed order (the order InitWeights draws
 // random numbers in), lm_head excluded: it is handled apart because of tying.
-// `w->layers` must already have config.n_layer entries.
+// `w->layers` must already be sized by SizeLayers.
 template <typename W>
 std::vector<Slot<W>> Slots(const ModelConfig& c, W* w) {
   const int64_t e = c.hidden_size, f = c.intermediate_size, d = c.head_dim;
@@ -71,12 +71,34 @@ std::vector<Slot<W>> Slots(const ModelConfig& c, W* w) {
       slots.push_back(
           {p + "post_feedforward_layernorm.weight", &l.post_feedforward_layernorm, {e}, norm_init});
     }
+    if (c.IsMoeLayer(il)) {
+      const int64_t fm = c.moe_intermediate_size;
+      slots.push_back({p + "mlp.gate.weight", &l.router, {c.n_expert, e}, InitKind::kNormal});
+      for (int64_t x = 0; x < c.n_expert; ++x) {
+        const std::string q = absl::StrCat(p, "mlp.experts.", x, ".");
+        slots.push_back({q + "gate_proj.weight", &l.expert_gate[x], {fm, e}, InitKind::kNormal});
+        slots.push_back({q + "up_proj.weight", &l.expert_up[x], {fm, e}, InitKind::kNormal});
+        slots.push_back({q + "down_proj.weight", &l.expert_down[x], {e, fm}, InitKind::kNormal});
+      }
+      continue;
+    }
     slots.push_back({p + "mlp.gate_proj.weight", &l.gate_proj, {f, e}, InitKind::kNormal});
     slots.push_back({p + "mlp.up_proj.weight", &l.up_proj, {f, e}, InitKind::kNormal});
     slots.push_back({p + "mlp.down_proj.weight", &l.down_proj, {e, f}, InitKind::kNormal});
   }
   slots.push_back({"model.norm.weight", &w->norm, {e}, norm_init});
   return slots;
+}
+
+// config.n_layer layers, each mixture-of-experts layer with its experts.
+void SizeLayers(const ModelConfig& c, ModelWeights* w) {
+  w->layers.resize(c.n_layer);
+  for (int64_t il = 0; il < c.n_layer; ++il) {
+    const size_t n = c.IsMoeLayer(il) ? static_cast<size_t>(c.n_expert) : 0;
+    w->layers[il].expert_gate.resize(n);
+    w->layers[il].expert_up.resize(n);
+    w->layers[il].expert_down.resize(n);
+  }
 }
 
 constexpr const char* kLmHead = "lm_head.weight";
@@ -157,7 +179,7 @@ absl::StatusOr<ModelWeights> ModelWeights::FromNamed(const ModelConfig& config,
     named = std::move(text);
   }
   ModelWeights w;
-  w.layers.resize(config.n_layer);
+  SizeLayers(config, &w);
   for (const auto& slot : Slots(config, &w)) {
     KVL_RETURN_IF_ERROR(TakeTensor(named, slot.name, slot.shape, slot.tensor));
   }
@@ -197,8 +219,11 @@ std::vector<at::Tensor> ModelWeights::All() const {
          {&l.input_layernorm, &l.q_proj, &l.k_proj, &l.v_proj, &l.q_bias, &l.k_bias, &l.v_bias,
           &l.o_proj, &l.o_bias, &l.q_norm, &l.k_norm, &l.post_attention_layernorm,
           &l.pre_feedforward_layernorm, &l.post_feedforward_layernorm, &l.gate_proj, &l.up_proj,
-          &l.down_proj}) {
+          &l.down_proj, &l.router}) {
       add(*t);
+    }
+    for (const auto* experts : {&l.expert_gate, &l.expert_up, &l.expert_down}) {
+      for (const at::Tensor& t : *experts) add(t);
     }
   }
   add(norm);
@@ -233,6 +258,10 @@ ModelWeights ModelWeights::To(at::ScalarType dtype, const std::string& device) c
     o.gate_proj = conv(l.gate_proj);
     o.up_proj = conv(l.up_proj);
     o.down_proj = conv(l.down_proj);
+    o.router = conv(l.router);
+    for (const at::Tensor& t : l.expert_gate) o.expert_gate.push_back(conv(t));
+    for (const at::Tensor& t : l.expert_up) o.expert_up.push_back(conv(t));
+    for (const at::Tensor& t : l.expert_down) o.expert_down.push_back(conv(t));
     out.layers.push_back(std::move(o));
   }
   out.norm = conv(norm);
@@ -242,7 +271,7 @@ ModelWeights ModelWeights::To(at::ScalarType dtype, const std::string& device) c
 
 ModelWeights InitWeights(const ModelConfig& config, uint64_t seed) {
   ModelWeights w;
-  w.layers.resize(config.n_layer);
+  SizeLayers(config, &w);
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   const at::TensorOptions opts = at::TensorOptions().dtype(at::kFloat);
   constexpr double kInitializerRange = 0.02;  // config.json "initializer_range"

@@ -2,7 +2,8 @@
 // Hugging Face checkpoints ("model.layers.{il}.self_attn.q_proj.weight", ...).
 //
 // Legend: V=vocab_size, E=hidden_size, F=intermediate_size, Hq=n_head,
-// H=n_head_kv, D=head_dim. Linear weights are [out, in] as in torch.nn.Linear.
+// H=n_head_kv, D=head_dim, X=n_expert, Fm=moe_intermediate_size. Linear
+// weights are [out, in] as in torch.nn.Linear.
 #pragma once
 
 #include <map>
@@ -27,8 +28,14 @@ struct LayerWeights {
   // attention output's, and the MLP has its own two.
   at::Tensor post_attention_layernorm;  // [E]
   at::Tensor pre_feedforward_layernorm, post_feedforward_layernorm;  // [E]; sandwich norms only
+  // The dense MLP (undefined on a mixture-of-experts layer).
   at::Tensor gate_proj, up_proj;        // [F, E]
   at::Tensor down_proj;                 // [E, F]
+  // A mixture-of-experts layer (ModelConfig::IsMoeLayer): "mlp.gate.weight"
+  // and "mlp.experts.{x}.{gate,up,down}_proj.weight".
+  at::Tensor router;                            // [X, E]
+  std::vector<at::Tensor> expert_gate, expert_up;  // X x [Fm, E]
+  std::vector<at::Tensor> expert_down;          // X x [E, Fm]
 };
 
 struct ModelWeights {

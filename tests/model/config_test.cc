@@ -223,6 +223,59 @@ TEST(ModelConfigTest, ParsesTheTextHalfOfAMultimodalGemma3) {
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("text_config"));
 }
 
+// Qwen3-30B-A3B's config.json (the paper's App. N pair): 128 experts of
+// which 8 run per token on every layer, renormalized.
+TEST(ModelConfigTest, ParsesQwen3MoeAndItsExperts) {
+  const json real = ReadJson(kData + "qwen3_30b_a3b_config.json");
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromJson(real);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kQwen3Moe);
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_EQ(c->n_expert, 128);
+  EXPECT_EQ(c->n_expert_used, 8);
+  EXPECT_EQ(c->moe_intermediate_size, 768);
+  EXPECT_TRUE(c->norm_topk_prob);
+  for (int64_t il : {0, 23, 47}) EXPECT_TRUE(c->IsMoeLayer(il)) << il;
+  // Qwen3-30B-A3B's published parameter count.
+  EXPECT_EQ(c->ParameterCount(), 30532122624);
+  // Written back: exactly the keys of the real file with their values.
+  const json written = c->ToJson();
+  for (const auto& [key, value] : real.items()) {
+    if (key == "transformers_version") continue;
+    ASSERT_TRUE(written.contains(key)) << key;
+    EXPECT_EQ(written[key], value) << key;
+  }
+  for (const auto& [key, value] : written.items()) EXPECT_TRUE(real.contains(key)) << key;
+
+  // Dense layers: those in mlp_only_layers, and all but every k-th with
+  // decoder_sparse_step k.
+  json pattern = real;
+  pattern["mlp_only_layers"] = {0, 5};
+  pattern["decoder_sparse_step"] = 2;
+  absl::StatusOr<ModelConfig> p = ModelConfig::FromJson(pattern);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(p->IsMoeLayer(0));
+  EXPECT_TRUE(p->IsMoeLayer(1));
+  EXPECT_FALSE(p->IsMoeLayer(2));
+  EXPECT_TRUE(p->IsMoeLayer(3));
+  EXPECT_FALSE(p->IsMoeLayer(5));
+  EXPECT_EQ(ModelConfig::FromJson(p->ToJson())->ParameterCount(), p->ParameterCount());
+
+  for (const auto& [key, value] :
+       {std::pair<const char*, json>{"num_experts_per_tok", 129},
+        {"num_experts", nullptr},
+        {"moe_intermediate_size", 0},
+        {"decoder_sparse_step", 0},
+        {"mlp_only_layers", json::array({48})}}) {
+    json bad = real;
+    bad[key] = value;
+    absl::StatusOr<ModelConfig> refused = ModelConfig::FromJson(bad);
+    ASSERT_FALSE(refused.ok()) << key;
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr(key));
+  }
+}
+
 TEST(ModelConfigTest, EosListAndMissingKvHeads) {
   json j = ReadJson(kData + "tiny_qwen3_config.json");
   j.erase("num_key_value_heads");
@@ -301,7 +354,7 @@ INSTANTIATE_TEST_SUITE_P(
     Refusals, RefusalTest,
     ::testing::Values(
         Refusal{"Qwen2", "architectures", json::array({"Qwen2ForCausalLM"}), "Qwen2ForCausalLM"},
-        Refusal{"MoE", "architectures", json::array({"Qwen3MoeForCausalLM"}), "unsupported"},
+        Refusal{"MoE", "architectures", json::array({"Qwen2MoeForCausalLM"}), "unsupported"},
         Refusal{"ModelTypeMismatch", "model_type", "llama", "Qwen3ForCausalLM"},
         Refusal{"Yarn", "rope_scaling",
                 json{{"rope_type", "yarn"},

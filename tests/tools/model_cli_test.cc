@@ -201,7 +201,7 @@ TEST_F(ModelCliTest, AJsonReportThatCannotBeWrittenIsAnErrorNamingTheFile) {
 // logits equal the reference forward's (tests/model/decoder_test.cc checks
 // that one against loops).
 void ExpectLogitsMatchTheReference(const std::string& name, const std::string& config_json,
-                                   Architecture architecture) {
+                                   Architecture architecture, int64_t window = 4) {
   TempDir dir("model-cli-" + name);
   const std::string config = dir.WriteFile("config.json", config_json);
   const std::string model = dir.Path(name);
@@ -212,7 +212,7 @@ void ExpectLogitsMatchTheReference(const std::string& name, const std::string& c
   absl::StatusOr<Checkpoint> loaded = LoadCheckpoint(model);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->config.architecture, architecture);
-  EXPECT_EQ(loaded->config.sliding_window, 4);
+  EXPECT_EQ(loaded->config.sliding_window, window);
 
   const std::vector<int64_t> ids = {1, 300, 17, 400, 42, 9, 77, 5, 260, 11};
   absl::StatusOr<RunResult> run = RunProcess(
@@ -254,6 +254,19 @@ TEST(ModelCliGemma3Test, LogitsOfAGemma3CheckpointMatchTheReference) {
     "final_logit_softcapping": 30.0, "max_position_embeddings": 512,
     "torch_dtype": "float32"})",
                                 Architecture::kGemma3);
+}
+
+// A Qwen3-MoE checkpoint: 4 experts, 2 per token, one dense layer; its
+// experts' tensors written and read under their Hugging Face names.
+TEST(ModelCliQwen3MoeTest, LogitsOfAMixtureOfExpertsCheckpointMatchTheReference) {
+  ExpectLogitsMatchTheReference("qwen3moe", R"({"architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 96,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+    "norm_topk_prob": true, "mlp_only_layers": [1], "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0, "max_position_embeddings": 512, "tie_word_embeddings": false,
+    "torch_dtype": "float32"})",
+                                Architecture::kQwen3Moe, /*window=*/0);
 }
 
 }  // namespace
