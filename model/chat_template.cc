@@ -225,20 +225,28 @@ absl::StatusOr<std::string> RenderQwen3(const std::vector<ChatMessage>& messages
 
 absl::string_view ChatTemplateKindName(ChatTemplateKind kind) {
   switch (kind) {
-    case ChatTemplateKind::kQwen3: return "qwen3";
-    case ChatTemplateKind::kGemma: return "gemma";
-    case ChatTemplateKind::kLlama3: return "llama3";
-    case ChatTemplateKind::kMistral: return "mistral";
+    case ChatTemplateKind::kQwen3:
+      return "qwen3";
+    case ChatTemplateKind::kGemma:
+      return "gemma";
+    case ChatTemplateKind::kLlama3:
+      return "llama3";
+    case ChatTemplateKind::kMistral:
+      return "mistral";
   }
   return "";
 }
 
 absl::string_view StopToken(ChatTemplateKind kind) {
   switch (kind) {
-    case ChatTemplateKind::kQwen3: return "<|im_end|>";
-    case ChatTemplateKind::kGemma: return "<end_of_turn>";
-    case ChatTemplateKind::kLlama3: return "<|eot_id|>";
-    case ChatTemplateKind::kMistral: return "</s>";
+    case ChatTemplateKind::kQwen3:
+      return "<|im_end|>";
+    case ChatTemplateKind::kGemma:
+      return "<end_of_turn>";
+    case ChatTemplateKind::kLlama3:
+      return "<|eot_id|>";
+    case ChatTemplateKind::kMistral:
+      return "</s>";
   }
   return "";
 }
@@ -261,8 +269,8 @@ absl::StatusOr<ChatTemplateKind> ChatTemplateKindForModelDir(const std::string& 
   const json j = json::parse(*config, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return absl::InvalidArgumentError(dir + "/config.json: not a JSON object");
   std::string name;
-  if (j.contains("architectures") && j["architectures"].is_array() &&
-      !j["architectures"].empty() && j["architectures"][0].is_string()) {
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+      j["architectures"][0].is_string()) {
     name = j["architectures"][0].get<std::string>();
   } else if (j.contains("model_type") && j["model_type"].is_string()) {
     name = j["model_type"].get<std::string>();
@@ -274,17 +282,21 @@ absl::StatusOr<ChatTemplateKind> ChatTemplateKindForModelDir(const std::string& 
   if (starts("gemma3")) return ChatTemplateKind::kGemma;
   if (starts("llama")) return ChatTemplateKind::kLlama3;
   if (starts("mistral")) return ChatTemplateKind::kMistral;
-  return absl::InvalidArgumentError(absl::StrCat(
-      dir, "/config.json: no chat template for architecture '", name,
-      "' (known: Qwen2/Qwen3, Gemma3, Llama, Mistral)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(dir, "/config.json: no chat template for architecture '", name,
+                   "' (known: Qwen2/Qwen3, Gemma3, Llama, Mistral)"));
 }
 
 std::string GenerationPrompt(bool enable_thinking, ChatTemplateKind kind) {
   switch (kind) {
-    case ChatTemplateKind::kQwen3: break;
-    case ChatTemplateKind::kGemma: return absl::StrCat(kStartOfTurn, "model\n");
-    case ChatTemplateKind::kLlama3: return absl::StrCat(kStartHeader, "assistant", kEndHeader, "\n\n");
-    case ChatTemplateKind::kMistral: return "";
+    case ChatTemplateKind::kQwen3:
+      break;
+    case ChatTemplateKind::kGemma:
+      return absl::StrCat(kStartOfTurn, "model\n");
+    case ChatTemplateKind::kLlama3:
+      return absl::StrCat(kStartHeader, "assistant", kEndHeader, "\n\n");
+    case ChatTemplateKind::kMistral:
+      return "";
   }
   std::string out = absl::StrCat(kImStart, "assistant\n");
   if (!enable_thinking) absl::StrAppend(&out, kEmptyThink);
@@ -295,10 +307,14 @@ absl::StatusOr<std::string> RenderChat(const std::vector<ChatMessage>& messages,
                                        const ChatTemplateOptions& options) {
   KVL_RETURN_IF_ERROR(CheckRoles(messages));
   switch (options.kind) {
-    case ChatTemplateKind::kQwen3: return RenderQwen3(messages, options);
-    case ChatTemplateKind::kGemma: return RenderGemma(messages, options);
-    case ChatTemplateKind::kLlama3: return RenderLlama3(messages, options);
-    case ChatTemplateKind::kMistral: return RenderMistral(messages);
+    case ChatTemplateKind::kQwen3:
+      return RenderQwen3(messages, options);
+    case ChatTemplateKind::kGemma:
+      return RenderGemma(messages, options);
+    case ChatTemplateKind::kLlama3:
+      return RenderLlama3(messages, options);
+    case ChatTemplateKind::kMistral:
+      return RenderMistral(messages);
   }
   return absl::InvalidArgumentError("unknown chat template kind");
 }
@@ -370,7 +386,8 @@ std::string CloseAssistantTurn(absl::string_view generated, ChatTemplateKind kin
 bool UserTurnAppendsExactly(const std::vector<ChatMessage>& history, absl::string_view content,
                             ChatTemplateKind kind) {
   switch (kind) {
-    case ChatTemplateKind::kQwen3: break;
+    case ChatTemplateKind::kQwen3:
+      break;
     case ChatTemplateKind::kGemma:
     case ChatTemplateKind::kMistral: {
       if (!CheckRoles(history).ok() || history.empty()) return false;

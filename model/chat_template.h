@@ -77,8 +77,10 @@ absl::StatusOr<std::string> RenderChat(const std::vector<ChatMessage>& messages,
 
 // What a new user turn adds to the end of a conversation (then, when
 // options.add_generation_prompt, the generation prompt):
-//   kQwen3   "<|im_start|>user\n" + content + "<|im_end|>\n" + "<|im_start|>assistant\n" [+ empty think]
-//   kGemma   "<start_of_turn>user\n" + trimmed + "<end_of_turn>\n" + "<start_of_turn>model\n"
+//   kQwen3   "<|im_start|>user\n" + content + "<|im_end|>\n"
+//            + "<|im_start|>assistant\n" [+ empty think]
+//   kGemma   "<start_of_turn>user\n" + trimmed + "<end_of_turn>\n"
+//            + "<start_of_turn>model\n"
 //   kLlama3  "<|start_header_id|>user<|end_header_id|>\n\n" + trimmed + "<|eot_id|>"
 //            + "<|start_header_id|>assistant<|end_header_id|>\n\n"
 //   kMistral "[INST] " + content + "[/INST]"

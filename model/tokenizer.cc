@@ -1,10 +1,12 @@
-// Byte-level BPE tokenizer; see model/tokenizer.h and docs/tokenizer.md.
+// BPE tokenizer (byte-level or SentencePiece-style); see model/tokenizer.h and
+// docs/tokenizer.md.
 //
 // Encode pipeline (the order of the Rust `tokenizers` library):
 //   text -> repair invalid UTF-8 -> split out added tokens (raw text)
-//        -> per remaining piece: normalizer (NFC) -> split out normalized
-//           added tokens -> pre-tokenizer stages (regex splits, byte-level)
-//        -> BPE per pre-token -> ids
+//        -> per remaining piece: normalizer (NFC, Replace, Prepend) -> split
+//           out normalized added tokens -> pre-tokenizer stages (regex splits,
+//           byte-level, Metaspace) -> BPE per pre-token (from bytes, or from
+//           characters with byte fallback) -> ids
 #include "model/tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -410,8 +412,8 @@ struct Tokenizer::Impl {
   bool byte_fallback = false;
   bool fuse_unk = false;
   int32_t unk_id = -1;
-  int32_t fallback_id[256];                           // <0xNN>, -1 if absent
-  std::vector<int32_t> bmp_char_id;                   // one-character tokens, by code point
+  int32_t fallback_id[256];          // <0xNN>, -1 if absent
+  std::vector<int32_t> bmp_char_id;  // one-character tokens, by code point
   std::unordered_map<uint32_t, int32_t> astral_char_id;
   std::vector<DecoderStep> decoder;
   // Bytes of a token that a decode emits first, where the decoder treats the
@@ -463,7 +465,8 @@ absl::StatusOr<std::string> StringPattern(const json& node, std::string_view com
   const json& pattern = node.at("pattern");
   if (!pattern.is_object() || !pattern.contains("String") || !pattern["String"].is_string() ||
       pattern["String"].get<std::string>().empty()) {
-    return Invalid(absl::StrCat(Av(component), " pattern is not a non-empty String (Regex is not supported)"));
+    return Invalid(
+        absl::StrCat(Av(component), " pattern is not a non-empty String (Regex is not supported)"));
   }
   return pattern["String"].get<std::string>();
 }
@@ -606,7 +609,9 @@ absl::Status Tokenizer::Impl::LoadPreTokenizer(const json& node, bool* saw_byte_
     PreTokenizerStage stage;
     stage.metaspace = true;
     stage.replacement = node.value("replacement", "\xE2\x96\x81");
-    if (stage.replacement.empty()) return Invalid("pre_tokenizer Metaspace with an empty replacement");
+    if (stage.replacement.empty()) {
+      return Invalid("pre_tokenizer Metaspace with an empty replacement");
+    }
     absl::StatusOr<PrependScheme> scheme = ParsePrependScheme(node, "pre_tokenizer Metaspace");
     if (!scheme.ok()) return scheme.status();
     stage.prepend = *scheme;
@@ -788,7 +793,8 @@ absl::Status Tokenizer::Impl::LoadDecoder(const json& node) {
     NextCodePoint(*pattern, &one);
     // One character: replacing per token equals replacing in the joined text.
     if (one != pattern->size()) return Invalid("decoder Replace pattern longer than one character");
-    step = DecoderStep{DecoderStep::Kind::kReplace, *pattern, node.at("content").get<std::string>()};
+    step =
+        DecoderStep{DecoderStep::Kind::kReplace, *pattern, node.at("content").get<std::string>()};
   } else if (type == "ByteFallback" && !fused) {
     step.kind = DecoderStep::Kind::kByteFallback;
   } else if (type == "Fuse" && !fused) {
@@ -869,15 +875,16 @@ absl::Status Tokenizer::Impl::Load(const json& root) {
   }
   const json decoder_json = root.value("decoder", json());
   if (byte_level && TypeOf(decoder_json) != "ByteLevel") {
-    return Invalid(absl::StrCat("decoder type '",
-                                decoder_json.is_null() ? "null" : TypeOf(decoder_json),
-                                "' is not supported with a ByteLevel pre_tokenizer (only ByteLevel)"));
+    return Invalid(
+        absl::StrCat("decoder type '", decoder_json.is_null() ? "null" : TypeOf(decoder_json),
+                     "' is not supported with a ByteLevel pre_tokenizer (only ByteLevel)"));
   }
   if (!byte_level) {
     if (TypeOf(decoder_json) == "ByteLevel") {
-      return Invalid(absl::StrCat("decoder 'ByteLevel' needs a ByteLevel pre_tokenizer (this "
-                                  "file's pre_tokenizer is '",
-                                  pre.is_null() ? "null" : TypeOf(pre), "')"));
+      return Invalid(
+          absl::StrCat("decoder 'ByteLevel' needs a ByteLevel pre_tokenizer (this "
+                       "file's pre_tokenizer is '",
+                       pre.is_null() ? "null" : TypeOf(pre), "')"));
     }
     KVL_RETURN_IF_ERROR(LoadDecoder(decoder_json));
     for (size_t id = 0; id < token_text.size(); ++id) {
@@ -941,10 +948,9 @@ absl::Status Tokenizer::Impl::Load(const json& root) {
     }
     added.push_back(std::move(token));
   }
-  const bool leading_rule =
-      std::any_of(decoder.begin(), decoder.end(), [](const DecoderStep& d) {
-        return d.kind == DecoderStep::Kind::kStrip || d.kind == DecoderStep::Kind::kMetaspace;
-      });
+  const bool leading_rule = std::any_of(decoder.begin(), decoder.end(), [](const DecoderStep& d) {
+    return d.kind == DecoderStep::Kind::kStrip || d.kind == DecoderStep::Kind::kMetaspace;
+  });
   if (leading_rule) {
     leading_bytes.assign(token_text.size(), "");
     for (size_t id = 0; id < token_text.size(); ++id) {
@@ -1114,21 +1120,23 @@ void Tokenizer::Impl::PreTokenizeSp(std::string_view piece, size_t stage, bool a
       PreTokenizeSp(piece, stage + 1, at_start, ids);
       return;
     }
-    SplitPiece(piece, SplitBehavior::kMergedWithNext,
-               [&](size_t from, size_t* b, size_t* e) {
-                 const size_t at = piece.find(st.replacement, from);
-                 if (at == std::string_view::npos) return false;
-                 *b = at;
-                 *e = at + st.replacement.size();
-                 return true;
-               },
-               &parts);
+    SplitPiece(
+        piece, SplitBehavior::kMergedWithNext,
+        [&](size_t from, size_t* b, size_t* e) {
+          const size_t at = piece.find(st.replacement, from);
+          if (at == std::string_view::npos) return false;
+          *b = at;
+          *e = at + st.replacement.size();
+          return true;
+        },
+        &parts);
   } else {
-    SplitPiece(piece, st.behavior,
-               [&](size_t from, size_t* b, size_t* e) {
-                 return NextMatch(st.regex.get(), piece, from, b, e);
-               },
-               &parts);
+    SplitPiece(
+        piece, st.behavior,
+        [&](size_t from, size_t* b, size_t* e) {
+          return NextMatch(st.regex.get(), piece, from, b, e);
+        },
+        &parts);
   }
   for (const auto& [b, e] : parts) {
     PreTokenizeSp(piece.substr(b, e - b), stage + 1, at_start && b == 0, ids);
@@ -1185,9 +1193,11 @@ void Tokenizer::Impl::BpeChars(std::string_view word, std::vector<int32_t>* ids)
     }
     if (byte_fallback) {
       bool all = true;
-      for (size_t k = begin; k < i; ++k) all = all && fallback_id[static_cast<uint8_t>(word[k])] >= 0;
+      for (size_t k = begin; k < i; ++k)
+        all = all && fallback_id[static_cast<uint8_t>(word[k])] >= 0;
       if (all) {
-        for (size_t k = begin; k < i; ++k) s.id.push_back(fallback_id[static_cast<uint8_t>(word[k])]);
+        for (size_t k = begin; k < i; ++k)
+          s.id.push_back(fallback_id[static_cast<uint8_t>(word[k])]);
         last_unk = false;
         continue;
       }

@@ -1,5 +1,6 @@
-// Byte-level BPE tokenizer loaded from a Hugging Face `tokenizer.json`
-// (Qwen2/Qwen3, GPT-2 and Llama-3 style files). Encode reproduces the Rust
+// BPE tokenizer loaded from a Hugging Face `tokenizer.json`: byte-level
+// (Qwen2/Qwen3, GPT-2 and Llama-3 files) or SentencePiece-style with byte
+// fallback (Gemma-3, Llama-2 and Mistral files). Encode reproduces the Rust
 // `tokenizers` library (the reference behind transformers' fast tokenizers)
 // with add_special_tokens=False; docs/tokenizer.md lists the supported
 // components and the few documented edge cases.

@@ -5,14 +5,14 @@
 // checked against the goldens and against full renderings.
 #include "model/chat_template.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -203,7 +203,8 @@ TEST(ChatTemplateFamilies, MatchEveryGoldenByteForByte) {
       const Golden& g = goldens[i];
       absl::StatusOr<std::string> text = RenderChat(g.messages, g.options);
       if (refused[i]) {
-        EXPECT_EQ(text.status().code(), absl::StatusCode::kInvalidArgument) << f.file << " " << g.name;
+        EXPECT_EQ(text.status().code(), absl::StatusCode::kInvalidArgument)
+            << f.file << " " << g.name;
         continue;
       }
       ASSERT_TRUE(text.ok()) << f.file << " " << g.name << ": " << text.status();
@@ -215,11 +216,12 @@ TEST(ChatTemplateFamilies, MatchEveryGoldenByteForByte) {
 TEST(ChatTemplateFamilies, KnownRenderings) {
   ChatTemplateOptions gemma;
   gemma.kind = ChatTemplateKind::kGemma;
-  EXPECT_EQ(*RenderChat({{"system", "S"}, {"user", " Hi "}, {"assistant", "Yo\n"}, {"user", "Q"}},
-                        gemma),
-            "<bos><start_of_turn>user\nS\n\nHi<end_of_turn>\n<start_of_turn>model\nYo<end_of_turn>\n"
+  EXPECT_EQ(
+      *RenderChat({{"system", "S"}, {"user", " Hi "}, {"assistant", "Yo\n"}, {"user", "Q"}}, gemma),
+      "<bos><start_of_turn>user\nS\n\nHi<end_of_turn>\n<start_of_turn>model\nYo<end_of_turn>\n"
+      "<start_of_turn>user\nQ<end_of_turn>\n<start_of_turn>model\n");
+  EXPECT_EQ(RenderUserTurn(" Q ", gemma),
             "<start_of_turn>user\nQ<end_of_turn>\n<start_of_turn>model\n");
-  EXPECT_EQ(RenderUserTurn(" Q ", gemma), "<start_of_turn>user\nQ<end_of_turn>\n<start_of_turn>model\n");
   EXPECT_EQ(GenerationPrompt(false, ChatTemplateKind::kGemma), "<start_of_turn>model\n");
   ChatTemplateOptions llama;
   llama.kind = ChatTemplateKind::kLlama3;
@@ -228,7 +230,8 @@ TEST(ChatTemplateFamilies, KnownRenderings) {
             "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\n");
   llama.add_generation_prompt = false;
-  EXPECT_EQ(RenderUserTurn("Hi", llama), "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>");
+  EXPECT_EQ(RenderUserTurn("Hi", llama),
+            "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>");
   EXPECT_EQ(StopToken(ChatTemplateKind::kGemma), "<end_of_turn>");
   EXPECT_EQ(StopToken(ChatTemplateKind::kLlama3), "<|eot_id|>");
   EXPECT_EQ(StopToken(ChatTemplateKind::kMistral), "</s>");
@@ -242,8 +245,12 @@ TEST(ChatTemplateFamilies, TrimIsPythonStrip) {
   ChatTemplateOptions llama;
   llama.kind = ChatTemplateKind::kLlama3;
   llama.add_generation_prompt = false;
-  EXPECT_EQ(*RenderChat({{"user", "\xEF\xBB\xBF" "a\xC2\x85\x1C\x1F"}}, llama),
-            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n\xEF\xBB\xBF" "a<|eot_id|>");
+  EXPECT_EQ(*RenderChat({{"user",
+                          "\xEF\xBB\xBF"
+                          "a\xC2\x85\x1C\x1F"}},
+                        llama),
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n\xEF\xBB\xBF"
+            "a<|eot_id|>");
   EXPECT_EQ(*RenderChat({{"user", "\xE3\x80\x80 x \xE2\x80\xA8"}}, llama),
             "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nx<|eot_id|>");
   EXPECT_EQ(*RenderChat({{"user", " \t\n "}}, llama),
@@ -329,21 +336,22 @@ TEST(ChatTemplateMistral, DocumentedV3Format) {
   EXPECT_EQ(*RenderChat({{"user", " a "}, {"assistant", " b \n"}, {"user", "c"}}, mistral),
             "<s>[INST]  a [/INST] b</s>[INST] c[/INST]");
   // The system message joins the last user turn, only when that is the last message.
-  EXPECT_EQ(*RenderChat({{"system", "S"}, {"user", "a"}, {"assistant", "b"}, {"user", "c"}}, mistral),
-            "<s>[INST] a[/INST] b</s>[INST] S\n\nc[/INST]");
+  EXPECT_EQ(
+      *RenderChat({{"system", "S"}, {"user", "a"}, {"assistant", "b"}, {"user", "c"}}, mistral),
+      "<s>[INST] a[/INST] b</s>[INST] S\n\nc[/INST]");
   EXPECT_EQ(*RenderChat({{"system", "S"}, {"user", "a"}, {"assistant", "b"}}, mistral),
             "<s>[INST] a[/INST] b</s>");
   EXPECT_EQ(*RenderChat({{"system", "S"}}, mistral), "<s>");
   EXPECT_EQ(RenderUserTurn("c", mistral), "[INST] c[/INST]");
   EXPECT_EQ(GenerationPrompt(false, ChatTemplateKind::kMistral), "");
   // Refusals: the template's raise_exception cases.
-  for (const std::vector<ChatMessage>& bad : std::vector<std::vector<ChatMessage>>{
-           {},
-           {{"assistant", "a"}},
-           {{"user", "a"}, {"user", "b"}},
-           {{"user", "a"}, {"system", "s"}},
-           {{"user", "a"}, {"assistant", "b"}, {"system", "s"}},
-           {{"user", "a"}, {"tool", "b"}}}) {
+  for (const std::vector<ChatMessage>& bad :
+       std::vector<std::vector<ChatMessage>>{{},
+                                             {{"assistant", "a"}},
+                                             {{"user", "a"}, {"user", "b"}},
+                                             {{"user", "a"}, {"system", "s"}},
+                                             {{"user", "a"}, {"assistant", "b"}, {"system", "s"}},
+                                             {{"user", "a"}, {"tool", "b"}}}) {
     EXPECT_EQ(RenderChat(bad, mistral).status().code(), absl::StatusCode::kInvalidArgument)
         << bad.size();
   }

@@ -223,40 +223,39 @@ json SpVocab() {
     vocab[std::string{'<', '0', 'x', kHex[b >> 4], kHex[b & 15], '>'}] = 3 + b;
   }
   int32_t id = 259;
-  for (const std::string& t : {kMetaspace, std::string("h"), std::string("e"), std::string("l"),
-                               std::string("o"), std::string("w"), std::string("r"),
-                               std::string("d"), kMetaspace + "h", kMetaspace + "he",
-                               std::string("ll"), kMetaspace + "hell", kMetaspace + "hello",
-                               kMetaspace + "w", "d" + kMetaspace, std::string("el"),
-                               std::string("lo")}) {
+  for (const std::string& t :
+       {kMetaspace, std::string("h"), std::string("e"), std::string("l"), std::string("o"),
+        std::string("w"), std::string("r"), std::string("d"), kMetaspace + "h", kMetaspace + "he",
+        std::string("ll"), kMetaspace + "hell", kMetaspace + "hello", kMetaspace + "w",
+        "d" + kMetaspace, std::string("el"), std::string("lo")}) {
     vocab[t] = id++;
   }
   return vocab;
 }
 
 // Ids of SpVocab.
-constexpr int32_t kUnk = 0, kBos = 1, kSp = 259, kH = 260, kE = 261, kL = 262, kO = 263,
-                  kR = 265, kD = 266, kSpH = 267, kLl = 269, kSpHello = 271, kSpW = 272,
-                  kDSp = 273, kEl = 274, kLo = 275;
+constexpr int32_t kUnk = 0, kBos = 1, kSp = 259, kH = 260, kE = 261, kL = 262, kO = 263, kR = 265,
+                  kD = 266, kSpH = 267, kLl = 269, kSpHello = 271, kSpW = 272, kDSp = 273,
+                  kEl = 274, kLo = 275;
 int32_t ByteToken(uint8_t b) { return 3 + b; }
 
 json SpDecoder() {
-  return json{{"type", "Sequence"},
-              {"decoders", json::array({json{{"type", "Replace"},
-                                              {"pattern", json{{"String", kMetaspace}}},
-                                              {"content", " "}},
-                                         json{{"type", "ByteFallback"}}, json{{"type", "Fuse"}},
-                                         json{{"type", "Strip"},
-                                              {"content", " "},
-                                              {"start", 1},
-                                              {"stop", 0}}})}};
+  return json{
+      {"type", "Sequence"},
+      {"decoders",
+       json::array(
+           {json{{"type", "Replace"}, {"pattern", json{{"String", kMetaspace}}}, {"content", " "}},
+            json{{"type", "ByteFallback"}}, json{{"type", "Fuse"}},
+            json{{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}};
 }
 
 json Llama2Style() {
   json added = json::array();
   for (int i = 0; i < 3; ++i) {
     added.push_back(json{{"id", i},
-                         {"content", i == 0 ? "<unk>" : i == 1 ? "<s>" : "</s>"},
+                         {"content", i == 0   ? "<unk>"
+                                     : i == 1 ? "<s>"
+                                              : "</s>"},
                          {"special", true},
                          {"normalized", false}});
   }
@@ -278,13 +277,12 @@ json Llama2Style() {
             {"fuse_unk", true},
             {"byte_fallback", true},
             {"vocab", SpVocab()},
-            {"merges", json::array({json::array({kMetaspace, "h"}),
-                                    json::array({kMetaspace + "h", "e"}), json::array({"l", "l"}),
-                                    json::array({kMetaspace + "he", "ll"}),
-                                    json::array({kMetaspace + "hell", "o"}),
-                                    json::array({kMetaspace, "w"}),
-                                    json::array({"d", kMetaspace}), json::array({"e", "l"}),
-                                    json::array({"l", "o"})})}}},
+            {"merges",
+             json::array({json::array({kMetaspace, "h"}), json::array({kMetaspace + "h", "e"}),
+                          json::array({"l", "l"}), json::array({kMetaspace + "he", "ll"}),
+                          json::array({kMetaspace + "hell", "o"}), json::array({kMetaspace, "w"}),
+                          json::array({"d", kMetaspace}), json::array({"e", "l"}),
+                          json::array({"l", "o"})})}}},
   };
 }
 
@@ -335,16 +333,17 @@ TEST(SentencePieceSynthetic, DecodeStripsOneLeadingSpaceAndStreamsAlike) {
   EXPECT_EQ(t->TokenBytes(ByteToken('\n')), "\n");
   const std::vector<std::vector<int32_t>> cases = {
       {kSpHello, kSpW, kO},
-      {kBos, kSpHello},                      // "<s> hello": the special token is first
-      {kSp, kSpHello},                       // "▁" first: only its space goes
-      {ByteToken(' '), kSpHello},            // a byte token decoding to ' ' is stripped too
+      {kBos, kSpHello},            // "<s> hello": the special token is first
+      {kSp, kSpHello},             // "▁" first: only its space goes
+      {ByteToken(' '), kSpHello},  // a byte token decoding to ' ' is stripped too
       {ByteToken(0xC3), ByteToken(0xA9), kSpHello},
-      {ByteToken(0xC3), kSpHello},           // an invalid byte: U+FFFD
-      {-5, 99999, kSpHello},                 // unknown ids are skipped before the strip
+      {ByteToken(0xC3), kSpHello},  // an invalid byte: U+FFFD
+      {-5, 99999, kSpHello},        // unknown ids are skipped before the strip
       {},
   };
-  const std::vector<std::string> expected = {"hello wo", "<s> hello", " hello", " hello",
-                                             "\xC3\xA9 hello", "\xEF\xBF\xBD hello", "hello", ""};
+  const std::vector<std::string> expected = {
+      "hello wo",       "<s> hello",          " hello", " hello",
+      "\xC3\xA9 hello", "\xEF\xBF\xBD hello", "hello",  ""};
   for (size_t i = 0; i < cases.size(); ++i) {
     EXPECT_EQ(t->Decode(cases[i]), expected[i]) << i;
     EXPECT_EQ(Streamed(*t, cases[i]), expected[i]) << i;
@@ -409,7 +408,8 @@ TEST(SentencePieceSynthetic, MistralStyleMetaspacePrependsOnlyAtTheStart) {
 
 TEST(SentencePieceSynthetic, MetaspaceDecoderDropsTheFirstTokensMetaspaces) {
   json j = MistralStyle("always", false);
-  j["decoder"] = json{{"type", "Metaspace"}, {"replacement", kMetaspace}, {"prepend_scheme", "always"}};
+  j["decoder"] =
+      json{{"type", "Metaspace"}, {"replacement", kMetaspace}, {"prepend_scheme", "always"}};
   auto t = MustLoad(j);
   ASSERT_NE(t, nullptr);
   EXPECT_EQ(t->Decode({kSpHello, kSpW}), "hello w");
