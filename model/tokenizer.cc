@@ -793,8 +793,9 @@ absl::Status Tokenizer::Impl::LoadDecoder(const json& node) {
     NextCodePoint(*pattern, &one);
     // One character: replacing per token equals replacing in the joined text.
     if (one != pattern->size()) return Invalid("decoder Replace pattern longer than one character");
-    step =
-        DecoderStep{DecoderStep::Kind::kReplace, *pattern, node.at("content").get<std::string>()};
+    step.kind = DecoderStep::Kind::kReplace;
+    step.pattern = *std::move(pattern);
+    step.content = node.at("content").get<std::string>();
   } else if (type == "ByteFallback" && !fused) {
     step.kind = DecoderStep::Kind::kByteFallback;
   } else if (type == "Fuse" && !fused) {
