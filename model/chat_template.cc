@@ -6,6 +6,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "base/files.h"
+#include "base/status_macros.h"
+#include "nlohmann/json.hpp"
 
 namespace kvl {
 namespace {
@@ -73,16 +76,64 @@ bool WritesThinkBlock(const std::vector<ChatMessage>& messages, int64_t index,
          (is_last || !SplitAssistant(messages[index].content).reasoning.empty());
 }
 
-}  // namespace
+// ---------------------------------------------------------------------------
+// Gemma-3, Llama-3 and Mistral v0.3.
+constexpr absl::string_view kGemmaBos = "<bos>";
+constexpr absl::string_view kStartOfTurn = "<start_of_turn>";
+constexpr absl::string_view kEndOfTurn = "<end_of_turn>";
+constexpr absl::string_view kLlamaBos = "<|begin_of_text|>";
+constexpr absl::string_view kStartHeader = "<|start_header_id|>";
+constexpr absl::string_view kEndHeader = "<|end_header_id|>";
+constexpr absl::string_view kEotId = "<|eot_id|>";
+constexpr absl::string_view kMistralBos = "<s>";
+constexpr absl::string_view kMistralEos = "</s>";
 
-std::string GenerationPrompt(bool enable_thinking) {
-  std::string out = absl::StrCat(kImStart, "assistant\n");
-  if (!enable_thinking) absl::StrAppend(&out, kEmptyThink);
-  return out;
+// Python's str.isspace() for one code point (what jinja2's `trim` filter,
+// str.strip(), removes): JavaScript's String.trim differs (it strips U+FEFF and
+// keeps U+001C..U+001F and U+0085), so the JS oracle is not used for those.
+bool IsPythonSpace(uint32_t cp) {
+  return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 ||
+         cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 ||
+         cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
-absl::StatusOr<std::string> RenderChat(const std::vector<ChatMessage>& messages,
-                                       const ChatTemplateOptions& options) {
+// Decodes the code point at s[i] (UTF-8; an invalid byte counts as itself,
+// which is never a space) and returns its length.
+size_t CodePointAt(absl::string_view s, size_t i, uint32_t* cp) {
+  const auto b = static_cast<uint8_t>(s[i]);
+  size_t n = b < 0x80 ? 1 : b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
+  if (i + n > s.size()) n = 1;
+  if (n == 1) {
+    *cp = b;
+    return 1;
+  }
+  uint32_t v = b & (0x7F >> n);
+  for (size_t k = 1; k < n; ++k) v = (v << 6) | (static_cast<uint8_t>(s[i + k]) & 0x3F);
+  *cp = v;
+  return n;
+}
+
+// jinja2's `trim` (Python str.strip()).
+absl::string_view Trim(absl::string_view s) {
+  size_t begin = 0;
+  while (begin < s.size()) {
+    uint32_t cp;
+    const size_t n = CodePointAt(s, begin, &cp);
+    if (!IsPythonSpace(cp)) break;
+    begin += n;
+  }
+  size_t end = s.size();
+  while (end > begin) {
+    size_t start = end - 1;
+    while (start > begin && (static_cast<uint8_t>(s[start]) & 0xC0) == 0x80) --start;
+    uint32_t cp;
+    if (CodePointAt(s, start, &cp) != end - start || !IsPythonSpace(cp)) break;
+    end = start;
+  }
+  return s.substr(begin, end - begin);
+}
+
+absl::Status CheckRoles(const std::vector<ChatMessage>& messages) {
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& role = messages[i].role;
     if (role != "system" && role != "user" && role != "assistant") {
@@ -90,6 +141,188 @@ absl::StatusOr<std::string> RenderChat(const std::vector<ChatMessage>& messages,
                                                      "\" (expected system, user or assistant)"));
     }
   }
+  return absl::OkStatus();
+}
+
+// Both templates read messages[0] unguarded: jinja2 raises on an empty list.
+absl::Status CheckNotEmpty(const std::vector<ChatMessage>& messages, absl::string_view family) {
+  if (!messages.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("the ", family, " chat template needs at least one message"));
+}
+
+// The template's check after the optional leading system message: the n-th
+// remaining message is a user message exactly when n is even.
+absl::Status CheckAlternation(const std::vector<ChatMessage>& messages, size_t first) {
+  for (size_t i = first; i < messages.size(); ++i) {
+    if ((messages[i].role == "user") != ((i - first) % 2 == 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("message ", i, " (", messages[i].role,
+                       "): after an optional system message, roles must alternate "
+                       "user/assistant/user/..."));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> RenderGemma(const std::vector<ChatMessage>& messages,
+                                        const ChatTemplateOptions& options) {
+  KVL_RETURN_IF_ERROR(CheckNotEmpty(messages, "Gemma"));
+  const bool has_system = messages[0].role == "system";
+  const size_t first = has_system ? 1 : 0;
+  KVL_RETURN_IF_ERROR(CheckAlternation(messages, first));
+  std::string out(kGemmaBos);
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    absl::StrAppend(&out, kStartOfTurn, m.role == "assistant" ? "model" : m.role, "\n");
+    if (i == first && has_system) absl::StrAppend(&out, messages[0].content, "\n\n");
+    absl::StrAppend(&out, Trim(m.content), kEndOfTurn, "\n");
+  }
+  if (options.add_generation_prompt) out += GenerationPrompt(false, ChatTemplateKind::kGemma);
+  return out;
+}
+
+absl::StatusOr<std::string> RenderLlama3(const std::vector<ChatMessage>& messages,
+                                         const ChatTemplateOptions& options) {
+  std::string out;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (i == 0) absl::StrAppend(&out, kLlamaBos);
+    absl::StrAppend(&out, kStartHeader, messages[i].role, kEndHeader, "\n\n",
+                    Trim(messages[i].content), kEotId);
+  }
+  if (options.add_generation_prompt) out += GenerationPrompt(false, ChatTemplateKind::kLlama3);
+  return out;
+}
+
+absl::StatusOr<std::string> RenderMistral(const std::vector<ChatMessage>& messages) {
+  KVL_RETURN_IF_ERROR(CheckNotEmpty(messages, "Mistral"));
+  const bool has_system = messages[0].role == "system";
+  const size_t first = has_system ? 1 : 0;
+  KVL_RETURN_IF_ERROR(CheckAlternation(messages, first));
+  std::string out(kMistralBos);
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "user") {
+      if (i + 1 == messages.size() && has_system) {
+        absl::StrAppend(&out, "[INST] ", messages[0].content, "\n\n", m.content, "[/INST]");
+      } else {
+        absl::StrAppend(&out, "[INST] ", m.content, "[/INST]");
+      }
+    } else if (m.role == "assistant") {
+      absl::StrAppend(&out, " ", Trim(m.content), kMistralEos);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "message ", i, ": the Mistral chat template admits a system message only first"));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> RenderQwen3(const std::vector<ChatMessage>& messages,
+                                        const ChatTemplateOptions& options);
+
+}  // namespace
+
+absl::string_view ChatTemplateKindName(ChatTemplateKind kind) {
+  switch (kind) {
+    case ChatTemplateKind::kQwen3:
+      return "qwen3";
+    case ChatTemplateKind::kGemma:
+      return "gemma";
+    case ChatTemplateKind::kLlama3:
+      return "llama3";
+    case ChatTemplateKind::kMistral:
+      return "mistral";
+  }
+  return "";
+}
+
+absl::string_view StopToken(ChatTemplateKind kind) {
+  switch (kind) {
+    case ChatTemplateKind::kQwen3:
+      return "<|im_end|>";
+    case ChatTemplateKind::kGemma:
+      return "<end_of_turn>";
+    case ChatTemplateKind::kLlama3:
+      return "<|eot_id|>";
+    case ChatTemplateKind::kMistral:
+      return "</s>";
+  }
+  return "";
+}
+
+absl::StatusOr<ChatTemplateKind> ChatTemplateKindForModelDir(const std::string& dir) {
+  using nlohmann::json;
+  absl::StatusOr<std::string> tokenizer_config = ReadTextFile(dir + "/tokenizer_config.json");
+  if (tokenizer_config.ok()) {
+    const json j = json::parse(*tokenizer_config, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("chat_template") && j["chat_template"].is_string()) {
+      const std::string t = j["chat_template"].get<std::string>();
+      if (absl::StrContains(t, "<|im_start|>")) return ChatTemplateKind::kQwen3;
+      if (absl::StrContains(t, "<start_of_turn>")) return ChatTemplateKind::kGemma;
+      if (absl::StrContains(t, "<|start_header_id|>")) return ChatTemplateKind::kLlama3;
+      if (absl::StrContains(t, "[INST]")) return ChatTemplateKind::kMistral;
+    }
+  }
+  absl::StatusOr<std::string> config = ReadTextFile(dir + "/config.json");
+  if (!config.ok()) return config.status();
+  const json j = json::parse(*config, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return absl::InvalidArgumentError(dir + "/config.json: not a JSON object");
+  std::string name;
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+      j["architectures"][0].is_string()) {
+    name = j["architectures"][0].get<std::string>();
+  } else if (j.contains("model_type") && j["model_type"].is_string()) {
+    name = j["model_type"].get<std::string>();
+  }
+  const auto starts = [&](absl::string_view prefix) {
+    return absl::StartsWithIgnoreCase(name, prefix);
+  };
+  if (starts("qwen3") || starts("qwen2")) return ChatTemplateKind::kQwen3;
+  if (starts("gemma3")) return ChatTemplateKind::kGemma;
+  if (starts("llama")) return ChatTemplateKind::kLlama3;
+  if (starts("mistral")) return ChatTemplateKind::kMistral;
+  return absl::InvalidArgumentError(
+      absl::StrCat(dir, "/config.json: no chat template for architecture '", name,
+                   "' (known: Qwen2/Qwen3, Gemma3, Llama, Mistral)"));
+}
+
+std::string GenerationPrompt(bool enable_thinking, ChatTemplateKind kind) {
+  switch (kind) {
+    case ChatTemplateKind::kQwen3:
+      break;
+    case ChatTemplateKind::kGemma:
+      return absl::StrCat(kStartOfTurn, "model\n");
+    case ChatTemplateKind::kLlama3:
+      return absl::StrCat(kStartHeader, "assistant", kEndHeader, "\n\n");
+    case ChatTemplateKind::kMistral:
+      return "";
+  }
+  std::string out = absl::StrCat(kImStart, "assistant\n");
+  if (!enable_thinking) absl::StrAppend(&out, kEmptyThink);
+  return out;
+}
+
+absl::StatusOr<std::string> RenderChat(const std::vector<ChatMessage>& messages,
+                                       const ChatTemplateOptions& options) {
+  KVL_RETURN_IF_ERROR(CheckRoles(messages));
+  switch (options.kind) {
+    case ChatTemplateKind::kQwen3:
+      return RenderQwen3(messages, options);
+    case ChatTemplateKind::kGemma:
+      return RenderGemma(messages, options);
+    case ChatTemplateKind::kLlama3:
+      return RenderLlama3(messages, options);
+    case ChatTemplateKind::kMistral:
+      return RenderMistral(messages);
+  }
+  return absl::InvalidArgumentError("unknown chat template kind");
+}
+
+namespace {
+
+absl::StatusOr<std::string> RenderQwen3(const std::vector<ChatMessage>& messages,
+                                        const ChatTemplateOptions& options) {
   std::string out;
   const int64_t last_query = LastQueryIndex(messages);
   for (size_t i = 0; i < messages.size(); ++i) {
@@ -114,17 +347,61 @@ absl::StatusOr<std::string> RenderChat(const std::vector<ChatMessage>& messages,
   return out;
 }
 
+}  // namespace
+
 std::string RenderUserTurn(absl::string_view content, const ChatTemplateOptions& options) {
-  std::string out = absl::StrCat(kImStart, "user\n", content, kImEnd, "\n");
-  if (options.add_generation_prompt) out += GenerationPrompt(options.enable_thinking);
+  std::string out;
+  switch (options.kind) {
+    case ChatTemplateKind::kQwen3:
+      out = absl::StrCat(kImStart, "user\n", content, kImEnd, "\n");
+      break;
+    case ChatTemplateKind::kGemma:
+      out = absl::StrCat(kStartOfTurn, "user\n", Trim(content), kEndOfTurn, "\n");
+      break;
+    case ChatTemplateKind::kLlama3:
+      out = absl::StrCat(kStartHeader, "user", kEndHeader, "\n\n", Trim(content), kEotId);
+      break;
+    case ChatTemplateKind::kMistral:
+      return absl::StrCat("[INST] ", content, "[/INST]");
+  }
+  if (options.add_generation_prompt) out += GenerationPrompt(options.enable_thinking, options.kind);
   return out;
 }
 
-std::string CloseAssistantTurn(absl::string_view generated) {
-  return absl::EndsWith(generated, kImEnd) ? std::string("\n") : absl::StrCat(kImEnd, "\n");
+std::string CloseAssistantTurn(absl::string_view generated, ChatTemplateKind kind) {
+  const absl::string_view stop = StopToken(kind);
+  const bool stopped = absl::EndsWith(generated, stop);
+  switch (kind) {
+    case ChatTemplateKind::kQwen3:
+    case ChatTemplateKind::kGemma:
+      // The template puts a newline after the stop token.
+      return stopped ? std::string("\n") : absl::StrCat(stop, "\n");
+    case ChatTemplateKind::kLlama3:
+    case ChatTemplateKind::kMistral:
+      return stopped ? std::string() : std::string(stop);
+  }
+  return "";
 }
 
-bool UserTurnAppendsExactly(const std::vector<ChatMessage>& history, absl::string_view content) {
+bool UserTurnAppendsExactly(const std::vector<ChatMessage>& history, absl::string_view content,
+                            ChatTemplateKind kind) {
+  switch (kind) {
+    case ChatTemplateKind::kQwen3:
+      break;
+    case ChatTemplateKind::kGemma:
+    case ChatTemplateKind::kMistral: {
+      if (!CheckRoles(history).ok() || history.empty()) return false;
+      ChatTemplateOptions options;
+      options.kind = kind;
+      options.add_generation_prompt = false;
+      const bool has_system = history[0].role == "system";
+      if (kind == ChatTemplateKind::kMistral && has_system) return false;
+      return history.size() > (has_system ? 1u : 0u) && history.back().role != "user" &&
+             RenderChat(history, options).ok();
+    }
+    case ChatTemplateKind::kLlama3:
+      return !history.empty() && CheckRoles(history).ok();
+  }
   // Every user message is written the same way wherever it stands, so the
   // identity holds exactly when no assistant message of `history` changes
   // between plain and think-block form once the new turn follows it.

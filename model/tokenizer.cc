@@ -1,10 +1,12 @@
-// Byte-level BPE tokenizer; see model/tokenizer.h and docs/tokenizer.md.
+// BPE tokenizer (byte-level or SentencePiece-style); see model/tokenizer.h and
+// docs/tokenizer.md.
 //
 // Encode pipeline (the order of the Rust `tokenizers` library):
 //   text -> repair invalid UTF-8 -> split out added tokens (raw text)
-//        -> per remaining piece: normalizer (NFC) -> split out normalized
-//           added tokens -> pre-tokenizer stages (regex splits, byte-level)
-//        -> BPE per pre-token -> ids
+//        -> per remaining piece: normalizer (NFC, Replace, Prepend) -> split
+//           out normalized added tokens -> pre-tokenizer stages (regex splits,
+//           byte-level, Metaspace) -> BPE per pre-token (from bytes, or from
+//           characters with byte fallback) -> ids
 #include "model/tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -21,7 +23,9 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "base/files.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
@@ -255,29 +259,41 @@ struct AddedToken {
   bool normalized = false;
 };
 
-// Leftmost-longest matching over a small set of added tokens (the semantics of
-// the aho-corasick automaton `tokenizers` builds). Sets are tens of tokens, so
-// a first-byte index and memcmp suffice.
+// Leftmost-longest matching over the added tokens (the semantics of the
+// aho-corasick automaton `tokenizers` builds): a byte trie, so that files with
+// thousands of added tokens sharing a prefix (Gemma-3's <unused0..6241>) cost
+// one walk per candidate position, not one comparison per token.
 class AddedTokenMatcher {
  public:
+  AddedTokenMatcher() : nodes_(1) {}
   void Add(const AddedToken* token) {
     if (token->content.empty()) return;
-    by_first_byte_[static_cast<uint8_t>(token->content[0])].push_back(token);
+    int32_t node = 0;
+    for (char c : token->content) {
+      const uint8_t b = static_cast<uint8_t>(c);
+      int32_t child = Child(node, b);
+      if (child < 0) {
+        child = static_cast<int32_t>(nodes_.size());
+        nodes_[node].next.emplace_back(b, child);
+        nodes_.emplace_back();
+      }
+      node = child;
+    }
+    if (nodes_[node].token == nullptr) nodes_[node].token = token;
+    first_byte_[static_cast<uint8_t>(token->content[0])] = true;
     empty_ = false;
   }
   bool empty() const { return empty_; }
   // Next match at or after `from`: returns the token and sets *pos, or nullptr.
   const AddedToken* Find(std::string_view text, size_t from, size_t* pos) const {
     for (size_t i = from; i < text.size(); ++i) {
-      const auto& candidates = by_first_byte_[static_cast<uint8_t>(text[i])];
-      if (candidates.empty()) continue;
+      if (!first_byte_[static_cast<uint8_t>(text[i])]) continue;
       const AddedToken* best = nullptr;
-      for (const AddedToken* t : candidates) {
-        if (t->content.size() <= text.size() - i &&
-            std::memcmp(text.data() + i, t->content.data(), t->content.size()) == 0 &&
-            (best == nullptr || t->content.size() > best->content.size())) {
-          best = t;
-        }
+      int32_t node = 0;
+      for (size_t j = i; j < text.size(); ++j) {
+        node = Child(node, static_cast<uint8_t>(text[j]));
+        if (node < 0) break;
+        if (nodes_[node].token != nullptr) best = nodes_[node].token;
       }
       if (best != nullptr) {
         *pos = i;
@@ -288,13 +304,60 @@ class AddedTokenMatcher {
   }
 
  private:
-  std::vector<const AddedToken*> by_first_byte_[256];
+  struct Node {
+    const AddedToken* token = nullptr;  // a token ends here
+    std::vector<std::pair<uint8_t, int32_t>> next;
+  };
+  int32_t Child(int32_t node, uint8_t b) const {
+    for (const auto& [byte, child] : nodes_[node].next) {
+      if (byte == b) return child;
+    }
+    return -1;
+  }
+  std::vector<Node> nodes_;
+  bool first_byte_[256] = {};
   bool empty_ = true;
 };
+
+// How a Split stage turns matches into pieces (`tokenizers`'
+// SplitDelimiterBehavior): Isolated keeps matches and gaps as pieces; the
+// merged forms attach a match to the piece before / after it (two adjacent
+// matches stay apart).
+enum class SplitBehavior { kIsolated, kMergedWithPrevious, kMergedWithNext };
+
+// Metaspace's prepend_scheme: whether a piece gets the replacement prepended.
+// kFirst: only the piece that starts the input text (not one after an added
+// token).
+enum class PrependScheme { kAlways, kFirst, kNever };
 
 struct PreTokenizerStage {
   Pcre2CodePtr regex;             // null: no split at this stage
   bool add_prefix_space = false;  // ByteLevel's option, applied per piece
+  SplitBehavior behavior = SplitBehavior::kIsolated;
+  // Metaspace (SentencePiece-style files only): ' ' -> replacement, prepend,
+  // and with `split` a cut before every replacement (MergedWithNext).
+  bool metaspace = false;
+  std::string replacement;
+  PrependScheme prepend = PrependScheme::kAlways;
+  bool split = false;
+};
+
+// One normalizer step, applied in file order to each piece of text between
+// added tokens.
+struct NormalizerStep {
+  enum class Kind { kNfc, kReplace, kPrepend } kind;
+  std::string pattern;  // kReplace: the literal text replaced
+  std::string content;  // kReplace: its replacement; kPrepend: the prefix
+};
+
+// One step of a SentencePiece-style decoder, in file order.
+struct DecoderStep {
+  enum class Kind { kReplace, kByteFallback, kFuse, kStrip, kMetaspace } kind;
+  std::string pattern;  // kReplace
+  std::string content;  // kReplace: replacement; kStrip: the stripped character;
+                        // kMetaspace: the replacement character
+  int start = 0;        // kStrip: leading characters stripped (0 or 1)
+  PrependScheme prepend = PrependScheme::kAlways;  // kMetaspace
 };
 
 struct BpeScratch {
@@ -339,8 +402,23 @@ struct Tokenizer::Impl {
   int32_t byte_id[256];
   MergeTable merges;
   bool ignore_merges = false;
-  bool nfc = false;
+  std::vector<NormalizerStep> normalizer;
   std::vector<PreTokenizerStage> stages;
+
+  // false: SentencePiece-style BPE (Gemma, Llama-2, Mistral): the model starts
+  // from characters of the vocabulary, unknown ones become <0xNN> byte tokens
+  // (byte_fallback) or the unk token; a SentencePiece decoder maps tokens back.
+  bool byte_level = true;
+  bool byte_fallback = false;
+  bool fuse_unk = false;
+  int32_t unk_id = -1;
+  int32_t fallback_id[256];          // <0xNN>, -1 if absent
+  std::vector<int32_t> bmp_char_id;  // one-character tokens, by code point
+  std::unordered_map<uint32_t, int32_t> astral_char_id;
+  std::vector<DecoderStep> decoder;
+  // Bytes of a token that a decode emits first, where the decoder treats the
+  // first token differently (Strip, Metaspace); empty otherwise.
+  std::vector<std::string> leading_bytes;
   std::vector<AddedToken> added;
   // [parse_special]: raw-text and normalized-text matchers.
   AddedTokenMatcher raw_matcher[2];
@@ -350,23 +428,93 @@ struct Tokenizer::Impl {
   absl::Status LoadModel(const json& model);
   absl::Status LoadPreTokenizer(const json& node, bool* saw_byte_level);
   absl::Status LoadNormalizer(const json& node);
+  absl::Status LoadDecoder(const json& node);
+  // What a SentencePiece-style decoder makes of one token's text; `leading`:
+  // the token is the first one decoded.
+  std::string DecodeTokenSp(const std::string& text, bool leading) const;
+
+  // The normalizer applied to `piece`; returns `piece` itself or a view of *storage.
+  std::string_view Normalize(std::string_view piece, std::string* storage) const;
 
   void SplitAdded(std::string_view text, const AddedTokenMatcher& matcher,
                   std::vector<int32_t>* ids,
                   const std::function<void(std::string_view)>& on_text) const;
   void PreTokenize(std::string_view piece, size_t stage, std::vector<int32_t>* ids) const;
+  // SentencePiece-style pre-tokenization; `at_start`: the piece begins the input text.
+  void PreTokenizeSp(std::string_view piece, size_t stage, bool at_start,
+                     std::vector<int32_t>* ids) const;
   void Bpe(std::string_view word, std::vector<int32_t>* ids) const;
+  void BpeChars(std::string_view word, std::vector<int32_t>* ids) const;
+  void MergeSymbols(BpeScratch& s, std::vector<int32_t>* ids) const;
+  int32_t CharId(uint32_t cp) const {
+    if (cp < bmp_char_id.size()) return bmp_char_id[cp];
+    auto it = astral_char_id.find(cp);
+    return it == astral_char_id.end() ? -1 : it->second;
+  }
   int32_t PairRank(int32_t a, int32_t b) const {
     const MergeTable::Entry* e = merges.Find(MergeTable::Key(a, b));
     return e == nullptr ? INT32_MAX : e->rank;
   }
 };
 
+namespace {
+
+// A `{"String": "..."}` pattern (Replace normalizer and decoder). Regex
+// patterns are refused: no supported file uses one there.
+absl::StatusOr<std::string> StringPattern(const json& node, std::string_view component) {
+  const json& pattern = node.at("pattern");
+  if (!pattern.is_object() || !pattern.contains("String") || !pattern["String"].is_string() ||
+      pattern["String"].get<std::string>().empty()) {
+    return Invalid(
+        absl::StrCat(Av(component), " pattern is not a non-empty String (Regex is not supported)"));
+  }
+  return pattern["String"].get<std::string>();
+}
+
+absl::StatusOr<PrependScheme> ParsePrependScheme(const json& node, std::string_view component) {
+  if (node.contains("prepend_scheme") && node["prepend_scheme"].is_string()) {
+    const std::string scheme = node["prepend_scheme"].get<std::string>();
+    if (scheme == "always") return PrependScheme::kAlways;
+    if (scheme == "first") return PrependScheme::kFirst;
+    if (scheme == "never") return PrependScheme::kNever;
+    return Invalid(absl::StrCat(Av(component), " prepend_scheme '", scheme, "' is unknown"));
+  }
+  // Files written before prepend_scheme existed say add_prefix_space.
+  return GetBool(node, "add_prefix_space", true) ? PrependScheme::kAlways : PrependScheme::kNever;
+}
+
+// Whether a pre-tokenizer tree has a ByteLevel step (byte-level BPE).
+bool HasByteLevelStep(const json& node) {
+  if (!node.is_object()) return false;
+  if (TypeOf(node) == "ByteLevel") return true;
+  if (TypeOf(node) == "Sequence" && node.contains("pretokenizers") &&
+      node["pretokenizers"].is_array()) {
+    for (const json& p : node["pretokenizers"]) {
+      if (HasByteLevelStep(p)) return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
 absl::Status Tokenizer::Impl::LoadNormalizer(const json& node) {
   if (node.is_null()) return absl::OkStatus();
   const std::string type = TypeOf(node);
   if (type == "NFC") {
-    nfc = true;
+    normalizer.push_back(NormalizerStep{NormalizerStep::Kind::kNfc, "", ""});
+    return absl::OkStatus();
+  }
+  if (type == "Replace") {
+    absl::StatusOr<std::string> pattern = StringPattern(node, "normalizer Replace");
+    if (!pattern.ok()) return pattern.status();
+    normalizer.push_back(NormalizerStep{NormalizerStep::Kind::kReplace, *std::move(pattern),
+                                        node.at("content").get<std::string>()});
+    return absl::OkStatus();
+  }
+  if (type == "Prepend") {
+    normalizer.push_back(
+        NormalizerStep{NormalizerStep::Kind::kPrepend, "", node.at("prepend").get<std::string>()});
     return absl::OkStatus();
   }
   if (type == "Sequence" && node.contains("normalizers") && node["normalizers"].is_array()) {
@@ -375,7 +523,38 @@ absl::Status Tokenizer::Impl::LoadNormalizer(const json& node) {
     }
     return absl::OkStatus();
   }
-  return Invalid(absl::StrCat("normalizer type '", type, "' is not supported (only NFC)"));
+  return Invalid(absl::StrCat("normalizer type '", type,
+                              "' is not supported (NFC, Replace, Prepend, Sequence)"));
+}
+
+std::string_view Tokenizer::Impl::Normalize(std::string_view piece, std::string* storage) const {
+  for (const NormalizerStep& step : normalizer) {
+    switch (step.kind) {
+      case NormalizerStep::Kind::kNfc:
+        if (!IsAscii(piece)) {
+          std::string nfc = Nfc(piece);
+          *storage = std::move(nfc);
+          piece = *storage;
+        }
+        break;
+      case NormalizerStep::Kind::kReplace:
+        if (piece.find(step.pattern) != std::string_view::npos) {
+          std::string replaced = absl::StrReplaceAll(Av(piece), {{step.pattern, step.content}});
+          *storage = std::move(replaced);
+          piece = *storage;
+        }
+        break;
+      case NormalizerStep::Kind::kPrepend:
+        // `tokenizers` leaves an empty string empty.
+        if (!piece.empty()) {
+          std::string prepended = absl::StrCat(step.content, Av(piece));
+          *storage = std::move(prepended);
+          piece = *storage;
+        }
+        break;
+    }
+  }
+  return piece;
 }
 
 absl::Status Tokenizer::Impl::LoadPreTokenizer(const json& node, bool* saw_byte_level) {
@@ -394,9 +573,17 @@ absl::Status Tokenizer::Impl::LoadPreTokenizer(const json& node, bool* saw_byte_
   }
   if (type == "Split") {
     const std::string behavior = node.value("behavior", "");
-    if (behavior != "Isolated") {
+    SplitBehavior split_behavior;
+    if (behavior == "Isolated") {
+      split_behavior = SplitBehavior::kIsolated;
+    } else if (!byte_level && behavior == "MergedWithPrevious") {
+      split_behavior = SplitBehavior::kMergedWithPrevious;
+    } else if (!byte_level && behavior == "MergedWithNext") {
+      split_behavior = SplitBehavior::kMergedWithNext;
+    } else {
       return Invalid(absl::StrCat("pre_tokenizer Split behavior '", behavior,
-                                  "' is not supported (only Isolated)"));
+                                  "' is not supported (Isolated; MergedWithPrevious and "
+                                  "MergedWithNext without ByteLevel)"));
     }
     if (GetBool(node, "invert", false)) {
       return Invalid("pre_tokenizer Split with invert=true is not supported");
@@ -412,7 +599,24 @@ absl::Status Tokenizer::Impl::LoadPreTokenizer(const json& node, bool* saw_byte_
     }
     auto code = CompileRegex(source, "pre_tokenizer Split");
     if (!code.ok()) return code.status();
-    stages.push_back(PreTokenizerStage{std::move(*code), false});
+    PreTokenizerStage stage;
+    stage.regex = std::move(*code);
+    stage.behavior = split_behavior;
+    stages.push_back(std::move(stage));
+    return absl::OkStatus();
+  }
+  if (type == "Metaspace" && !byte_level) {
+    PreTokenizerStage stage;
+    stage.metaspace = true;
+    stage.replacement = node.value("replacement", "\xE2\x96\x81");
+    if (stage.replacement.empty()) {
+      return Invalid("pre_tokenizer Metaspace with an empty replacement");
+    }
+    absl::StatusOr<PrependScheme> scheme = ParsePrependScheme(node, "pre_tokenizer Metaspace");
+    if (!scheme.ok()) return scheme.status();
+    stage.prepend = *scheme;
+    stage.split = GetBool(node, "split", true);
+    stages.push_back(std::move(stage));
     return absl::OkStatus();
   }
   if (type == "ByteLevel") {
@@ -427,8 +631,9 @@ absl::Status Tokenizer::Impl::LoadPreTokenizer(const json& node, bool* saw_byte_
     if (stage.regex != nullptr || stage.add_prefix_space) stages.push_back(std::move(stage));
     return absl::OkStatus();
   }
-  return Invalid(absl::StrCat("pre_tokenizer type '", type,
-                              "' is not supported (Sequence, Split, ByteLevel)"));
+  return Invalid(absl::StrCat("pre_tokenizer type '", type, "' is not supported ",
+                              byte_level ? "with ByteLevel (Sequence, Split, ByteLevel)"
+                                         : "(Sequence, Split, Metaspace, or ByteLevel)"));
 }
 
 absl::Status Tokenizer::Impl::LoadModel(const json& model) {
@@ -441,8 +646,10 @@ absl::Status Tokenizer::Impl::LoadModel(const json& model) {
       model["dropout"].get<double>() != 0.0) {
     return Invalid("model BPE dropout is not supported");
   }
-  if (GetBool(model, "byte_fallback", false)) {
-    return Invalid("model BPE byte_fallback is not supported (byte-level BPE only)");
+  byte_fallback = GetBool(model, "byte_fallback", false);
+  fuse_unk = GetBool(model, "fuse_unk", false);
+  if (byte_level && byte_fallback) {
+    return Invalid("model BPE byte_fallback is not supported with a ByteLevel pre_tokenizer");
   }
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     if (model.contains(key) && model[key].is_string() && !model[key].get<std::string>().empty()) {
@@ -468,32 +675,61 @@ absl::Status Tokenizer::Impl::LoadModel(const json& model) {
   is_special.assign(max_id + 1, 0);
   text_to_id.reserve(model["vocab"].size() * 2);
   bytes_to_id.reserve(model["vocab"].size() * 2);
+  if (!byte_level) bmp_char_id.assign(0x10000, -1);
   for (const auto& [text, id_json] : model["vocab"].items()) {
     const int32_t id = id_json.get<int32_t>();
     token_text[id] = text;
     defined[id] = 1;
     text_to_id.emplace(text, id);
+    if (!byte_level) {
+      // token_bytes come from the decoder (LoadDecoder).
+      size_t i = 0;
+      const uint32_t cp = text.empty() ? 0 : NextCodePoint(text, &i);
+      if (!text.empty() && i == text.size()) {
+        if (cp < bmp_char_id.size()) {
+          bmp_char_id[cp] = id;
+        } else {
+          astral_char_id.emplace(cp, id);
+        }
+      }
+      continue;
+    }
     // Byte-level form -> raw bytes; a symbol outside the alphabet makes the
     // token unreachable by BPE and decodes as its own UTF-8 (as in `tokenizers`).
     std::string bytes;
-    bool byte_level = true;
+    bool in_alphabet = true;
     for (size_t i = 0; i < text.size();) {
       const uint32_t cp = NextCodePoint(text, &i);
       const int b = cp < 512 ? alphabet.cp_to_byte[cp] : -1;
       if (b < 0) {
-        byte_level = false;
+        in_alphabet = false;
         break;
       }
       bytes.push_back(static_cast<char>(b));
     }
-    if (byte_level) {
+    if (in_alphabet) {
       token_bytes[id] = bytes;
       bytes_to_id.emplace(std::move(bytes), id);
     } else {
       token_bytes[id] = text;
     }
   }
-  for (int b = 0; b < 256; ++b) {
+  if (!byte_level) {
+    std::fill(std::begin(byte_id), std::end(byte_id), -1);
+    for (int b = 0; b < 256; ++b) {
+      // `tokenizers` spells them format!("<{b:#04X}>"): "<0x0A>".
+      static constexpr char kHex[] = "0123456789ABCDEF";
+      const std::string name = {'<', '0', 'x', kHex[b >> 4], kHex[b & 15], '>'};
+      auto it = text_to_id.find(name);
+      fallback_id[b] = it == text_to_id.end() ? -1 : it->second;
+    }
+    if (model.contains("unk_token") && model["unk_token"].is_string()) {
+      auto it = text_to_id.find(model["unk_token"].get<std::string>());
+      if (it == text_to_id.end()) return Invalid("model.unk_token is not in model.vocab");
+      unk_id = it->second;
+    }
+  }
+  for (int b = 0; b < 256 && byte_level; ++b) {
     std::string symbol;
     AppendUtf8(alphabet.byte_to_cp[b], &symbol);
     auto it = text_to_id.find(symbol);
@@ -537,22 +773,124 @@ absl::Status Tokenizer::Impl::LoadModel(const json& model) {
   return absl::OkStatus();
 }
 
+// The SentencePiece-style decoders: Replace, ByteFallback and Metaspace act
+// per token before Fuse joins them; Strip acts on the joined text, so only its
+// leading cut (start <= 1) is supported, as the first token's.
+absl::Status Tokenizer::Impl::LoadDecoder(const json& node) {
+  const std::string type = node.is_null() ? "null" : TypeOf(node);
+  const bool fused = std::any_of(decoder.begin(), decoder.end(), [](const DecoderStep& d) {
+    return d.kind == DecoderStep::Kind::kFuse;
+  });
+  if (type == "Sequence" && node.contains("decoders") && node["decoders"].is_array()) {
+    for (const json& d : node["decoders"]) KVL_RETURN_IF_ERROR(LoadDecoder(d));
+    return absl::OkStatus();
+  }
+  DecoderStep step{};
+  if (type == "Replace") {
+    absl::StatusOr<std::string> pattern = StringPattern(node, "decoder Replace");
+    if (!pattern.ok()) return pattern.status();
+    size_t one = 0;
+    NextCodePoint(*pattern, &one);
+    // One character: replacing per token equals replacing in the joined text.
+    if (one != pattern->size()) return Invalid("decoder Replace pattern longer than one character");
+    step.kind = DecoderStep::Kind::kReplace;
+    step.pattern = *std::move(pattern);
+    step.content = node.at("content").get<std::string>();
+  } else if (type == "ByteFallback" && !fused) {
+    step.kind = DecoderStep::Kind::kByteFallback;
+  } else if (type == "Fuse" && !fused) {
+    step.kind = DecoderStep::Kind::kFuse;
+  } else if (type == "Strip" && fused) {
+    step.kind = DecoderStep::Kind::kStrip;
+    step.content = node.at("content").get<std::string>();
+    step.start = node.value("start", 0);
+    size_t one = 0;
+    if (!step.content.empty()) NextCodePoint(step.content, &one);
+    if (step.start < 0 || step.start > 1 || node.value("stop", 0) != 0 || step.content.empty() ||
+        one != step.content.size()) {
+      return Invalid("decoder Strip is supported only as start <= 1, stop = 0, one character");
+    }
+  } else if (type == "Metaspace" && !fused) {
+    step.kind = DecoderStep::Kind::kMetaspace;
+    step.content = node.value("replacement", "\xE2\x96\x81");
+    absl::StatusOr<PrependScheme> scheme = ParsePrependScheme(node, "decoder Metaspace");
+    if (!scheme.ok()) return scheme.status();
+    step.prepend = *scheme;
+  } else {
+    return Invalid(absl::StrCat("decoder type '", type,
+                                "' is not supported here (without ByteLevel: Replace, "
+                                "ByteFallback, Metaspace, then Fuse, then Strip, in a Sequence)"));
+  }
+  decoder.push_back(std::move(step));
+  return absl::OkStatus();
+}
+
+std::string Tokenizer::Impl::DecodeTokenSp(const std::string& text, bool leading) const {
+  std::string s = text;
+  for (const DecoderStep& step : decoder) {
+    switch (step.kind) {
+      case DecoderStep::Kind::kReplace:
+        s = absl::StrReplaceAll(s, {{step.pattern, step.content}});
+        break;
+      case DecoderStep::Kind::kByteFallback: {
+        int hi = -1, lo = -1;
+        auto hex = [](char c) {
+          if (c >= '0' && c <= '9') return c - '0';
+          if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+          if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+          return -1;
+        };
+        if (s.size() == 6 && absl::StartsWith(s, "<0x") && s[5] == '>') {
+          hi = hex(s[3]);
+          lo = hex(s[4]);
+        }
+        if (hi >= 0 && lo >= 0) s = std::string(1, static_cast<char>(hi * 16 + lo));
+        break;
+      }
+      case DecoderStep::Kind::kFuse:
+        break;
+      case DecoderStep::Kind::kStrip:
+        if (leading && step.start > 0 && absl::StartsWith(s, step.content)) {
+          s.erase(0, step.content.size());
+        }
+        break;
+      case DecoderStep::Kind::kMetaspace:
+        // `tokenizers` drops every replacement character of the first token.
+        s = absl::StrReplaceAll(
+            s, {{step.content, leading && step.prepend != PrependScheme::kNever ? "" : " "}});
+        break;
+    }
+  }
+  return s;
+}
+
 absl::Status Tokenizer::Impl::Load(const json& root) {
   if (!root.is_object()) return Invalid("top level is not an object");
+  const json pre = root.value("pre_tokenizer", json());
+  byte_level = HasByteLevelStep(pre);
   KVL_RETURN_IF_ERROR(LoadModel(root.contains("model") ? root["model"] : json()));
   KVL_RETURN_IF_ERROR(LoadNormalizer(root.value("normalizer", json())));
-  const json pre = root.value("pre_tokenizer", json());
   bool saw_byte_level = false;
   if (!pre.is_null()) {
     KVL_RETURN_IF_ERROR(LoadPreTokenizer(pre, &saw_byte_level));
   }
-  if (!saw_byte_level) {
-    return Invalid("pre_tokenizer has no ByteLevel step (only byte-level BPE is supported)");
+  const json decoder_json = root.value("decoder", json());
+  if (byte_level && TypeOf(decoder_json) != "ByteLevel") {
+    return Invalid(
+        absl::StrCat("decoder type '", decoder_json.is_null() ? "null" : TypeOf(decoder_json),
+                     "' is not supported with a ByteLevel pre_tokenizer (only ByteLevel)"));
   }
-  const json decoder = root.value("decoder", json());
-  if (TypeOf(decoder) != "ByteLevel") {
-    return Invalid(absl::StrCat("decoder type '", decoder.is_null() ? "null" : TypeOf(decoder),
-                                "' is not supported (only ByteLevel)"));
+  if (!byte_level) {
+    if (TypeOf(decoder_json) == "ByteLevel") {
+      return Invalid(
+          absl::StrCat("decoder 'ByteLevel' needs a ByteLevel pre_tokenizer (this "
+                       "file's pre_tokenizer is '",
+                       pre.is_null() ? "null" : TypeOf(pre), "')"));
+    }
+    KVL_RETURN_IF_ERROR(LoadDecoder(decoder_json));
+    for (size_t id = 0; id < token_text.size(); ++id) {
+      if (defined[id]) token_bytes[id] = DecodeTokenSp(token_text[id], /*leading=*/false);
+    }
   }
   // post_processor only adds template tokens (BOS/EOS) or trims offsets; Encode
   // never adds special tokens, so it is not consulted.
@@ -586,22 +924,39 @@ absl::Status Tokenizer::Impl::Load(const json& root) {
     defined[token.id] = 1;
     is_special[token.id] = token.special ? 1 : 0;
     text_to_id[token.content] = token.id;
-    // The ByteLevel decoder maps each symbol back to a byte, falling back to
-    // the token's own UTF-8 when a character is outside the alphabet.
-    std::string bytes;
-    bool byte_level = true;
-    for (size_t i = 0; i < token.content.size();) {
-      const uint32_t cp = NextCodePoint(token.content, &i);
-      const int b = cp < 512 ? Alphabet().cp_to_byte[cp] : -1;
-      if (b < 0) {
-        byte_level = false;
-        break;
+    if (byte_level) {
+      // The ByteLevel decoder maps each symbol back to a byte, falling back to
+      // the token's own UTF-8 when a character is outside the alphabet.
+      std::string bytes;
+      bool in_alphabet = true;
+      for (size_t i = 0; i < token.content.size();) {
+        const uint32_t cp = NextCodePoint(token.content, &i);
+        const int b = cp < 512 ? Alphabet().cp_to_byte[cp] : -1;
+        if (b < 0) {
+          in_alphabet = false;
+          break;
+        }
+        bytes.push_back(static_cast<char>(b));
       }
-      bytes.push_back(static_cast<char>(b));
+      token_bytes[token.id] = in_alphabet ? bytes : token.content;
+    } else {
+      // The decoder runs over added tokens too (`tokenizers` decodes them alike).
+      token_bytes[token.id] = DecodeTokenSp(token.content, /*leading=*/false);
     }
-    token_bytes[token.id] = byte_level ? bytes : token.content;
-    if (token.normalized && nfc) token.content = Nfc(token.content);
+    if (token.normalized && !normalizer.empty()) {
+      std::string storage;
+      token.content = std::string(Normalize(token.content, &storage));
+    }
     added.push_back(std::move(token));
+  }
+  const bool leading_rule = std::any_of(decoder.begin(), decoder.end(), [](const DecoderStep& d) {
+    return d.kind == DecoderStep::Kind::kStrip || d.kind == DecoderStep::Kind::kMetaspace;
+  });
+  if (leading_rule) {
+    leading_bytes.assign(token_text.size(), "");
+    for (size_t id = 0; id < token_text.size(); ++id) {
+      if (defined[id]) leading_bytes[id] = DecodeTokenSp(token_text[id], /*leading=*/true);
+    }
   }
   for (const AddedToken& t : added) {
     for (int parse_special = 0; parse_special < 2; ++parse_special) {
@@ -687,6 +1042,108 @@ void Tokenizer::Impl::PreTokenize(std::string_view piece, size_t stage,
   if (prev < piece.size()) PreTokenize(piece.substr(prev), stage + 1, ids);
 }
 
+// Segments of `piece` cut at matches, joined per `behavior` (`tokenizers`'
+// NormalizedString::split): each entry is [begin, end).
+void SplitPiece(std::string_view piece, SplitBehavior behavior,
+                const std::function<bool(size_t, size_t*, size_t*)>& next_match,
+                std::vector<std::pair<size_t, size_t>>* out) {
+  struct Segment {
+    size_t begin, end;
+    bool match;
+  };
+  std::vector<Segment> segments;
+  size_t prev = 0, search = 0, begin = 0, end = 0;
+  while (search <= piece.size() && next_match(search, &begin, &end)) {
+    if (end == begin) {  // empty match: produces no piece; step one character
+      if (begin >= piece.size()) break;
+      size_t next = begin;
+      NextCodePoint(piece, &next);
+      search = next;
+      continue;
+    }
+    if (begin > prev) segments.push_back({prev, begin, false});
+    segments.push_back({begin, end, true});
+    prev = search = end;
+  }
+  if (prev < piece.size()) segments.push_back({prev, piece.size(), false});
+  out->clear();
+  switch (behavior) {
+    case SplitBehavior::kIsolated:
+      for (const Segment& g : segments) out->emplace_back(g.begin, g.end);
+      break;
+    case SplitBehavior::kMergedWithPrevious: {
+      bool previous_match = false;
+      for (const Segment& g : segments) {
+        if (g.match && !previous_match && !out->empty()) {
+          out->back().second = g.end;
+        } else {
+          out->emplace_back(g.begin, g.end);
+        }
+        previous_match = g.match;
+      }
+      break;
+    }
+    case SplitBehavior::kMergedWithNext: {
+      bool next_match_seen = false;  // the segment after this one is a match
+      for (size_t k = segments.size(); k-- > 0;) {
+        const Segment& g = segments[k];
+        if (g.match && !next_match_seen && !out->empty()) {
+          out->back().first = g.begin;
+        } else {
+          out->emplace_back(g.begin, g.end);
+        }
+        next_match_seen = g.match;
+      }
+      std::reverse(out->begin(), out->end());
+      break;
+    }
+  }
+}
+
+void Tokenizer::Impl::PreTokenizeSp(std::string_view piece, size_t stage, bool at_start,
+                                    std::vector<int32_t>* ids) const {
+  if (piece.empty()) return;
+  if (stage == stages.size()) {
+    BpeChars(piece, ids);
+    return;
+  }
+  const PreTokenizerStage& st = stages[stage];
+  std::string replaced;
+  std::vector<std::pair<size_t, size_t>> parts;
+  if (st.metaspace) {
+    replaced = absl::StrReplaceAll(Av(piece), {{" ", st.replacement}});
+    const bool prepend = (st.prepend == PrependScheme::kAlways ||
+                          (st.prepend == PrependScheme::kFirst && at_start)) &&
+                         !absl::StartsWith(replaced, st.replacement);
+    if (prepend) replaced.insert(0, st.replacement);
+    piece = replaced;
+    if (!st.split) {
+      PreTokenizeSp(piece, stage + 1, at_start, ids);
+      return;
+    }
+    SplitPiece(
+        piece, SplitBehavior::kMergedWithNext,
+        [&](size_t from, size_t* b, size_t* e) {
+          const size_t at = piece.find(st.replacement, from);
+          if (at == std::string_view::npos) return false;
+          *b = at;
+          *e = at + st.replacement.size();
+          return true;
+        },
+        &parts);
+  } else {
+    SplitPiece(
+        piece, st.behavior,
+        [&](size_t from, size_t* b, size_t* e) {
+          return NextMatch(st.regex.get(), piece, from, b, e);
+        },
+        &parts);
+  }
+  for (const auto& [b, e] : parts) {
+    PreTokenizeSp(piece.substr(b, e - b), stage + 1, at_start && b == 0, ids);
+  }
+}
+
 // BPE over the bytes of one pre-token: repeatedly merge the adjacent pair with
 // the lowest merge rank, leftmost first on ties (what `tokenizers` does with
 // its priority queue). Short words scan a rank array; long ones use a heap so
@@ -708,12 +1165,63 @@ void Tokenizer::Impl::Bpe(std::string_view word, std::vector<int32_t>* ids) cons
   }
   BpeScratch& s = ThreadBpeScratch();
   s.id.resize(n);
+  for (size_t i = 0; i < n; ++i) s.id[i] = byte_id[w[i]];
+  MergeSymbols(s, ids);
+}
+
+// SentencePiece-style BPE over the characters of one pre-token (`tokenizers`'
+// BPE::merge_word): a character in the vocabulary is its token; otherwise its
+// UTF-8 bytes as <0xNN> tokens (byte_fallback, when all exist), else the unk
+// token (one for a run of unknown characters with fuse_unk), else nothing.
+void Tokenizer::Impl::BpeChars(std::string_view word, std::vector<int32_t>* ids) const {
+  if (ignore_merges) {
+    auto it = text_to_id.find(std::string(word));
+    if (it != text_to_id.end()) {
+      ids->push_back(it->second);
+      return;
+    }
+  }
+  BpeScratch& s = ThreadBpeScratch();
+  s.id.clear();
+  bool last_unk = false;
+  for (size_t i = 0; i < word.size();) {
+    const size_t begin = i;
+    const int32_t id = CharId(NextCodePoint(word, &i));
+    if (id >= 0) {
+      s.id.push_back(id);
+      last_unk = false;
+      continue;
+    }
+    if (byte_fallback) {
+      bool all = true;
+      for (size_t k = begin; k < i; ++k)
+        all = all && fallback_id[static_cast<uint8_t>(word[k])] >= 0;
+      if (all) {
+        for (size_t k = begin; k < i; ++k)
+          s.id.push_back(fallback_id[static_cast<uint8_t>(word[k])]);
+        last_unk = false;
+        continue;
+      }
+    }
+    if (unk_id >= 0 && !(fuse_unk && last_unk)) s.id.push_back(unk_id);
+    last_unk = unk_id >= 0;
+  }
+  if (s.id.size() <= 1) {
+    ids->insert(ids->end(), s.id.begin(), s.id.end());
+    return;
+  }
+  MergeSymbols(s, ids);
+}
+
+// Repeatedly merges the adjacent pair of s.id with the lowest merge rank,
+// leftmost first on ties, and appends the result to *ids.
+void Tokenizer::Impl::MergeSymbols(BpeScratch& s, std::vector<int32_t>* ids) const {
+  const size_t n = s.id.size();
   s.prev.resize(n);
   s.next.resize(n);
   s.rank.resize(n);
   const int32_t last = static_cast<int32_t>(n) - 1;
   for (int32_t i = 0; i <= last; ++i) {
-    s.id[i] = byte_id[w[i]];
     s.prev[i] = i - 1;
     s.next[i] = i + 1;  // n marks the end
   }
@@ -816,27 +1324,47 @@ void Tokenizer::EncodeTo(std::string_view text, bool parse_special,
   }
   const Impl& m = *impl_;
   const AddedTokenMatcher& norm_matcher = m.norm_matcher[parse_special ? 1 : 0];
-  m.SplitAdded(text, m.raw_matcher[parse_special ? 1 : 0], ids, [&](std::string_view piece) {
+  if (m.byte_level) {
+    m.SplitAdded(text, m.raw_matcher[parse_special ? 1 : 0], ids, [&](std::string_view piece) {
+      std::string normalized;
+      piece = m.Normalize(piece, &normalized);
+      if (norm_matcher.empty()) {
+        m.PreTokenize(piece, 0, ids);
+      } else {
+        m.SplitAdded(piece, norm_matcher, ids,
+                     [&](std::string_view rest) { m.PreTokenize(rest, 0, ids); });
+      }
+    });
+    return;
+  }
+  // SentencePiece-style: Metaspace's prepend_scheme "first" needs to know
+  // which piece starts the input text.
+  m.SplitAdded(text, m.raw_matcher[parse_special ? 1 : 0], ids, [&](std::string_view raw) {
+    const bool raw_at_start = raw.data() == text.data();
     std::string normalized;
-    if (m.nfc && !IsAscii(piece)) {
-      normalized = Nfc(piece);
-      piece = normalized;
-    }
+    const std::string_view piece = m.Normalize(raw, &normalized);
     if (norm_matcher.empty()) {
-      m.PreTokenize(piece, 0, ids);
+      m.PreTokenizeSp(piece, 0, raw_at_start, ids);
     } else {
-      m.SplitAdded(piece, norm_matcher, ids,
-                   [&](std::string_view rest) { m.PreTokenize(rest, 0, ids); });
+      m.SplitAdded(piece, norm_matcher, ids, [&](std::string_view rest) {
+        m.PreTokenizeSp(rest, 0, raw_at_start && rest.data() == piece.data(), ids);
+      });
     }
   });
 }
 
 std::string Tokenizer::Decode(absl::Span<const int32_t> ids, bool skip_special) const {
   std::string bytes;
+  bool leading = true;
   for (int32_t id : ids) {
     if (id < 0 || id >= vocab_size() || !impl_->defined[id]) continue;
     if (skip_special && impl_->is_special[id]) continue;
-    bytes += impl_->token_bytes[id];
+    if (leading) {
+      bytes += LeadingTokenBytes(id);
+      leading = impl_->token_bytes[id].empty();
+    } else {
+      bytes += impl_->token_bytes[id];
+    }
   }
   std::string text;
   text.reserve(bytes.size());
@@ -858,6 +1386,11 @@ std::optional<std::string> Tokenizer::IdToToken(int32_t id) const {
 std::string_view Tokenizer::TokenBytes(int32_t id) const {
   if (id < 0 || id >= vocab_size() || !impl_->defined[id]) return {};
   return impl_->token_bytes[id];
+}
+
+std::string_view Tokenizer::LeadingTokenBytes(int32_t id) const {
+  if (id < 0 || id >= vocab_size() || !impl_->defined[id]) return {};
+  return impl_->leading_bytes.empty() ? impl_->token_bytes[id] : impl_->leading_bytes[id];
 }
 
 int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(impl_->token_text.size()); }
@@ -889,8 +1422,12 @@ StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special)
 
 std::string StreamDecoder::Push(int32_t id) {
   if (skip_special_ && tokenizer_.IsSpecial(id)) return {};
-  const std::string_view bytes = tokenizer_.TokenBytes(id);
+  std::string_view bytes = tokenizer_.TokenBytes(id);
   if (bytes.empty()) return {};
+  if (leading_) {
+    bytes = tokenizer_.LeadingTokenBytes(id);
+    leading_ = false;
+  }
   std::string text;
   if (pending_.empty()) {
     const size_t used = AppendUtf8Lossy(bytes, /*final=*/false, &text);
@@ -907,6 +1444,7 @@ std::string StreamDecoder::Flush() {
   std::string text;
   AppendUtf8Lossy(pending_, /*final=*/true, &text);
   pending_.clear();
+  leading_ = true;
   return text;
 }
 

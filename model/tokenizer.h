@@ -1,5 +1,6 @@
-// Byte-level BPE tokenizer loaded from a Hugging Face `tokenizer.json`
-// (Qwen2/Qwen3, GPT-2 and Llama-3 style files). Encode reproduces the Rust
+// BPE tokenizer loaded from a Hugging Face `tokenizer.json`: byte-level
+// (Qwen2/Qwen3, GPT-2 and Llama-3 files) or SentencePiece-style with byte
+// fallback (Gemma-3, Llama-2 and Mistral files). Encode reproduces the Rust
 // `tokenizers` library (the reference behind transformers' fast tokenizers)
 // with add_special_tokens=False; docs/tokenizer.md lists the supported
 // components and the few documented edge cases.
@@ -52,9 +53,18 @@ class Tokenizer {
   // added tokens included.
   std::optional<int32_t> TokenToId(std::string_view token) const;
   std::optional<std::string> IdToToken(int32_t id) const;
-  // The raw bytes a token stands for when decoded (may be a partial UTF-8
-  // sequence). Empty for ids that are not in the vocabulary.
+  // The raw bytes a token stands for when decoded anywhere but first (may be a
+  // partial UTF-8 sequence): byte-level symbols mapped back to bytes, or for
+  // SentencePiece-style files U+2581 "▁" (the metaspace) as ' ' and <0xNN> as
+  // the byte NN. Empty for ids that are not in the vocabulary.
   std::string_view TokenBytes(int32_t id) const;
+  // The bytes when the token is the first one a decode emits (the first id
+  // with non-empty TokenBytes after skipping). Equal to TokenBytes except for
+  // decoders that drop a leading space: Strip after Fuse (Llama-2, Mistral:
+  // "▁Hello" -> "Hello") and Metaspace (every metaspace of the first token
+  // dropped). Decode(ids) is the concatenation of LeadingTokenBytes(first) and
+  // TokenBytes(rest), made valid UTF-8.
+  std::string_view LeadingTokenBytes(int32_t id) const;
 
   // One more than the largest id (base vocabulary plus added tokens); this is
   // not the model's (often padded) embedding size.
@@ -95,6 +105,7 @@ class StreamDecoder {
  private:
   const Tokenizer& tokenizer_;
   bool skip_special_;
+  bool leading_ = true;  // no token with bytes pushed since construction / Flush
   std::string pending_;  // bytes of an incomplete UTF-8 sequence
 };
 

