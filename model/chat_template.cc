@@ -368,6 +368,61 @@ std::string RenderUserTurn(absl::string_view content, const ChatTemplateOptions&
   return out;
 }
 
+namespace {
+
+// Where SessionPreamble's first turn opens: the user turn's opening for the
+// families whose preamble writes it.
+absl::string_view FirstTurnOpening(ChatTemplateKind kind) {
+  switch (kind) {
+    case ChatTemplateKind::kGemma:
+      return "<start_of_turn>user\n";
+    case ChatTemplateKind::kMistral:
+      return "[INST] ";
+    case ChatTemplateKind::kQwen3:
+    case ChatTemplateKind::kLlama3:
+      break;
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string SessionPreamble(absl::string_view system_prompt, ChatTemplateKind kind) {
+  ChatTemplateOptions options;
+  options.kind = kind;
+  options.add_generation_prompt = false;
+  switch (kind) {
+    case ChatTemplateKind::kQwen3:
+    case ChatTemplateKind::kLlama3: {
+      if (system_prompt.empty()) return kind == ChatTemplateKind::kLlama3 ? "<|begin_of_text|>" : "";
+      absl::StatusOr<std::string> text =
+          RenderChat({ChatMessage{"system", std::string(system_prompt)}}, options);
+      return text.ok() ? *text : std::string();
+    }
+    case ChatTemplateKind::kGemma:
+    case ChatTemplateKind::kMistral:
+      break;
+  }
+  // The template's own rendering of [system,] user up to the user's content
+  // (a placeholder no template trims or escapes).
+  constexpr absl::string_view kMark = "\x01kvl-first-turn\x01";
+  std::vector<ChatMessage> messages;
+  if (!system_prompt.empty()) messages.push_back({"system", std::string(system_prompt)});
+  messages.push_back({"user", std::string(kMark)});
+  absl::StatusOr<std::string> text = RenderChat(messages, options);
+  if (!text.ok()) return std::string();
+  const size_t at = text->find(kMark.data(), 0, kMark.size());
+  return at == std::string::npos ? std::string() : text->substr(0, at);
+}
+
+std::string SessionUserTurn(absl::string_view content, bool first,
+                            const ChatTemplateOptions& options) {
+  std::string turn = RenderUserTurn(content, options);
+  const absl::string_view opening = FirstTurnOpening(options.kind);
+  if (first && !opening.empty() && absl::StartsWith(turn, opening)) turn.erase(0, opening.size());
+  return turn;
+}
+
 std::string CloseAssistantTurn(absl::string_view generated, ChatTemplateKind kind) {
   const absl::string_view stop = StopToken(kind);
   const bool stopped = absl::EndsWith(generated, stop);

@@ -86,6 +86,26 @@ absl::StatusOr<std::string> RenderChat(const std::vector<ChatMessage>& messages,
 //   kMistral "[INST] " + content + "[/INST]"
 std::string RenderUserTurn(absl::string_view content, const ChatTemplateOptions& options = {});
 
+// A session as one append-only token stream (the router's): SessionPreamble
+// once, then per user turn SessionUserTurn (its generation prompt included),
+// the reply with its stop token, and CloseAssistantTurn. For every family the
+// preamble plus the first turn is RenderChat([system,] user) with the
+// generation prompt; each later turn appends exactly as RenderUserTurn does.
+//   kQwen3   the system block, or nothing without a system prompt
+//   kLlama3  "<|begin_of_text|>" and the system block if any
+//   kGemma   "<bos><start_of_turn>user\n" + system + "\n\n" (the template puts
+//            the system text inside the first user turn, which the preamble
+//            therefore opens; without a system prompt "<bos><start_of_turn>user\n")
+//   kMistral "<s>[INST] " + system + "\n\n" (or "<s>[INST] "): v3's template
+//            moves the system text into the latest user turn, which no
+//            append-only stream can follow; the session keeps it in the first
+//            turn, as rendered when that turn was the latest
+std::string SessionPreamble(absl::string_view system_prompt, ChatTemplateKind kind);
+// A user turn of a session's stream; `first`: the session's first, whose
+// opening SessionPreamble wrote for kGemma and kMistral.
+std::string SessionUserTurn(absl::string_view content, bool first,
+                            const ChatTemplateOptions& options);
+
 // The generation prompt alone: kQwen3 "<|im_start|>assistant\n" [+ empty think
 // block], kGemma "<start_of_turn>model\n", kLlama3 the assistant header,
 // kMistral "" (the user turn's [/INST] is the prompt).

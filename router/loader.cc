@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "model/chat_template.h"
 #include "model/model_dir.h"
 #include "spdlog/spdlog.h"
 #include "translator/translator.h"
@@ -67,8 +68,10 @@ absl::StatusOr<std::unique_ptr<Router>> LoadRouter(const std::vector<ModelSource
     spdlog::info("loaded model {} from {} ({} layers, hidden {}, {})", e.name, e.path,
                  loaded->config().n_layer, loaded->config().hidden_size,
                  absl::StrCat(DTypeName(options.dtype), " on ", options.device));
+    absl::StatusOr<ChatTemplateKind> chat_template = ChatTemplateKindForModelDir(e.path);
+    if (!chat_template.ok()) return Annotate(chat_template.status(), where);
     if (shared_tokenizer == nullptr) shared_tokenizer = std::move(loaded->tokenizer);
-    models.push_back({e.name, e.path, std::move(loaded->engine)});
+    models.push_back({e.name, e.path, std::move(loaded->engine), *chat_template});
   }
   std::vector<LoadedTranslator> loaded_translators;
   const int n = static_cast<int>(sources.size());

@@ -102,13 +102,28 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(std::vector<LoadedModel> 
         absl::StrCat("the routing policy names a model index outside [0, ", n, ")"));
   }
   std::unique_ptr<Router> r(new Router());
+  const std::string first_name = models.empty() ? std::string() : models.front().name;
+  if (!models.empty()) r->chat_template_ = models.front().chat_template;
   for (LoadedModel& m : models) {
     if (m.engine == nullptr) return absl::InvalidArgumentError(m.name + ": no engine");
-    if (m.engine->config().vocab_size < tokenizer->vocab_size()) {
+    if (m.chat_template != r->chat_template_) {
       return absl::InvalidArgumentError(absl::StrCat(
-          m.name, ": vocab_size ", m.engine->config().vocab_size, " is smaller than the shared ",
-          "tokenizer's ", tokenizer->vocab_size(), " ids"));
+          m.name, ": its chat template (", ChatTemplateKindName(m.chat_template), ") differs from ",
+          first_name, "'s (", ChatTemplateKindName(r->chat_template_),
+          "); the models of one router render a session as one token stream"));
     }
+    // Ids past a model's embedding are admitted only for special added
+    // tokens (Gemma-3-1B's 262,144 rows and its tokenizer's image token at
+    // 262,144), which a turn then refuses (FirstOutsideVocabulary).
+    const int64_t vocab = m.engine->config().vocab_size;
+    for (int64_t id = vocab; id < tokenizer->vocab_size(); ++id) {
+      if (!tokenizer->IsSpecial(static_cast<int32_t>(id))) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            m.name, ": vocab_size ", vocab, " is smaller than the shared tokenizer's ",
+            tokenizer->vocab_size(), " ids, and id ", id, " is not a special token"));
+      }
+    }
+    r->min_vocab_ = r->min_vocab_ == 0 ? vocab : std::min(r->min_vocab_, vocab);
     auto slot = std::make_unique<Slot>();
     slot->bytes_per_token = m.engine->NewCache()->BytesPerToken();
     r->names_.push_back(m.name);
@@ -124,8 +139,11 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(std::vector<LoadedModel> 
     }
     r->by_pair_[t.source][t.target] = &t;
   }
-  if (std::optional<int32_t> im_end = tokenizer->AddedTokenId("<|im_end|>")) {
-    r->stop_ids_.push_back(*im_end);
+  const absl::string_view stop_token = StopToken(r->chat_template_);
+  if (std::optional<int32_t> stop =
+          tokenizer->AddedTokenId(std::string_view(stop_token.data(), stop_token.size()))) {
+    r->turn_stop_ = *stop;
+    r->stop_ids_.push_back(*stop);
   }
   for (const auto& slot : r->models_) {
     for (int64_t id : slot->loaded.engine->generation_defaults().eos_token_ids) {
@@ -252,11 +270,22 @@ const Translator* Router::FindTranslator(int source, int target) const {
   return t == nullptr ? nullptr : t->translator.get();
 }
 
+absl::Status Router::FirstOutsideVocabulary(const std::vector<int64_t>& ids,
+                                            absl::string_view what) const {
+  for (int64_t id : ids) {
+    if (id >= min_vocab_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " holds the special token ",
+          tokenizer_->IdToToken(static_cast<int32_t>(id)).value_or("?"), " (id ", id,
+          "), which is outside the models' vocabularies of ", min_vocab_, " ids"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::vector<int64_t> Router::RenderPreamble(const std::string& system_prompt) const {
-  if (system_prompt.empty()) return {};
-  absl::StatusOr<std::string> text = RenderChat({ChatMessage{"system", system_prompt}},
-                                                ChatTemplateOptions{false, true});
-  return text.ok() ? Encode(*tokenizer_, *text) : std::vector<int64_t>{};
+  const std::string text = SessionPreamble(system_prompt, chat_template_);
+  return text.empty() ? std::vector<int64_t>{} : Encode(*tokenizer_, text);
 }
 
 absl::Status Router::Handover(Work& work, int model, int64_t upto, int64_t extra_tokens,
@@ -422,7 +451,11 @@ absl::StatusOr<TurnResult> Router::RunTurn(const std::string& session_id,
   work.ledger = committed.ledger;
   work.cascade_level = committed.cascade_level;
   work.fresh = work.history.empty() ? committed.preamble : std::vector<int64_t>{};
-  const std::vector<int64_t> turn = Encode(*tokenizer_, RenderUserTurn(options.user_message));
+  ChatTemplateOptions turn_options;
+  turn_options.kind = chat_template_;
+  const std::vector<int64_t> turn = Encode(
+      *tokenizer_, SessionUserTurn(options.user_message, work.history.empty(), turn_options));
+  KVL_RETURN_IF_ERROR(FirstOutsideVocabulary(turn, "the message"));
   work.fresh.insert(work.fresh.end(), turn.begin(), turn.end());
   if (const int64_t limit = config_.limits.max_history_tokens; limit > 0) {
     const int64_t after = static_cast<int64_t>(work.history.size() + work.fresh.size());
@@ -539,6 +572,7 @@ absl::StatusOr<GenerateResult> Router::HandOverAndGenerate(Work& work, int model
   std::vector<int64_t> reply;
   if (options.reply) {
     reply = Encode(*tokenizer_, *options.reply);
+    KVL_RETURN_IF_ERROR(FirstOutsideVocabulary(reply, "the given reply"));
     if (stop_ids_.empty()) {
       return absl::FailedPreconditionError("a given reply needs a stop token; the models have none");
     }
@@ -636,10 +670,10 @@ absl::StatusOr<GenerateResult> Router::HandOverAndGenerate(Work& work, int model
 absl::StatusOr<GenerateResult> Router::ReadGivenReply(Work& work, int model,
                                                       const std::vector<int64_t>& to_run,
                                                       std::vector<int64_t> reply) {
-  // The stop token the router would have stopped on: <|im_end|> when the
-  // tokenizer has it, else the models' first end-of-sequence id.
-  const std::optional<int32_t> im_end = tokenizer_->AddedTokenId("<|im_end|>");
-  const int64_t stop = im_end ? *im_end : stop_ids_.front();
+  // The stop token the router would have stopped on: the chat template's
+  // end of turn when the tokenizer has it, else the models' first
+  // end-of-sequence id.
+  const int64_t stop = turn_stop_ ? *turn_stop_ : stop_ids_.front();
   std::vector<int64_t> ids = to_run;
   ids.insert(ids.end(), reply.begin(), reply.end());
   ids.push_back(stop);
@@ -680,7 +714,8 @@ absl::Status Router::Commit(Work& work, int model, GenerateResult gen) {
         tokenizer_->IdToToken(static_cast<int32_t>(gen.stop_token_id));
     if (token) generated_text += *token;
   }
-  const std::vector<int64_t> close = Encode(*tokenizer_, CloseAssistantTurn(generated_text));
+  const std::vector<int64_t> close =
+      Encode(*tokenizer_, CloseAssistantTurn(generated_text, chat_template_));
   work.history.insert(work.history.end(), close.begin(), close.end());
   AppendLedgerSpan(&work.ledger, begin, static_cast<int64_t>(work.history.size()), model);
   if (!gen.logprobs.empty()) {

@@ -56,6 +56,7 @@
 #include "cache_store/cache_store.h"
 #include "model/engine.h"
 #include "model/scheduler.h"
+#include "model/chat_template.h"
 #include "model/tokenizer.h"
 #include "router/config.h"
 #include "router/gate.h"
@@ -71,6 +72,9 @@ struct LoadedModel {
   std::string name;
   std::string path;
   std::unique_ptr<Engine> engine;
+  // The family whose chat template renders its sessions
+  // (ChatTemplateKindForModelDir); the models of one router share it.
+  ChatTemplateKind chat_template = ChatTemplateKind::kQwen3;
 };
 
 struct LoadedTranslator {
@@ -156,8 +160,10 @@ struct TurnCallbacks {
 
 class Router {
  public:
-  // Models must share one tokenizer (the session history is one token
-  // stream); InvalidArgument otherwise. Translator indices must be valid.
+  // Models must share one tokenizer and one chat template (the session
+  // history is one token stream), and every tokenizer id at or past a model's
+  // vocab_size must be a special token; InvalidArgument otherwise. Translator
+  // indices must be valid.
   static absl::StatusOr<std::unique_ptr<Router>> Create(std::vector<LoadedModel> models,
                                                         std::vector<LoadedTranslator> translators,
                                                         std::unique_ptr<Tokenizer> tokenizer,
@@ -176,8 +182,15 @@ class Router {
   const RouterConfig& config() const { return config_; }
   int64_t BytesPerToken(int model) const { return models_[model]->bytes_per_token; }
 
-  // The tokens a session's system prompt renders to (empty prompt: none).
+  // The tokens a session's stream starts with: its system prompt and what the
+  // models' chat template writes before the first user turn's content
+  // (SessionPreamble; for Qwen3 with no system prompt: none).
   std::vector<int64_t> RenderPreamble(const std::string& system_prompt) const;
+  ChatTemplateKind chat_template() const { return chat_template_; }
+  // InvalidArgument naming `what` and the token when an id is at or past the
+  // smallest model vocabulary (a special token only the tokenizer has).
+  absl::Status FirstOutsideVocabulary(const std::vector<int64_t>& ids,
+                                      absl::string_view what) const;
 
   // Whether the turn's policy can run on this router: InvalidArgument with
   // the setting it is about (config.h, SettingOf): kTurnModel (explicit
@@ -263,6 +276,11 @@ class Router {
   std::vector<LoadedTranslator> translators_;
   std::vector<std::vector<const LoadedTranslator*>> by_pair_;  // [source][target], in translators_
   std::unique_ptr<Tokenizer> tokenizer_;
+  ChatTemplateKind chat_template_ = ChatTemplateKind::kQwen3;
+  // The smallest embedding of the models: a turn's ids must stay below it.
+  int64_t min_vocab_ = 0;
+  // The template's end-of-turn token (StopToken), when the tokenizer has it.
+  std::optional<int64_t> turn_stop_;
   std::vector<int64_t> stop_ids_;
   RouterConfig config_;
   CacheStore* store_ = nullptr;

@@ -430,5 +430,45 @@ TEST_F(ModelDirKindTest, TokenizerConfigTemplateWins) {
   EXPECT_EQ(*Kind(), ChatTemplateKind::kLlama3);
 }
 
+// A session as the router streams it: SessionPreamble, then each user turn
+// (the first opened by the preamble for Gemma-3 and Mistral), the reply, its
+// stop token and CloseAssistantTurn. The stream equals the family's own
+// rendering of the conversation, with and without a system prompt, after
+// every turn; Mistral's with a system prompt only up to its first turn
+// (v3's template moves the system text into the latest user turn).
+TEST(SessionStreamTest, EqualsTheTemplatesRenderingTurnByTurn) {
+  const std::vector<std::pair<std::string, std::string>> turns = {
+      {"Hello there.", "Hi! How can I help?"},
+      {"What is a KV cache?", "The keys and values of past tokens."},
+      {"Thanks.", "You are welcome."}};
+  for (ChatTemplateKind kind : {ChatTemplateKind::kQwen3, ChatTemplateKind::kGemma,
+                                ChatTemplateKind::kLlama3, ChatTemplateKind::kMistral}) {
+    for (const std::string& system : {std::string(), std::string("Be brief.")}) {
+      SCOPED_TRACE(::testing::Message() << ChatTemplateKindName(kind) << " system '" << system
+                                        << "'");
+      ChatTemplateOptions options;
+      options.kind = kind;
+      std::string stream = SessionPreamble(system, kind);
+      std::vector<ChatMessage> messages;
+      if (!system.empty()) messages.push_back({"system", system});
+      for (size_t i = 0; i < turns.size(); ++i) {
+        stream += SessionUserTurn(turns[i].first, i == 0, options);
+        messages.push_back({"user", turns[i].first});
+        if (kind == ChatTemplateKind::kMistral && !system.empty() && i > 0) break;
+        absl::StatusOr<std::string> want = RenderChat(messages, options);
+        ASSERT_TRUE(want.ok()) << want.status();
+        EXPECT_EQ(stream, *want) << "after user turn " << i;
+        // Qwen3's template would write the last reply with a think block;
+        // the stream is compared before each reply is added. Mistral's
+        // writes " reply</s>": its models' replies start with a word mark.
+        const std::string reply = (kind == ChatTemplateKind::kMistral ? " " : "") +
+                                  turns[i].second + std::string(StopToken(kind));
+        stream += reply + CloseAssistantTurn(reply, kind);
+        messages.push_back({"assistant", turns[i].second});
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvl
