@@ -4,6 +4,8 @@
 
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -117,6 +119,19 @@ TEST(ModelConfigTest, ParsesMistralAndItsWindow) {
   EXPECT_FALSE(ModelConfig::FromJson(mismatch).ok());
 }
 
+// Each (key, value) set into `real` is refused with InvalidArgument naming the key.
+void ExpectRefusalsNameTheKey(const json& real,
+                              const std::vector<std::pair<std::string, json>>& changes) {
+  for (const auto& [key, value] : changes) {
+    json bad = real;
+    bad[key] = value;
+    absl::StatusOr<ModelConfig> refused = ModelConfig::FromJson(bad);
+    ASSERT_FALSE(refused.ok()) << key;
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr(key));
+  }
+}
+
 // Gemma-3-1B-it's config.json: Gemma3ForCausalLM with five sliding layers
 // (window 512, RoPE base 10000) before each global one (base 1e6), the
 // attention scalar, GELU-tanh and its norms.
@@ -167,20 +182,11 @@ TEST(ModelConfigTest, ParsesGemma3TextAndItsLayerKinds) {
   EXPECT_DOUBLE_EQ(n->RopeTheta(0), 1e4);
   EXPECT_DOUBLE_EQ(n->RopeFactor(0), 1.0);
 
-  // Refusals name the key.
-  for (const auto& [key, value] :
-       {std::pair<const char*, json>{"attn_logit_softcapping", 50.0},
-        {"layer_types", json::array({"sliding_attention"})},
-        {"sliding_window", 0},
-        {"hidden_activation", "relu"},
-        {"query_pre_attn_scalar", 0}}) {
-    json bad = real;
-    bad[key] = value;
-    absl::StatusOr<ModelConfig> refused = ModelConfig::FromJson(bad);
-    ASSERT_FALSE(refused.ok()) << key;
-    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(std::string(refused.status().message()), HasSubstr(key));
-  }
+  ExpectRefusalsNameTheKey(real, {{"attn_logit_softcapping", 50.0},
+                                  {"layer_types", json::array({"sliding_attention"})},
+                                  {"sliding_window", 0},
+                                  {"hidden_activation", "relu"},
+                                  {"query_pre_attn_scalar", 0}});
 }
 
 // Gemma-3-4B-it: a vision-language checkpoint whose text_config gives six
@@ -261,19 +267,11 @@ TEST(ModelConfigTest, ParsesQwen3MoeAndItsExperts) {
   EXPECT_FALSE(p->IsMoeLayer(5));
   EXPECT_EQ(ModelConfig::FromJson(p->ToJson())->ParameterCount(), p->ParameterCount());
 
-  for (const auto& [key, value] :
-       {std::pair<const char*, json>{"num_experts_per_tok", 129},
-        {"num_experts", nullptr},
-        {"moe_intermediate_size", 0},
-        {"decoder_sparse_step", 0},
-        {"mlp_only_layers", json::array({48})}}) {
-    json bad = real;
-    bad[key] = value;
-    absl::StatusOr<ModelConfig> refused = ModelConfig::FromJson(bad);
-    ASSERT_FALSE(refused.ok()) << key;
-    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(std::string(refused.status().message()), HasSubstr(key));
-  }
+  ExpectRefusalsNameTheKey(real, {{"num_experts_per_tok", 129},
+                                  {"num_experts", nullptr},
+                                  {"moe_intermediate_size", 0},
+                                  {"decoder_sparse_step", 0},
+                                  {"mlp_only_layers", json::array({48})}});
 }
 
 TEST(ModelConfigTest, EosListAndMissingKvHeads) {

@@ -473,11 +473,11 @@ TEST(CachedDecoderWindow, MatchesReferenceAtEveryPosition) {
   }
 }
 
-// Rows of one windowed batch step (a prefill chunk and decode steps on lines
-// of different lengths) equal each row run alone.
-TEST(CachedDecoderWindow, BatchedRowsEqualRowsAlone) {
-  const ModelConfig config = MistralConfig(6);
-  const ModelWeights w = RandomWeights(config, 12);
+// Rows of one batch step (a prefill chunk and decode steps on lines of
+// different lengths) equal each row run alone: per-row positions, windows,
+// RoPE tables and (mixture of experts) routing.
+void ExpectBatchedRowsEqualRowsAlone(const ModelConfig& config, uint64_t seed) {
+  const ModelWeights w = RandomWeights(config, seed);
   auto decoder = Decoder::Create(config, w, {});
   ASSERT_TRUE(decoder.ok()) << decoder.status();
   c10::InferenceMode guard;
@@ -498,6 +498,10 @@ TEST(CachedDecoderWindow, BatchedRowsEqualRowsAlone) {
     const at::Tensor want = (*decoder)->Forward(*alone[r], ids.narrow(0, history[r], step[r]), true);
     EXPECT_LT(MaxAbsDiff(got[r], want), 1e-5) << "row " << r;
   }
+}
+
+TEST(CachedDecoderWindow, BatchedRowsEqualRowsAlone) {
+  ExpectBatchedRowsEqualRowsAlone(MistralConfig(6), 12);
 }
 
 // A Gemma-3-style model's cached decoder equals the reference at every
@@ -549,31 +553,8 @@ TEST(CachedDecoderGemma, MatchesReferenceAtEveryPosition) {
   }
 }
 
-// Rows of one Gemma-3 batch step equal each row run alone (per-row RoPE
-// positions through both layer kinds' tables).
 TEST(CachedDecoderGemma, BatchedRowsEqualRowsAlone) {
-  const ModelConfig config = GemmaConfig();
-  const ModelWeights w = RandomWeights(config, 12);
-  auto decoder = Decoder::Create(config, w, {});
-  ASSERT_TRUE(decoder.ok()) << decoder.status();
-  c10::InferenceMode guard;
-  const at::Tensor ids = RandomIds(config.vocab_size, {30}, 5);
-  const std::vector<int64_t> history = {3, 17, 9};
-  const std::vector<int64_t> step = {1, 1, 8};
-  std::vector<std::unique_ptr<KvCache>> batched, alone;
-  std::vector<Decoder::Row> rows;
-  for (size_t r = 0; r < history.size(); ++r) {
-    for (auto* lines : {&batched, &alone}) {
-      lines->push_back((*decoder)->NewCache());
-      (*decoder)->Forward(*lines->back(), ids.narrow(0, 0, history[r]), true);
-    }
-    rows.push_back({batched[r].get(), ids.narrow(0, history[r], step[r]), true});
-  }
-  const std::vector<at::Tensor> got = (*decoder)->ForwardBatch(rows);
-  for (size_t r = 0; r < history.size(); ++r) {
-    const at::Tensor want = (*decoder)->Forward(*alone[r], ids.narrow(0, history[r], step[r]), true);
-    EXPECT_LT(MaxAbsDiff(got[r], want), 1e-5) << "row " << r;
-  }
+  ExpectBatchedRowsEqualRowsAlone(GemmaConfig(), 12);
 }
 
 // A Qwen3-MoE-style model's cached decoder equals the reference at every
@@ -599,25 +580,7 @@ TEST(CachedDecoderMoe, MatchesReferenceAndBatchesRowByRow) {
       ASSERT_LT(MaxAbsDiff(logits[t], ref.logits[0][t]), 1e-4) << "position " << t;
     }
   }
-  auto decoder = Decoder::Create(config, w, {});
-  ASSERT_TRUE(decoder.ok());
-  c10::InferenceMode guard;
-  const std::vector<int64_t> history = {3, 17, 9};
-  const std::vector<int64_t> step = {1, 1, 8};
-  std::vector<std::unique_ptr<KvCache>> batched, alone;
-  std::vector<Decoder::Row> rows;
-  for (size_t r = 0; r < history.size(); ++r) {
-    for (auto* lines : {&batched, &alone}) {
-      lines->push_back((*decoder)->NewCache());
-      (*decoder)->Forward(*lines->back(), ids.narrow(0, 0, history[r]), true);
-    }
-    rows.push_back({batched[r].get(), ids.narrow(0, history[r], step[r]), true});
-  }
-  const std::vector<at::Tensor> got = (*decoder)->ForwardBatch(rows);
-  for (size_t r = 0; r < history.size(); ++r) {
-    const at::Tensor want = (*decoder)->Forward(*alone[r], ids.narrow(0, history[r], step[r]), true);
-    EXPECT_LT(MaxAbsDiff(got[r], want), 1e-5) << "row " << r;
-  }
+  ExpectBatchedRowsEqualRowsAlone(config, 11);
 }
 
 TEST(DecoderTaps, InvertedKeysMatchStoredKeys) {
