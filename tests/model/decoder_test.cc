@@ -390,6 +390,29 @@ at::Tensor RunCached(Decoder& decoder, KvCache& cache, const at::Tensor& ids, in
   return at::cat(rows, 0);
 }
 
+// A decoder made with `opts` runs ids as RunCached does (27 prefill tokens
+// in `chunk`s, then one at a time): every position's logits are within 1e-4
+// of `ref_logits` [T, V] (the fused and chunked path reorders float32 sums
+// only). *line, when given, receives the cache line, for its taps.
+void ExpectCachedMatchesReference(const ModelConfig& config, const ModelWeights& w,
+                                  const at::Tensor& ids, const at::Tensor& ref_logits,
+                                  const DecoderOptions& opts, int64_t chunk,
+                                  std::unique_ptr<KvCache>* line = nullptr) {
+  auto decoder = Decoder::Create(config, w, opts);
+  ASSERT_TRUE(decoder.ok()) << decoder.status();
+  auto cache = (*decoder)->NewCache();
+  at::Tensor logits;
+  {
+    c10::InferenceMode guard;
+    logits = RunCached(**decoder, *cache, ids, 27, chunk);
+  }
+  ASSERT_EQ(logits.sizes(), ref_logits.sizes());
+  for (int64_t t = 0; t < ids.numel(); ++t) {
+    ASSERT_LT(MaxAbsDiff(logits[t], ref_logits[t]), 1e-4) << "position " << t;
+  }
+  if (line != nullptr) *line = std::move(cache);
+}
+
 TEST_P(CachedDecoderTest, MatchesReferenceAtEveryPosition) {
   const CachedCase& p = GetParam();
   const ModelConfig config = TinyConfig(p.model);
@@ -401,19 +424,9 @@ TEST_P(CachedDecoderTest, MatchesReferenceAtEveryPosition) {
     DecoderOptions opts;
     opts.max_scores_bytes = p.max_scores_bytes;
     opts.tap_mode = mode;
-    auto decoder = Decoder::Create(config, w, opts);
-    ASSERT_TRUE(decoder.ok()) << decoder.status();
-    auto cache = (*decoder)->NewCache();
-    at::Tensor logits;
-    {
-      c10::InferenceMode guard;
-      logits = RunCached(**decoder, *cache, ids, 27, p.chunk);
-    }
-    ASSERT_EQ(logits.sizes(), ref.logits[0].sizes());
-    // Per position: the fused/chunked path reorders fp32 sums only.
-    for (int64_t t = 0; t < ids.numel(); ++t) {
-      ASSERT_LT(MaxAbsDiff(logits[t], ref.logits[0][t]), 1e-4) << "position " << t;
-    }
+    std::unique_ptr<KvCache> cache;
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectCachedMatchesReference(config, w, ids, ref.logits[0], opts, p.chunk, &cache));
 
     // Taps give the keys the forward computed before k-norm/RoPE. kStorePreNorm
     // keeps them (so only the fused-vs-separate projection rounding, ~1e-7,
@@ -459,17 +472,8 @@ TEST(CachedDecoderWindow, MatchesReferenceAtEveryPosition) {
     DecoderOptions opts;
     opts.max_scores_bytes = p.max_scores_bytes;
     opts.raw_decode_attention = p.raw_decode;
-    auto decoder = Decoder::Create(config, w, opts);
-    ASSERT_TRUE(decoder.ok()) << decoder.status();
-    auto cache = (*decoder)->NewCache();
-    at::Tensor logits;
-    {
-      c10::InferenceMode guard;
-      logits = RunCached(**decoder, *cache, ids, 27, p.chunk);
-    }
-    for (int64_t t = 0; t < ids.numel(); ++t) {
-      ASSERT_LT(MaxAbsDiff(logits[t], ref.logits[0][t]), 1e-4) << "position " << t;
-    }
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectCachedMatchesReference(config, w, ids, ref.logits[0], opts, p.chunk));
   }
 }
 
@@ -527,17 +531,9 @@ TEST(CachedDecoderGemma, MatchesReferenceAtEveryPosition) {
     opts.max_scores_bytes = p.max_scores_bytes;
     opts.raw_decode_attention = p.raw_decode;
     opts.tap_mode = p.mode;
-    auto decoder = Decoder::Create(config, w, opts);
-    ASSERT_TRUE(decoder.ok()) << decoder.status();
-    auto cache = (*decoder)->NewCache();
-    at::Tensor logits;
-    {
-      c10::InferenceMode guard;
-      logits = RunCached(**decoder, *cache, ids, 27, p.chunk);
-    }
-    for (int64_t t = 0; t < ids.numel(); ++t) {
-      ASSERT_LT(MaxAbsDiff(logits[t], ref.logits[0][t]), 1e-4) << "position " << t;
-    }
+    std::unique_ptr<KvCache> cache;
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectCachedMatchesReference(config, w, ids, ref.logits[0], opts, p.chunk, &cache));
     // Relative to each layer's largest element: Gemma's scaled embeddings
     // and (1 + w) norms make keys and values several times larger.
     auto taps = cache->Taps(0, ids.numel());
@@ -568,17 +564,7 @@ TEST(CachedDecoderMoe, MatchesReferenceAndBatchesRowByRow) {
   for (bool matrix_vector : {true, false}) {
     DecoderOptions opts;
     opts.matrix_vector_decode = matrix_vector;
-    auto decoder = Decoder::Create(config, w, opts);
-    ASSERT_TRUE(decoder.ok()) << decoder.status();
-    auto cache = (*decoder)->NewCache();
-    at::Tensor logits;
-    {
-      c10::InferenceMode guard;
-      logits = RunCached(**decoder, *cache, ids, 27, 7);
-    }
-    for (int64_t t = 0; t < ids.numel(); ++t) {
-      ASSERT_LT(MaxAbsDiff(logits[t], ref.logits[0][t]), 1e-4) << "position " << t;
-    }
+    ASSERT_NO_FATAL_FAILURE(ExpectCachedMatchesReference(config, w, ids, ref.logits[0], opts, 7));
   }
   ExpectBatchedRowsEqualRowsAlone(config, 11);
 }
