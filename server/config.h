@@ -63,6 +63,16 @@ struct TlsSection {
 struct ServerSection {
   HostPort listen_address{"127.0.0.1", 50051};
   HostPort metrics_address{"127.0.0.1", 9464};
+  // The OpenAI-compatible HTTP API (server/openai_http.h, docs/openai-api.md);
+  // off when unset. It serves TLS with server.tls's files when they are set,
+  // and the same API keys (Authorization: Bearer).
+  std::optional<HostPort> http_address;
+  // The `model` name in OpenAI requests that asks the configured routing
+  // policy to pick the model; empty: requests must name a served model.
+  std::string http_router_model = "kvlingo";
+  // How many conversations the OpenAI API's prefix cache indexes (each is a
+  // session, "oai-..."); past it the least recently used is removed.
+  int64_t http_max_conversations = 1024;
   // How long SIGTERM waits for in-flight Chat streams before shutting down.
   double drain_timeout_seconds = 30.0;
   // Upper bound on ChatRequest.user_message, in UTF-8 bytes.

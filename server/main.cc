@@ -38,6 +38,7 @@ struct Flags {
   std::optional<std::string> log_level;
   std::optional<std::string> listen;
   std::optional<std::string> metrics_address;
+  std::optional<std::string> http_address;
   std::optional<std::string> redis;
   std::optional<std::string> device;
 };
@@ -75,6 +76,11 @@ std::string ApplyOverrides(const Flags& flags, kvl::server::ServerConfig* config
         kvl::server::ParseHostPort(*flags.metrics_address);
     if (!address.ok()) return absl::StrCat("--metrics-address: ", address.status().message());
     config->server.metrics_address = *address;
+  }
+  if (flags.http_address) {
+    absl::StatusOr<kvl::server::HostPort> address = kvl::server::ParseHostPort(*flags.http_address);
+    if (!address.ok()) return absl::StrCat("--http-address: ", address.status().message());
+    config->server.http_address = *address;
   }
   if (flags.device) {
     if (absl::Status s = kvl::ParseDeviceName(*flags.device); !s.ok()) {
@@ -155,6 +161,8 @@ int main(int argc, char** argv) {
   flag_set.Add("listen", &flags.listen, "HOST:PORT", "overrides server.listen_address");
   flag_set.Add("metrics-address", &flags.metrics_address, "HOST:PORT",
                "overrides server.metrics_address");
+  flag_set.Add("http-address", &flags.http_address, "HOST:PORT",
+               "serves the OpenAI-compatible HTTP API there (overrides server.http_address)");
   flag_set.Add("device", &flags.device, "cpu|cuda|cuda:N", "overrides runtime.device");
   flag_set.Add("redis", &flags.redis, "HOST:PORT",
                "keeps sessions in this Redis (sessions.store backend \"redis\" at HOST:PORT)");
@@ -212,6 +220,10 @@ int main(int argc, char** argv) {
   }
   const std::string listen = (*server)->listen_address().ToString();
   const std::string metrics = (*server)->metrics_address().ToString();
+  if (const std::optional<kvl::server::HostPort> http = (*server)->http_address()) {
+    // Before the ready line, so that a reader of that line finds this one.
+    std::cout << "kvl-server OpenAI API on " << http->ToString() << std::endl;
+  }
   std::cout << "kvl-server listening on " << listen << ", metrics on " << metrics << std::endl;
   spdlog::info("serving gRPC on {}, GET /metrics on {}", listen, metrics);
 

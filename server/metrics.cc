@@ -253,6 +253,49 @@ ServerMetrics::ServerMetrics(const std::string& version, std::vector<std::string
                             "max_sessions", "max_history_tokens"}) {
     rejected_->Add({{"limit", limit}});
   }
+  http_requests_ = &prometheus::BuildCounter()
+                        .Name("kvlingo_http_requests_total")
+                        .Help("Requests to the OpenAI-compatible HTTP API by route and HTTP "
+                              "status.")
+                        .Register(*registry_);
+  for (const char* route : {"/v1/chat/completions", "/v1/models"}) {
+    for (const char* status : {"200", "400", "401", "403", "404", "413", "429", "500", "503"}) {
+      http_requests_->Add({{"route", route}, {"status", status}});
+    }
+  }
+  auto& prompt = prometheus::BuildCounter()
+                     .Name("kvlingo_prompt_tokens_total")
+                     .Help("Prompt tokens of OpenAI API requests by the answering model and by "
+                           "how they reached it: own_cache (already in its cache line), "
+                           "translated (from another model's cache), prefilled.")
+                     .Register(*registry_);
+  for (int m = 0; m < n; ++m) {
+    std::array<prometheus::Counter*, 3> by_source{};
+    const char* sources[] = {"own_cache", "translated", "prefilled"};
+    for (int k = 0; k < 3; ++k) {
+      by_source[k] = &prompt.Add({{"model", models[m]}, {"source", sources[k]}});
+    }
+    prompt_tokens_.push_back(by_source);
+  }
+  auto& lookups = prometheus::BuildCounter()
+                      .Name("kvlingo_prefix_cache_lookups_total")
+                      .Help("OpenAI API requests that found a cached prefix of their "
+                            "conversation (hit) or none (miss).")
+                      .Register(*registry_);
+  prefix_hits_ = &lookups.Add({{"result", "hit"}});
+  prefix_misses_ = &lookups.Add({{"result", "miss"}});
+  prefix_evictions_ = &prometheus::BuildCounter()
+                           .Name("kvlingo_prefix_cache_evictions_total")
+                           .Help("Conversations removed from the prefix cache to stay within "
+                                 "server.http_max_conversations.")
+                           .Register(*registry_)
+                           .Add({});
+  prefix_conversations_ = &prometheus::BuildGauge()
+                               .Name("kvlingo_prefix_cache_conversations")
+                               .Help("Conversations the prefix cache indexes (each a session; "
+                                     "their cache bytes count in kvlingo_cache_bytes).")
+                               .Register(*registry_)
+                               .Add({});
   repair_backlog_ = &prometheus::BuildGauge()
                          .Name("kvlingo_repair_backlog_lines")
                          .Help("Cache lines with translated spans queued for background repair "
@@ -422,6 +465,28 @@ void ServerMetrics::OnRejected(router::Setting limit) {
 
 void ServerMetrics::OnRejected(const std::string& limit) {
   rejected_->Add({{"limit", limit}}).Increment();
+}
+
+void ServerMetrics::CountHttpRequest(const std::string& route, int status) {
+  http_requests_->Add({{"route", route}, {"status", std::to_string(status)}}).Increment();
+}
+
+void ServerMetrics::OnPromptTokens(int model, int64_t own_cache, int64_t translated,
+                                   int64_t prefilled) {
+  if (model < 0 || model >= n_models_) return;
+  prompt_tokens_[model][0]->Increment(static_cast<double>(own_cache));
+  prompt_tokens_[model][1]->Increment(static_cast<double>(translated));
+  prompt_tokens_[model][2]->Increment(static_cast<double>(prefilled));
+}
+
+void ServerMetrics::OnPrefixLookup(bool hit) { (hit ? prefix_hits_ : prefix_misses_)->Increment(); }
+
+void ServerMetrics::OnPrefixEvictions(int64_t n) {
+  prefix_evictions_->Increment(static_cast<double>(n));
+}
+
+void ServerMetrics::SetPrefixConversations(int64_t n) {
+  prefix_conversations_->Set(static_cast<double>(n));
 }
 
 void ServerMetrics::OnRepairBacklog(int64_t lines) {

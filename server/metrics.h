@@ -92,6 +92,21 @@ class ServerMetrics final : public router::TurnObserver {
   // The server's own refusals (max_concurrent_streams, max_sessions, ...).
   void OnRejected(const std::string& limit);
 
+  // The OpenAI API (server/openai_http.h).
+  // kvlingo_http_requests_total{route, status}: every request, with the
+  // HTTP status it was answered with (a stream that failed after its first
+  // byte counts as 200 and its error in the stream).
+  void CountHttpRequest(const std::string& route, int status);
+  // kvlingo_prompt_tokens_total{model, source}: a served request's prompt
+  // tokens by how they reached the answering model: own_cache, translated,
+  // prefilled.
+  void OnPromptTokens(int model, int64_t own_cache, int64_t translated, int64_t prefilled);
+  // kvlingo_prefix_cache_lookups_total{result="hit"|"miss"},
+  // kvlingo_prefix_cache_evictions_total, kvlingo_prefix_cache_conversations.
+  void OnPrefixLookup(bool hit);
+  void OnPrefixEvictions(int64_t n);
+  void SetPrefixConversations(int64_t n);
+
   // The registry in the Prometheus text exposition format (version 0.0.4).
   std::string RenderText() const;
 
@@ -127,6 +142,12 @@ class ServerMetrics final : public router::TurnObserver {
   // [model][FinishReason]
   std::vector<std::array<prometheus::Counter*, 4>> request_success_;
   prometheus::Family<prometheus::Counter>* rejected_ = nullptr;          // by limit
+  prometheus::Family<prometheus::Counter>* http_requests_ = nullptr;     // by route, status
+  std::vector<std::array<prometheus::Counter*, 3>> prompt_tokens_;       // [model][source]
+  prometheus::Counter* prefix_hits_ = nullptr;
+  prometheus::Counter* prefix_misses_ = nullptr;
+  prometheus::Counter* prefix_evictions_ = nullptr;
+  prometheus::Gauge* prefix_conversations_ = nullptr;
 };
 
 }  // namespace kvl::server

@@ -1,73 +1,23 @@
 #include "server/metrics_http.h"
 
 #include <httplib.h>
-#include <sys/socket.h>
 
-#include <chrono>
 #include <utility>
-
-#include "absl/strings/str_cat.h"
 
 namespace kvl::server {
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     const HostPort& address, std::function<std::string()> render, const TlsSection* tls) {
-  std::unique_ptr<MetricsHttpServer> self(new MetricsHttpServer());
-  if (tls != nullptr && tls->enabled()) {
-    auto https = std::make_unique<httplib::SSLServer>(
-        tls->cert_file.c_str(), tls->key_file.c_str(),
-        tls->client_ca_file.empty() ? nullptr : tls->client_ca_file.c_str());
-    if (!https->is_valid()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "server.tls.metrics: cannot serve /metrics over TLS with cert_file '", tls->cert_file,
-          "', key_file '", tls->key_file, "'",
-          tls->client_ca_file.empty() ? "" : absl::StrCat(", client_ca_file '", tls->client_ca_file, "'")));
-    }
-    self->http_ = std::move(https);
-  } else {
-    self->http_ = std::make_unique<httplib::Server>();
-  }
-  // httplib's default also sets SO_REUSEPORT, which would let a second process
-  // bind the same port silently; SO_REUSEADDR alone still allows a quick restart.
-  self->http_->set_socket_options([](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-  });
-  self->http_->Get("/metrics",
-                   [render = std::move(render)](const httplib::Request&, httplib::Response& res) {
-                     res.set_content(render(), "text/plain; version=0.0.4; charset=utf-8");
-                   });
-  // httplib takes the host without IPv6 brackets.
-  std::string host = address.host;
-  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
-  int port = address.port;
-  if (port == 0) {
-    port = self->http_->bind_to_any_port(host);
-    if (port < 0) port = 0;
-  } else if (!self->http_->bind_to_port(host, port)) {
-    port = 0;
-  }
-  if (port == 0) {
-    return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", address.ToString(),
-                                               " (address in use or not local?)"));
-  }
-  self->bound_ = HostPort{address.host, port};
-  httplib::Server* http = self->http_.get();
-  self->thread_ = std::thread([http] { http->listen_after_bind(); });
-  // stop() is a no-op until the listen loop runs, so wait for it here: a Stop()
-  // right after Start() must not leave the thread blocked in accept.
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!http->is_running() && std::chrono::steady_clock::now() < give_up) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return self;
-}
-
-MetricsHttpServer::~MetricsHttpServer() { Stop(); }
-
-void MetricsHttpServer::Stop() {
-  if (http_ != nullptr) http_->stop();
-  if (thread_.joinable()) thread_.join();
+  absl::StatusOr<std::unique_ptr<HttpListener>> listener = HttpListener::Start(
+      address, tls, tls != nullptr && tls->enabled() ? "server.tls.metrics" : "metrics",
+      [&render](httplib::Server& http) {
+        http.Get("/metrics",
+                 [render = std::move(render)](const httplib::Request&, httplib::Response& res) {
+                   res.set_content(render(), "text/plain; version=0.0.4; charset=utf-8");
+                 });
+      });
+  if (!listener.ok()) return listener.status();
+  return std::unique_ptr<MetricsHttpServer>(new MetricsHttpServer(*std::move(listener)));
 }
 
 }  // namespace kvl::server

@@ -1,4 +1,5 @@
-// Serves GET /metrics over HTTP, or HTTPS (server.tls.metrics), with cpp-httplib.
+// Serves GET /metrics over HTTP, or HTTPS (server.tls.metrics), with cpp-httplib
+// (server/http_listener.h).
 //
 // prometheus-cpp's own exposer (civetweb) is deliberately not used: it fails to
 // start its threads in a process that also links LibTorch and OpenBLAS.
@@ -7,14 +8,10 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
 #include "server/config.h"
-
-namespace httplib {
-class Server;
-}
+#include "server/http_listener.h"
 
 namespace kvl::server {
 
@@ -29,20 +26,18 @@ class MetricsHttpServer {
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
       const HostPort& address, std::function<std::string()> render,
       const TlsSection* tls = nullptr);
-  ~MetricsHttpServer();  // Stop()s
 
   // The bound address, with the real port when 0 was asked for.
-  const HostPort& address() const { return bound_; }
+  const HostPort& address() const { return listener_->address(); }
 
   // Stops accepting and joins the serving thread. Idempotent.
-  void Stop();
+  void Stop() { listener_->Stop(); }
 
  private:
-  MetricsHttpServer() = default;
+  explicit MetricsHttpServer(std::unique_ptr<HttpListener> listener)
+      : listener_(std::move(listener)) {}
 
-  std::unique_ptr<httplib::Server> http_;
-  std::thread thread_;
-  HostPort bound_;
+  std::unique_ptr<HttpListener> listener_;
 };
 
 }  // namespace kvl::server

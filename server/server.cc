@@ -257,6 +257,23 @@ absl::Status Server::Serve() {
     spdlog::info("GET /metrics is served over plain HTTP (set server.tls.metrics for HTTPS)");
   }
 
+  if (config.server.http_address) {
+    if (self->runtime_->router == nullptr) {
+      return absl::InvalidArgumentError(
+          "server.http_address: the OpenAI API needs models to serve (config 'models' is empty)");
+    }
+    OpenAiOptions options;
+    options.router_model = config.server.http_router_model;
+    options.max_conversations = config.server.http_max_conversations;
+    absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> api = OpenAiHttpServer::Start(
+        *config.server.http_address,
+        config.server.tls.enabled() ? &config.server.tls : nullptr, deps, std::move(options));
+    if (!api.ok()) return api.status();
+    self->openai_http_ = *std::move(api);
+    spdlog::info("serving the OpenAI API on {}{}", self->openai_http_->address().ToString(),
+                 config.server.tls.enabled() ? " (HTTPS)" : "");
+  }
+
   // Both must be called before the builder is created. Reflection is a
   // process-wide plugin (linking it registers it, too); a server without it
   // drops it from its own builder.
@@ -371,6 +388,8 @@ int64_t Server::Shutdown() {
   }
   stop_.notify_all();
   if (heartbeat_.joinable()) heartbeat_.join();
+  // Requests still running now are cancelled; their turns end on the pool.
+  if (openai_http_ != nullptr) openai_http_->Stop();
   if (grpc_server_ != nullptr) {
     // Calls still running now are cancelled at once.
     grpc_server_->Shutdown(std::chrono::system_clock::now());

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -19,6 +20,7 @@
 #include "server/metrics.h"
 #include "server/metrics_http.h"
 #include "server/model_runtime.h"
+#include "server/openai_http.h"
 #include "server/services.h"
 #include "server/turn_pool.h"
 
@@ -44,10 +46,16 @@ class Server {
   // Bound addresses (real ports when 0 was configured).
   const HostPort& listen_address() const { return listen_address_; }
   const HostPort& metrics_address() const { return metrics_http_->address(); }
+  // The OpenAI API's bound address; nullopt when server.http_address is unset.
+  std::optional<HostPort> http_address() const {
+    if (openai_http_ == nullptr) return std::nullopt;
+    return openai_http_->address();
+  }
 
-  // Drains, then stops: health NOT_SERVING, new Chat calls UNAVAILABLE, waits up
-  // to server.drain_timeout_seconds for in-flight Chat streams, then shuts gRPC
-  // and /metrics down. Returns the number of streams still running when the
+  // Drains, then stops: health NOT_SERVING, new Chat calls and OpenAI API
+  // requests UNAVAILABLE (503), waits up to server.drain_timeout_seconds for
+  // in-flight Chat streams and API requests, then shuts gRPC, the API and
+  // /metrics down. Returns the number of streams still running when the
   // drain timeout expired (they are cancelled). Idempotent.
   int64_t Shutdown();
 
@@ -70,6 +78,7 @@ class Server {
   std::unique_ptr<ModelServiceImpl> model_service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
+  std::unique_ptr<OpenAiHttpServer> openai_http_;  // server.http_address
   HostPort listen_address_;
 
   // sweeper_mu_ guards stopping_; stop_ wakes the sweeper and the heartbeat.

@@ -122,6 +122,8 @@ absl::StatusOr<std::string> StoreIdOf(const Caller& caller, const std::string& s
   return ScopedSessionId(caller, session_id);
 }
 
+}  // namespace
+
 // Creates the session `store_id` of the caller's tenant (with the turns
 // `populate` runs), within the tenant's max_sessions, and counts a refusal by
 // either limit in kvlingo_rejected_total once, here. The tenant's sessions
@@ -131,7 +133,7 @@ absl::StatusOr<std::string> StoreIdOf(const Caller& caller, const std::string& s
 absl::StatusOr<SessionView> CreateForCaller(const ServiceDeps& deps, const Caller& caller,
                                             const std::string& store_id, std::string prompt,
                                             std::vector<int64_t> preamble,
-                                            const Sessions::Populate& populate = nullptr) {
+                                            const Sessions::Populate& populate) {
   auto create = [&]() -> absl::StatusOr<SessionView> {
     // Create's own ResourceExhausted is the server's limits.max_sessions; a
     // populating turn's is the turn's (the router counts those).
@@ -172,9 +174,12 @@ absl::Status ForClient(const std::string& tenant, const absl::Status& status) {
   return absl::Status(status.code(),
                       absl::StrReplaceAll(status.message(), {{absl::StrCat(tenant, "/"), ""}}));
 }
+
 absl::Status ForClient(const absl::StatusOr<Caller>& caller, const absl::Status& status) {
   return caller.ok() ? ForClient(caller->tenant, status) : status;
 }
+
+namespace {
 
 // Runs `work` on the session pool, then finishes the call with its status
 // (store ids made the client's): `work` may block on the session store, which
@@ -310,6 +315,8 @@ kvlingo::v1::FinishReason ToProto(FinishReason r) {
   return kvlingo::v1::FINISH_REASON_UNSPECIFIED;
 }
 
+}  // namespace
+
 // The tokens `system_prompt` renders to, after checking it
 // (ValidateSystemPrompt against the smallest loaded model's context).
 absl::Status PreambleOf(const ServiceDeps& deps, const std::string& system_prompt,
@@ -340,6 +347,8 @@ TurnRecord RecordOf(const router::Router& router, const std::string& request_id,
   record.events = std::move(events);
   return record;
 }
+
+namespace {
 
 ChatResponse SummaryOf(const router::TurnResult& result) {
   ChatResponse r;

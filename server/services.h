@@ -55,6 +55,28 @@ struct ServiceDeps {
   Authenticator* auth = nullptr;
 };
 
+// Shared by the gRPC services and the OpenAI API (server/openai_http.h).
+//
+// Creates the session `store_id` of the caller's tenant (with the turns
+// `populate` runs), within server and tenant limits (max_sessions), counting
+// a refusal in kvlingo_requests_rejected_total.
+absl::StatusOr<SessionView> CreateForCaller(const ServiceDeps& deps, const Caller& caller,
+                                            const std::string& store_id, std::string prompt,
+                                            std::vector<int64_t> preamble,
+                                            const Sessions::Populate& populate = nullptr);
+// `status` with the tenant's store ids ("<tenant>/<id>") made the client's.
+absl::Status ForClient(const std::string& tenant, const absl::Status& status);
+absl::Status ForClient(const absl::StatusOr<Caller>& caller, const absl::Status& status);
+// The tokens `system_prompt` renders to, after ValidateSystemPrompt against
+// the smallest loaded model's context.
+absl::Status PreambleOf(const ServiceDeps& deps, const std::string& system_prompt,
+                        std::vector<int64_t>* preamble);
+// What the session store keeps of a turn, before Sessions::Record adds the
+// tokens and ledger.
+TurnRecord RecordOf(const router::Router& router, const std::string& request_id,
+                    const std::string& user_message, const router::TurnResult& result,
+                    std::string events);
+
 // A unary call as the services handle it: the request parsed from the bytes
 // that came (UnaryDispatch, services.cc), the response to fill, and Finish,
 // which sends the response when the status is OK, counts the call in

@@ -15,6 +15,11 @@ each on its own worker thread, doing a random mix of actions for --seconds:
             session; a session whose history reaches --max-history tokens is
             rotated the same way, so no session nears the models' 4096 positions;
   inspect   GetSession.
+  openai    a request to the OpenAI API (server.http_address), stateless: the
+            worker's own conversation, whole, on a random model, streamed or
+            not; 1 in 5 streams is closed after its first event (the turn is
+            cancelled and the conversation stays as it was). The conversation
+            restarts after 6 turns.
 Workers think 0..--think-ms between actions. The cache budget
 (sessions.memory_budget_bytes = --budget-mib) is small, so idle sessions' cache
 lines are evicted and later turns on them re-prefill.
@@ -23,7 +28,11 @@ Expected statuses (anything else is an "unexpected error" and fails the run):
   turn: OK; cancel: OK or CANCELLED; deadline: OK or DEADLINE_EXCEEDED;
   bad: INVALID_ARGUMENT naming the field (user_message, sampling.max_tokens),
        NOT_FOUND naming routing.model or the session (proto/kvlingo/v1/chat.proto);
-  a turn on a deleted id, GetTranscript of it: NOT_FOUND; other session calls: OK.
+  a turn on a deleted id, GetTranscript of it: NOT_FOUND; other session calls: OK;
+  openai: HTTP 200 with a well-formed response (a stream: "data:" events, the
+       role first, a finish_reason, "[DONE]" last), reusing every turn of the
+       conversation from the prefix cache unless its last request was closed
+       early; 429 only for the memory budget, as a turn.
   Any turn may also get
     ABORTED "already running a turn", but only while the session's last
       cancelled or timed-out turn may still run in the server (a turn stops at
@@ -97,6 +106,8 @@ import threading
 import time
 import urllib.request
 
+import http.client
+
 import grpc
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -105,8 +116,8 @@ import server_bench as sb  # noqa: E402  (config, server start-up, client, words
 
 MODELS = (sb.SMALL, sb.SMALL_B, sb.LARGE)
 MAX_TOKENS_LIMIT = 256        # server.max_new_tokens_limit in the soak's config
-ACTIONS = (("turn", 52), ("cancel", 12), ("deadline", 12), ("bad", 14), ("delete", 5),
-           ("inspect", 5))
+ACTIONS = (("turn", 44), ("cancel", 12), ("deadline", 12), ("bad", 12), ("delete", 5),
+           ("inspect", 5), ("openai", 10))
 # Valid UTF-8 beyond ASCII, so that replies and transcripts see multi-byte text.
 EXTRA_WORDS = ("café", "naïve", "Grüße", "日本語", "emoji 🙂", "Ωμέγα")
 OK = "OK"
@@ -132,8 +143,10 @@ class SessionState:
 
 
 class Soak:
-    def __init__(self, args, client, proc, metrics_addr, budget):
+    def __init__(self, args, client, proc, metrics_addr, budget, http_addr=None):
         self.args, self.client, self.proc = args, client, proc
+        self.http_addr = http_addr
+        self.conversations = {}                  # worker -> OpenAI conversation
         self.metrics_addr, self.budget = metrics_addr, budget
         self.pb, self.spb = client.pb, client.spb
         self.lock = threading.Lock()
@@ -322,6 +335,81 @@ class Soak:
             self.bad_status(worker, sid, f"bad:{kind}", code, details,
                             f"expected {expect} naming {field!r}, no events")
 
+    # -- the OpenAI API ----------------------------------------------------
+    def openai(self, worker, rng):
+        """One stateless request on the worker's conversation; checks the
+        response's shape and that the prefix cache found the conversation."""
+        conv = self.conversations.get(worker)
+        if conv is None or len(conv["messages"]) > 12:
+            conv = {"messages": [{"role": "system",
+                                  "content": f"Worker {worker}, conversation "
+                                             f"{rng.randrange(10 ** 9)}."}],
+                    "known": True}
+            self.conversations[worker] = conv
+        messages = conv["messages"] + [{"role": "user", "content": self.message(rng)}]
+        model = rng.choice(MODELS)
+        stream = rng.random() < 0.5
+        close_early = stream and rng.random() < 0.2
+        body = {"model": model, "messages": messages, "temperature": 0,
+                "max_tokens": rng.randint(4, 24), "stream": stream}
+        host, port = self.http_addr.rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=self.args.turn_timeout)
+        action = "openai:" + ("closed" if close_early else "stream" if stream else "plain")
+        try:
+            conn.request("POST", "/v1/chat/completions", json.dumps(body),
+                         {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                text = resp.read().decode(errors="replace")
+                self.count(action, f"HTTP {resp.status}")
+                if not (resp.status == 429 and "memory budget" in text):
+                    self.bad_status(worker, "-", action, f"HTTP {resp.status}", text, "expected 200")
+                return
+            if close_early:
+                resp.readline()
+                self.count(action, "HTTP 200")
+                conv["known"] = False  # its turn may still be unwinding
+                return
+            if stream:
+                events = []
+                for line in resp.read().decode().split("\n\n"):
+                    if line.startswith("data: "):
+                        events.append(line[6:])
+                    elif line and not line.startswith(":"):
+                        raise ValueError(f"not an SSE event: {line[:100]!r}")
+                if not events or events[-1] != "[DONE]":
+                    raise ValueError(f"the stream does not end with [DONE]: {events[-1:]}")
+                chunks = [json.loads(e) for e in events[:-1]]
+                if any("error" in c for c in chunks):
+                    raise ValueError(f"an error event: {chunks}")
+                if chunks[0]["choices"][0]["delta"].get("role") != "assistant":
+                    raise ValueError("the first chunk does not carry the role")
+                finish = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+                if len(finish) != 1:
+                    raise ValueError(f"{len(finish)} chunks with a finish_reason")
+                reply = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+                kvlingo, served = finish[0]["kvlingo"], finish[0]["model"]
+            else:
+                out = json.loads(resp.read())
+                reply = out["choices"][0]["message"]["content"]
+                kvlingo, served = out["kvlingo"], out["model"]
+            self.count(action, "HTTP 200")
+            want = (len(messages) - 2) // 2
+            if served != model:
+                self.bad_status(worker, "-", action, "HTTP 200", served, f"served by {served}, "
+                                f"asked for {model}")
+            elif conv["known"] and kvlingo["reused_turns"] != want:
+                self.bad_status(worker, kvlingo["conversation_id"], action, "HTTP 200",
+                                json.dumps(kvlingo), f"reused {kvlingo['reused_turns']} turns "
+                                f"of {want}: the prefix cache lost the conversation")
+            conv["messages"] = messages + [{"role": "assistant", "content": reply}]
+            conv["known"] = True
+        except (OSError, ValueError, KeyError, http.client.HTTPException) as e:
+            self.count(action, "broken")
+            self.bad_status(worker, "-", action, "broken", repr(e), "malformed response")
+        finally:
+            conn.close()
+
     # -- transcripts -------------------------------------------------------
     def verify(self, worker, sess, when):
         """Checks sess's transcript against what the client saw; returns problems."""
@@ -405,6 +493,8 @@ class Soak:
                     self.live[w] = sess
                 elif action == "bad":
                     self.bad_input(w, rng, sess)
+                elif action == "openai":
+                    self.openai(w, rng)
                 elif action == "inspect":
                     self.unary_call(self._get, self.spb.GetSessionRequest(session_id=sess.sid),
                                     w, sess.sid, "inspect")
@@ -540,7 +630,8 @@ def main():
         config_path = sb.write_config(tmp, args.threads, "auto", 32, "after-turn")
         with open(config_path) as f:
             config = json.load(f)
-        config["server"].update(max_new_tokens_limit=MAX_TOKENS_LIMIT, drain_timeout_seconds=10)
+        config["server"].update(max_new_tokens_limit=MAX_TOKENS_LIMIT, drain_timeout_seconds=10,
+                                http_address="127.0.0.1:0")
         config["routing"]["models"] = list(MODELS)
         config["sessions"]["memory_budget_bytes"] = budget
         config["batching"] = {"enabled": True, "max_running": 4}
@@ -553,10 +644,12 @@ def main():
         t0 = time.monotonic()
         try:
             with open(log_path) as f:
-                metrics_addr = re.search(r"metrics on (\S+)", f.read()).group(1).rstrip(",")
+                started = f.read()
+            metrics_addr = re.search(r"metrics on (\S+)", started).group(1).rstrip(",")
+            http_addr = re.search(r"OpenAI API on (\S+)", started).group(1)
             client = sb.Client(target, stubs)
             client.wait_serving()
-            soak = Soak(args, client, proc, metrics_addr, budget)
+            soak = Soak(args, client, proc, metrics_addr, budget, http_addr)
             soak.t0 = t0
             rss_start, threads_start, fds_start = proc_sample(proc.pid)
             samples = []
@@ -619,7 +712,9 @@ def main():
                 while True:
                     page = soak._list(soak.spb.ListSessionsRequest(page_size=1000,
                                                                    page_token=token), timeout=60)
-                    listed.update(x.session_id for x in page.sessions)
+                    # The OpenAI API's conversations ("oai-...") are sessions too.
+                    listed.update(x.session_id for x in page.sessions
+                                  if not x.session_id.startswith("oai-"))
                     token = page.next_page_token
                     if not token:
                         break

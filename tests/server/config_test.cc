@@ -56,6 +56,36 @@ TEST(ConfigTest, EmptyObjectGivesDocumentedDefaults) {
   EXPECT_EQ(c->router.policy.cascade_min_mean_logprob, -std::numeric_limits<double>::infinity());
   EXPECT_EQ(c->sessions.idle_timeout_seconds, 3600);
   EXPECT_EQ(c->sessions.memory_budget_bytes, int64_t{4} << 30);
+  EXPECT_FALSE(c->server.http_address.has_value());  // the OpenAI API is off
+  EXPECT_EQ(c->server.http_router_model, "kvlingo");
+  EXPECT_EQ(c->server.http_max_conversations, 1024);
+}
+
+TEST(ConfigTest, TheOpenAiApiKeys) {
+  testing::TempDir dir("config");
+  MakeModelDir(dir, "kvlingo");
+  absl::StatusOr<ServerConfig> c = ParseConfig(
+      R"({"server": {"http_address": "0.0.0.0:8000", "http_router_model": "auto",
+                     "http_max_conversations": 5}})",
+      "/");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(c->server.http_address.has_value());
+  EXPECT_EQ(c->server.http_address->ToString(), "0.0.0.0:8000");
+  EXPECT_EQ(c->server.http_router_model, "auto");
+  EXPECT_EQ(c->server.http_max_conversations, 5);
+  EXPECT_THAT(ParseError(R"({"server": {"http_address": "nowhere"}})").message(),
+              HasSubstr("config: server.http_address: expected host:port"));
+  EXPECT_THAT(ParseError(R"({"server": {"http_max_conversations": 0}})").message(),
+              HasSubstr("config: server.http_max_conversations: expected an integer in [1,"));
+  // The router model may not shadow a model, when the API is on.
+  const std::string model =
+      R"("models": [{"name": "kvlingo", "path": "kvlingo"}], "routing": {"default_model": "kvlingo"})";
+  EXPECT_THAT(ParseError(R"({"server": {"http_address": "127.0.0.1:0"}, )" + model + "}",
+                         dir.path())
+                  .message(),
+              HasSubstr("config: server.http_router_model: 'kvlingo' is also a model's name"));
+  EXPECT_TRUE(ParseError("{" + model + "}", dir.path()).ok())
+      << ParseError("{" + model + "}", dir.path());
 }
 
 TEST(ConfigTest, FullConfigWithCommentsAndRelativePaths) {
