@@ -228,6 +228,9 @@ def main():
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="2 users, 3 rounds, 1 repeat")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 unless every switch request was served translated in the first "
+                        "arm and re-prefilled in the second, and some were")
     args = p.parse_args()
     if args.quick:
         args.users, args.rounds, args.repeats, args.system_words = 2, 3, 1, 60
@@ -254,6 +257,12 @@ def main():
     with open(args.out + ".json", "w") as f:
         json.dump({"args": vars(args), "rows": rows, "errors": errors}, f)
     print(text)
+    if args.check:
+        for (arm, strategy), want in zip(ARMS, ("translated", "reprefill")):
+            paths = [r["path"] for r in rows if r["arm"] == arm and r["switched"]]
+            if not paths or any(p != want for p in paths):
+                errors.append(f"{arm}: switch requests served {paths}, expected all {want}")
+                print(errors[-1], file=sys.stderr)
     sys.exit(1 if errors else 0)
 
 
