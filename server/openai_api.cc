@@ -325,8 +325,14 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body_t
   if (auto it = body.find("kvlingo"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) return WrongType("kvlingo", "an object", *it);
     for (const auto& [key, value] : it->items()) {
+      if (key == "prefix_cache") {
+        if (!value.is_boolean()) return WrongType("kvlingo.prefix_cache", "a boolean", value);
+        out.use_prefix_cache = value.get<bool>();
+        continue;
+      }
       if (key != "strategy") {
-        return Bad(absl::StrCat("kvlingo.", key), "unknown field (kvlingo accepts: strategy)");
+        return Bad(absl::StrCat("kvlingo.", key),
+                   "unknown field (kvlingo accepts: strategy, prefix_cache)");
       }
       if (!value.is_string()) return WrongType("kvlingo.strategy", "a string", value);
       absl::StatusOr<router::Strategy> strategy = router::ParseStrategy(value.get<std::string>());

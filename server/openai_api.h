@@ -46,6 +46,9 @@ struct CompletionRequest {
   // "reprefill-missing"} (router::ParseStrategy); unset: the server's
   // switching.strategy.
   std::optional<router::Strategy> strategy;
+  // "kvlingo": {"prefix_cache": false}: the request finds no cached prefix
+  // (its conversation is prefilled, then cached as any other).
+  bool use_prefix_cache = true;
 };
 
 // InvalidArgument naming the field as OpenAI's `param` does ("messages[2].role:

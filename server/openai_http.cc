@@ -136,47 +136,73 @@ struct OpenAiHttpServer::Impl {
   // past it, answers the last message; reports to `ex`.
   void Serve(const Caller& caller, const CompletionRequest& request, int model,
              const std::shared_ptr<Exchange>& ex);
-  // The conversation's session: the cached one holding the longest prefix
-  // (*reused: its completed turns), or a new one (*reused = 0).
+  // The conversation's session, held: the cached one holding the longest
+  // prefix (*reused: its completed turns), forked when it went on past it, or
+  // a new one (*reused = 0).
   absl::StatusOr<std::string> FindOrCreate(const Caller& caller, const CompletionRequest& request,
                                            const std::vector<PrefixIndex::Key>& keys,
                                            size_t* reused);
   // Enters the session under `key`, removing the sessions that pushes out.
-  void Publish(const PrefixIndex::Key& key, const std::string& session_id);
+  // The session has passed `keys` (the last its conversation now) and is
+  // held no more; removes the sessions that pushes out of the index.
+  void Publish(const std::vector<PrefixIndex::Key>& keys, const std::string& session_id);
 };
 
 absl::StatusOr<std::string> OpenAiHttpServer::Impl::FindOrCreate(
     const Caller& caller, const CompletionRequest& request,
     const std::vector<PrefixIndex::Key>& keys, size_t* reused) {
   *reused = 0;
-  if (std::optional<PrefixIndex::Hit> hit = index.Take(keys)) {
-    absl::StatusOr<std::optional<TurnRecord>> prepared =
-        deps.sessions->Prepare(hit->session_id, "");
-    if (prepared.ok()) {
-      deps.metrics->OnPrefixLookup(true);
-      *reused = hit->index;
-      return hit->session_id;
-    }
-    if (!absl::IsNotFound(prepared.status())) {
-      Publish(keys[hit->index], hit->session_id);  // unchanged; try again later
-      return prepared.status();
-    }
-    // Expired or removed meanwhile: a miss.
-  }
-  deps.metrics->OnPrefixLookup(false);
   std::vector<int64_t> preamble;
   if (absl::Status s = PreambleOf(deps, request.system_prompt, &preamble); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("messages: the system messages: ", s.message()));
   }
   const std::string id = ScopedSessionId(caller, absl::StrCat("oai-", RandomHex(12)));
+  const std::vector<PrefixIndex::Key> none;
+  while (std::optional<PrefixIndex::Hit> hit = index.Take(request.use_prefix_cache ? keys : none)) {
+    if (hit->head) {
+      absl::StatusOr<std::optional<TurnRecord>> prepared =
+          deps.sessions->Prepare(hit->session_id, "");
+      if (prepared.ok()) {
+        deps.metrics->OnPrefixLookup(true);
+        *reused = hit->index;
+        return hit->session_id;
+      }
+      if (!absl::IsNotFound(prepared.status())) {
+        index.Release(hit->session_id);
+        return prepared.status();
+      }
+      index.Forget(hit->session_id);  // expired or removed meanwhile
+      continue;
+    }
+    // The session went on past this prefix (a regenerated or edited reply):
+    // a new session gets its turns up to here and their cache.
+    absl::StatusOr<SessionView> forked =
+        CreateForCaller(deps, caller, id, request.system_prompt, preamble,
+                        deps.sessions->ForkOf(hit->session_id, static_cast<int64_t>(hit->index)));
+    index.Release(hit->session_id);
+    if (forked.ok()) {
+      deps.metrics->OnPrefixLookup(true);
+      *reused = hit->index;
+      return forked->session_id;
+    }
+    if (absl::IsNotFound(forked.status())) {
+      index.Forget(hit->session_id);
+      continue;
+    }
+    if (absl::IsResourceExhausted(forked.status())) return forked.status();
+    spdlog::warn("prefix cache: forking {}: {}", hit->session_id, forked.status().ToString());
+    break;  // prefill instead
+  }
+  deps.metrics->OnPrefixLookup(false);
   absl::StatusOr<SessionView> created =
       CreateForCaller(deps, caller, id, request.system_prompt, std::move(preamble));
   if (!created.ok()) return created.status();
   return created->session_id;
 }
 
-void OpenAiHttpServer::Impl::Publish(const PrefixIndex::Key& key, const std::string& session_id) {
-  const std::vector<std::string> removed = index.Put(key, session_id);
+void OpenAiHttpServer::Impl::Publish(const std::vector<PrefixIndex::Key>& keys,
+                                     const std::string& session_id) {
+  const std::vector<std::string> removed = index.Put(keys, session_id);
   for (const std::string& id : removed) {
     absl::Status s = deps.sessions->Remove(id);
     if (!s.ok() && !absl::IsNotFound(s)) {
@@ -184,7 +210,7 @@ void OpenAiHttpServer::Impl::Publish(const PrefixIndex::Key& key, const std::str
     }
   }
   deps.metrics->OnPrefixEvictions(static_cast<int64_t>(removed.size()));
-  deps.metrics->SetPrefixConversations(index.size());
+  deps.metrics->SetPrefixConversations(index.sessions());
 }
 
 void OpenAiHttpServer::Impl::Serve(const Caller& caller, const CompletionRequest& request,
@@ -231,6 +257,8 @@ void OpenAiHttpServer::Impl::Serve(const Caller& caller, const CompletionRequest
   // The turns past the cached prefix, read (not sampled) by the model that
   // answers, or by the policy's default model for the router model.
   const int reader = model >= 0 ? model : router.config().policy.default_model;
+  // The boundaries the session passes, from where it was found.
+  std::vector<PrefixIndex::Key> passed{keys[reused]};
   for (size_t t = reused; t < request.history.size(); ++t) {
     router::TurnOptions options;
     options.user_message = request.history[t].user;
@@ -242,12 +270,13 @@ void OpenAiHttpServer::Impl::Serve(const Caller& caller, const CompletionRequest
     options.on_commit = commit(options.user_message);
     absl::StatusOr<router::TurnResult> read = deps.router->RunTurn(session_id, options, {});
     if (!read.ok()) {
-      Publish(keys[t], session_id);
+      Publish(passed, session_id);
       return fail(absl::Status(read.status().code(),
                                absl::StrCat("messages (turn ", t, "): ", read.status().message())));
     }
     served.prefilled_tokens += read->prefill_tokens;
     served.translated_tokens += read->routing.tokens_translated;
+    passed.push_back(keys[t + 1]);
   }
 
   // The request's own turn.
@@ -288,13 +317,14 @@ void OpenAiHttpServer::Impl::Serve(const Caller& caller, const CompletionRequest
   absl::StatusOr<router::TurnResult> result = deps.router->RunTurn(session_id, options, callbacks);
   deps.metrics->SetCacheStats(deps.sessions->CacheStats());
   if (!result.ok()) {
-    Publish(keys.back(), session_id);
+    Publish(passed, session_id);
     if (result.status().code() != absl::StatusCode::kCancelled) {
       spdlog::warn("OpenAI API, conversation {}: {}", session_id, result.status().ToString());
     }
     return fail(result.status());
   }
-  Publish(PrefixIndex::Extend(keys.back(), request.user_message, result->text), session_id);
+  passed.push_back(PrefixIndex::Extend(keys.back(), request.user_message, result->text));
+  Publish(passed, session_id);
 
   router::TurnResult done = *result;
   done.total_seconds =

@@ -5,21 +5,24 @@
 // A conversation held by the cache is an ordinary session (server/sessions.h)
 // with an "oai-" id in its tenant's namespace: its cache lines, ledger, byte
 // budget, LRU eviction of lines, repair and expiry are the sessions'. This
-// index maps a digest of the conversation a session has committed (tenant,
-// system prompt, each completed turn's user message and reply text) to the
-// session. A request digests each prefix of its conversation that ends at a
-// turn boundary and takes the longest one the index holds; the models'
-// lines in that session are then reused (the answering model's own, or
-// another model's by translation, as a session switch does). Each session
-// has at most one entry, for the conversation it has committed.
+// index maps a digest of a conversation (tenant, system prompt, each completed
+// turn's user message and reply text) to the session that has it: a session
+// is indexed under every turn boundary it has passed, its latest one being its
+// head. A request digests each prefix of its conversation that ends at a turn
+// boundary and takes the longest one the index holds. At the session's head,
+// the request's turns go on in that session; at an earlier boundary (a
+// regenerated or edited reply), the session has gone on past it, and the
+// caller forks it (Sessions::ForkOf: the turns up to there and the prefixes
+// of the cache lines they cover).
 //
-// Leases: Take removes the entry, so a conversation serves one request at a
-// time; a second request for the same prefix meanwhile misses (and builds its
-// own session). The taker Puts the session back under its new conversation
-// (or the old one when the turn failed: the session is then unchanged).
+// Holds: Take holds the session until Put or Release, so one request at a
+// time uses a session (its turns, or a fork's copy); a second request that
+// needs it meanwhile takes a shorter prefix of another session, or misses.
 //
-// Capacity: at most max_entries sessions; Put returns the least recently put
-// ones past it, for the caller to remove.
+// Capacity: at most max_sessions sessions; past it, Put returns the least
+// recently used ones not held, for the caller to remove. A key put for a
+// session that another session has it as its head removes that other one too
+// (two sessions holding one conversation: the newer wins).
 //
 // Thread-safe.
 #pragma once
@@ -47,32 +50,40 @@ class PrefixIndex {
   // The digest after one more completed turn.
   static Key Extend(const Key& key, std::string_view user, std::string_view assistant);
 
-  explicit PrefixIndex(int64_t max_entries) : max_entries_(max_entries) {}
+  explicit PrefixIndex(int64_t max_sessions) : max_sessions_(max_sessions) {}
 
   struct Hit {
     std::string session_id;
-    size_t index = 0;  // into the keys given to Take
+    size_t index = 0;   // into the keys given to Take
+    bool head = false;  // keys[index] is the session's latest conversation
   };
-  // Removes and returns the entry of the last key in `keys` that the index
-  // holds; nullopt when it holds none.
+  // Holds and returns the session of the last key in `keys` that the index
+  // has for a session no one holds; nullopt when there is none.
   std::optional<Hit> Take(const std::vector<Key>& keys);
-  // Enters `session_id` under `key` (replacing what the key held: that
-  // session is returned for removal too). Returns the sessions to remove.
-  std::vector<std::string> Put(const Key& key, const std::string& session_id);
+  // The session has passed `keys` in order (its turns went through), the last
+  // its head now, and is held no more. Returns the sessions to remove.
+  std::vector<std::string> Put(const std::vector<Key>& keys, const std::string& session_id);
+  // The session is held no more, unchanged.
+  void Release(const std::string& session_id);
   // Forgets a session (removed elsewhere); false when it had no entry.
   bool Forget(const std::string& session_id);
 
-  int64_t size() const;
+  int64_t sessions() const;
 
  private:
-  struct Entry {
-    std::string session_id;
-    std::list<Key>::iterator order;
+  struct Session {
+    std::vector<Key> keys;
+    Key head;
+    bool held = false;
+    std::list<std::string>::iterator order;
   };
-  const int64_t max_entries_;
+  void Erase(const std::string& session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const int64_t max_sessions_;
   mutable std::mutex mu_;
-  std::unordered_map<Key, Entry> entries_ ABSL_GUARDED_BY(mu_);
-  std::list<Key> lru_ ABSL_GUARDED_BY(mu_);  // least recently put first
+  std::unordered_map<Key, std::string> owner_ ABSL_GUARDED_BY(mu_);  // key -> session
+  std::unordered_map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);  // least recently put first
 };
 
 }  // namespace kvl::server

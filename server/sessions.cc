@@ -105,6 +105,47 @@ absl::StatusOr<SessionView> Sessions::Create(std::string_view session_id,
   return (*reservation)->Commit(std::move(record.generation));
 }
 
+Sessions::Populate Sessions::ForkOf(const std::string& source_id, int64_t turns) {
+  return [this, source_id, turns](const std::string& session_id,
+                                  std::vector<TurnRecord>* out) -> absl::Status {
+    absl::StatusOr<SessionRecord> record = store_->Load(source_id);
+    if (!record.ok()) return record.status();
+    if (turns > static_cast<int64_t>(record->turns.size())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("session ", source_id, " has ", record->turns.size(),
+                       " turns; a fork of its first ", turns, " was asked for"));
+    }
+    record->turns.resize(static_cast<size_t>(turns));
+    absl::StatusOr<ConversationState> state = StateFromRecord(*record, model_names_);
+    if (!state.ok()) return state.status();
+    absl::StatusOr<std::unique_ptr<TurnLease>> staged = cache_->Begin(session_id);
+    if (!staged.ok()) return staged.status();
+    absl::StatusOr<std::unique_ptr<TurnLease>> source =
+        cache_->Begin(source_id, LeaseUse::kBackground);
+    if (!source.ok() && !absl::IsNotFound(source.status())) return source.status();
+    const std::vector<int64_t>& history = state->history;
+    const std::vector<int64_t>* held = source.ok() ? &(*source)->state().history : nullptr;
+    // The source's lines are the fork's only if this copy's stream begins
+    // with the fork's (a copy of another generation does not).
+    if (held != nullptr && held->size() >= history.size() &&
+        std::equal(history.begin(), history.end(), held->begin())) {
+      const int64_t n = static_cast<int64_t>(history.size());
+      for (int m = 0; m < static_cast<int>(model_names_.size()); ++m) {
+        const KvCache* line = (*source)->line(m);
+        if (line == nullptr || line->Length() == 0) continue;
+        const int64_t keep = std::min(line->Length(), n);
+        absl::StatusOr<std::unique_ptr<KvCache>> copy = line->ClonePrefix(keep, keep);
+        if (!copy.ok()) return copy.status();
+        KVL_RETURN_IF_ERROR((*staged)->Reserve((*copy)->Bytes()));
+        (*staged)->ReplaceLine(m, *std::move(copy));
+      }
+    }
+    (*staged)->Commit(*std::move(state));
+    *out = std::move(record->turns);
+    return absl::OkStatus();
+  };
+}
+
 absl::Status Sessions::Remove(const std::string& session_id) {
   const absl::Status stored = store_->Remove(session_id);
   if (!stored.ok() && !absl::IsNotFound(stored)) return stored;

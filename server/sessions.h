@@ -88,6 +88,15 @@ class Sessions {
   absl::StatusOr<SessionView> Create(std::string_view session_id, std::string system_prompt,
                                      std::vector<int64_t> preamble,
                                      const Populate& populate = nullptr);
+  // For Create: makes the staged session a copy of `source_id` as of its
+  // first `turns` turns: their records (written with the new session), the
+  // state they describe, and, from this replica's copy of the source when its
+  // history begins with theirs, the prefix of each cache line they cover
+  // (copied, admitted against the cache budget). The source is left as it
+  // is. NotFound for an unknown source, FailedPrecondition when it has fewer
+  // turns, Aborted while a turn holds it, ResourceExhausted when the copies
+  // do not fit the budget; the store's errors.
+  Populate ForkOf(const std::string& source_id, int64_t turns);
   // Removes the session from the store and this replica. NotFound when
   // neither has it; Unavailable (nothing removed) when the store cannot be
   // reached.

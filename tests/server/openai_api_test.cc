@@ -68,7 +68,7 @@ TEST(OpenAiApiTest, SamplingFieldsAreRead) {
                {"stream", true},
                {"stream_options", {{"include_usage", true}}},
                {"user", "u-1"},
-               {"kvlingo", {{"strategy", "reprefill"}}},
+               {"kvlingo", {{"strategy", "reprefill"}, {"prefix_cache", false}}},
                {"metadata", {{"ignored", "yes"}}},
                {"frequency_penalty", 0},
                {"tool_choice", "auto"}});
@@ -83,6 +83,8 @@ TEST(OpenAiApiTest, SamplingFieldsAreRead) {
   EXPECT_TRUE(r->include_usage);
   EXPECT_EQ(r->user, "u-1");
   EXPECT_EQ(r->strategy, router::Strategy::kReprefill);
+  EXPECT_FALSE(r->use_prefix_cache);
+  EXPECT_TRUE(Parse(Minimal())->use_prefix_cache);
 }
 
 // Each refusal names the field in OpenAI's `param`.
@@ -146,6 +148,7 @@ TEST(OpenAiApiTest, RefusalsNameTheirField) {
       {{{"seed", "x"}}, "seed"},
       {{{"kvlingo", {{"strategy", "guess"}}}}, "kvlingo.strategy"},
       {{{"kvlingo", {{"other", 1}}}}, "kvlingo.other"},
+      {{{"kvlingo", {{"prefix_cache", "no"}}}}, "kvlingo.prefix_cache"},
   };
   for (const auto& [extra, param] : fields) {
     Json body = Minimal();
@@ -246,7 +249,7 @@ TEST(OpenAiApiTest, ResponsesHaveOpenAisShape) {
   EXPECT_EQ(Json::parse(ModelsJson({"a"}, "", 1))["data"].size(), 1u);
 }
 
-TEST(PrefixIndexTest, TakesTheLongestHeldPrefixAndLeasesIt) {
+TEST(PrefixIndexTest, TakesTheLongestHeldPrefixAndHoldsItsSession) {
   const PrefixIndex::Key root = PrefixIndex::Root("acme", "sys");
   const PrefixIndex::Key one = PrefixIndex::Extend(root, "u1", "a1");
   const PrefixIndex::Key two = PrefixIndex::Extend(one, "u2", "a2");
@@ -257,33 +260,48 @@ TEST(PrefixIndexTest, TakesTheLongestHeldPrefixAndLeasesIt) {
   EXPECT_EQ(PrefixIndex::Extend(root, "u1", "a1"), one);
 
   PrefixIndex index(10);
-  EXPECT_TRUE(index.Put(one, "s1").empty());
-  EXPECT_TRUE(index.Put(root, "s0").empty());
+  EXPECT_TRUE(index.Put({root, one}, "s1").empty());
+  EXPECT_TRUE(index.Put({root}, "s0").empty());  // the newer session takes the root
   std::optional<PrefixIndex::Hit> hit = index.Take({root, one, two});
   ASSERT_TRUE(hit.has_value());
   EXPECT_EQ(hit->session_id, "s1");
   EXPECT_EQ(hit->index, 1u);
-  // Taken: the next request for the same prefix gets the shorter one.
+  EXPECT_TRUE(hit->head);
+  // Held: the next request for the same conversation gets the other session.
   hit = index.Take({root, one, two});
   ASSERT_TRUE(hit.has_value());
   EXPECT_EQ(hit->session_id, "s0");
+  EXPECT_EQ(hit->index, 0u);
   EXPECT_FALSE(index.Take({root, one, two}).has_value());
-  EXPECT_EQ(index.size(), 0);
+  // s1 goes on to `two`; `one` is still its own, no longer its head.
+  EXPECT_TRUE(index.Put({one, two}, "s1").empty());
+  index.Release("s0");
+  hit = index.Take({root, one});
+  ASSERT_TRUE(hit.has_value());
+  EXPECT_EQ(hit->session_id, "s1");
+  EXPECT_EQ(hit->index, 1u);
+  EXPECT_FALSE(hit->head);  // a fork's source
+  index.Release("s1");
+  EXPECT_EQ(index.sessions(), 2);
 }
 
 TEST(PrefixIndexTest, PastItsCapacityTheLeastRecentlyPutGoes) {
   PrefixIndex index(2);
   const PrefixIndex::Key a = PrefixIndex::Root("", "a"), b = PrefixIndex::Root("", "b"),
                          c = PrefixIndex::Root("", "c");
-  EXPECT_TRUE(index.Put(a, "sa").empty());
-  EXPECT_TRUE(index.Put(b, "sb").empty());
-  EXPECT_EQ(index.Put(c, "sc"), std::vector<std::string>({"sa"}));
-  EXPECT_EQ(index.size(), 2);
-  // Another session under a held key pushes the first one out.
-  EXPECT_EQ(index.Put(b, "sb2"), std::vector<std::string>({"sb"}));
-  EXPECT_TRUE(index.Forget("sc"));
-  EXPECT_FALSE(index.Forget("sc"));
-  EXPECT_EQ(index.size(), 1);
+  EXPECT_TRUE(index.Put({a}, "sa").empty());
+  EXPECT_TRUE(index.Put({b}, "sb").empty());
+  // A held session is not pushed out: the next least recent goes.
+  ASSERT_TRUE(index.Take({a}).has_value());
+  EXPECT_EQ(index.Put({c}, "sc"), std::vector<std::string>({"sb"}));
+  index.Release("sa");
+  EXPECT_EQ(index.Put({b}, "sb2"), std::vector<std::string>({"sa"}));
+  // Another session put under a session's head replaces it.
+  EXPECT_EQ(index.Put({c}, "sc2"), std::vector<std::string>({"sc"}));
+  EXPECT_TRUE(index.Forget("sc2"));
+  EXPECT_FALSE(index.Forget("sc2"));
+  EXPECT_EQ(index.sessions(), 1);
+  EXPECT_FALSE(index.Take({c}).has_value());
 }
 
 }  // namespace

@@ -95,15 +95,15 @@ async function main() {
   }
 
   // After repair, the next turn (kvl-large again) against its twin: the same
-  // request again finds no cached conversation (the first one moved on), so
-  // kvl-large prefills the whole conversation itself.
+  // request with the prefix cache off for it, so kvl-large prefills the whole
+  // conversation itself.
   for (let i = 0; i < 600 && (await repairBacklog()) !== 0; ++i) {
     await new Promise((r) => setTimeout(r, 100));
   }
   out.repair_backlog = await repairBacklog();
   messages.push({ role: 'user', content: 'Thank you. Repeat the code of locker 3.' });
   const later = await complete('kvl-large', messages);
-  const twin = await complete('kvl-large', messages);
+  const twin = await complete('kvl-large', messages, { kvlingo: { prefix_cache: false } });
   out.later = { content: later.choices[0].message.content, kvlingo: later.kvlingo };
   out.twin = { content: twin.choices[0].message.content, kvlingo: twin.kvlingo };
 

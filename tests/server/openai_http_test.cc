@@ -178,6 +178,7 @@ TEST_F(OpenAiHttpTest, TheOpenAiClientIsServedAndSwitchesAreTranslated) {
   EXPECT_EQ(out["repair_backlog"], 0);
   EXPECT_EQ(out["later"]["kvlingo"]["reused_turns"], 4);
   EXPECT_EQ(out["twin"]["kvlingo"]["reused_turns"], 0);
+  EXPECT_EQ(out["twin"]["kvlingo"]["prompt_tokens_own_cache"], 0);
   EXPECT_EQ(out["later"]["content"], out["twin"]["content"]);
 
   EXPECT_EQ(out["routed"]["model"], "kvl-small");
@@ -326,6 +327,66 @@ TEST_F(OpenAiHttpTest, AClosedStreamCancelsItsTurn) {
   }
   ASSERT_TRUE(r && r->status == 200) << (r ? r->body : httplib::to_string(r.error()));
   EXPECT_EQ(Json::parse(r->body)["kvlingo"]["reused_turns"], 1) << r->body;
+}
+
+// A request that regenerates a reply (the same request again) or edits the
+// history finds the conversation's session gone on past its prefix: the
+// session is forked at the longest prefix the request shares with it, and the
+// original goes on untouched.
+TEST_F(OpenAiHttpTest, RegeneratingAReplyForksTheCachedConversation) {
+  httplib::Client client = Client();
+  auto post = [&](const Json& messages, const std::string& model) {
+    const Json body = {
+        {"model", model}, {"max_tokens", 12}, {"temperature", 0}, {"messages", messages}};
+    httplib::Result r = client.Post("/v1/chat/completions", body.dump(), "application/json");
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : httplib::to_string(r.error()));
+    return r && r->status == 200 ? Json::parse(r->body) : Json::object();
+  };
+  std::string facts;
+  for (int i = 0; i < 12; ++i) {
+    facts += "Box " + std::to_string(i) + " holds " + std::to_string(300 + 7 * i) + " marbles. ";
+  }
+  Json messages = {{{"role", "user"}, {"content", "Please remember. " + facts}}};
+  const Json first = post(messages, "kvl-small");
+  ASSERT_FALSE(first.empty());
+  messages.push_back(
+      {{"role", "assistant"}, {"content", first["choices"][0]["message"]["content"]}});
+  messages.push_back({{"role", "user"}, {"content", "How many marbles are in box 4?"}});
+  const Json second = post(messages, "kvl-large");
+  ASSERT_FALSE(second.empty());
+  EXPECT_EQ(second["kvlingo"]["reused_turns"], 1);
+  EXPECT_EQ(second["kvlingo"]["path"], "translated");
+
+  // The same request again: a fork of the conversation's first turn, with
+  // kvl-large's line (translated at the switch, or repaired since) copied.
+  const Json again = post(messages, "kvl-large");
+  ASSERT_FALSE(again.empty());
+  SCOPED_TRACE(again.dump());
+  EXPECT_EQ(again["kvlingo"]["reused_turns"], 1);
+  EXPECT_NE(again["kvlingo"]["conversation_id"], second["kvlingo"]["conversation_id"]);
+  EXPECT_GT(again["kvlingo"]["prompt_tokens_own_cache"].get<int>(), 100);
+  EXPECT_LT(again["kvlingo"]["prompt_tokens_prefilled"].get<int>(), 40);
+
+  // The conversation goes on from the turn it reached (the original's, or the
+  // fork's when the fork's reply was the same: the newer holds it).
+  Json on = messages;
+  on.push_back({{"role", "assistant"}, {"content", second["choices"][0]["message"]["content"]}});
+  on.push_back({{"role", "user"}, {"content", "And in box 9?"}});
+  const Json third = post(on, "kvl-small");
+  ASSERT_FALSE(third.empty());
+  EXPECT_EQ(third["kvlingo"]["reused_turns"], 2);
+  EXPECT_EQ(third["kvlingo"]["prompt_tokens_translated"].get<int>() +
+                third["kvlingo"]["prompt_tokens_own_cache"].get<int>(),
+            third["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>());
+
+  // An edited reply shares only the first user message: nothing to reuse at
+  // a turn boundary, so it is prefilled.
+  Json edited = messages;
+  edited[1]["content"] = "I will remember the boxes.";
+  const Json fresh = post(edited, "kvl-large");
+  ASSERT_FALSE(fresh.empty());
+  EXPECT_EQ(fresh["kvlingo"]["reused_turns"], 0);
+  EXPECT_EQ(fresh["kvlingo"]["prompt_tokens_own_cache"], 0);
 }
 
 }  // namespace

@@ -108,6 +108,48 @@ TEST(SessionsTest, AFailedPopulateLeavesNothingAndASuccessfulOneIsRecordedWhole)
   EXPECT_EQ(record->turns[1].user_message, "two");
 }
 
+// A fork holds the source's first turns, in the store and here; the source
+// is left as it was. (Its cache lines are copied too: the OpenAI API test,
+// RegeneratingAReplyForksTheCachedConversation, checks that end to end.)
+TEST(SessionsTest, AForkHoldsTheSourcesFirstTurnsAndLeavesTheSource) {
+  CacheStoreOptions options;
+  options.n_models = 1;
+  CacheStore cache(options);
+  Sessions sessions(&cache, *OpenSessionStore({}), {"m"});
+  auto two_turns = [](const std::string&, std::vector<TurnRecord>* turns) {
+    turns->resize(2);
+    (*turns)[0].user_message = "one";
+    (*turns)[0].model = "m";
+    (*turns)[0].tokens = {1, 2, 3};
+    (*turns)[0].ledger = {{0, 3, "m"}};
+    (*turns)[0].tail_begin = 2;
+    (*turns)[1].user_message = "two";
+    (*turns)[1].model = "m";
+    (*turns)[1].history_begin = 3;
+    (*turns)[1].tokens = {4, 5};
+    (*turns)[1].ledger = {{0, 5, "m"}};
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE(sessions.Create("src", "p", {9}, two_turns).ok());
+  absl::StatusOr<SessionView> fork = sessions.Create("fork", "p", {9}, sessions.ForkOf("src", 1));
+  ASSERT_TRUE(fork.ok()) << fork.status();
+  EXPECT_EQ(fork->state.turns, 1);
+  EXPECT_THAT(fork->state.history, ElementsAre(1, 2, 3));
+  EXPECT_EQ(fork->state.tail_begin, 2);
+  EXPECT_EQ(fork->state.last_model, 0);
+  absl::StatusOr<SessionRecord> record = sessions.Transcript("fork");
+  ASSERT_TRUE(record.ok()) << record.status();
+  ASSERT_EQ(record->turns.size(), 1u);
+  EXPECT_EQ(record->turns[0].user_message, "one");
+  EXPECT_EQ(sessions.Transcript("src")->turns.size(), 2u);
+
+  EXPECT_EQ(sessions.Create("f2", "p", {9}, sessions.ForkOf("src", 3)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(sessions.Create("f3", "p", {9}, sessions.ForkOf("nothing", 1)).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(sessions.View("f2").status().code(), absl::StatusCode::kNotFound);
+}
+
 // Two replicas: two registries, one Redis.
 class SharedStoreTest : public ::testing::Test {
  protected:
