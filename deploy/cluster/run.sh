@@ -10,7 +10,9 @@
 #
 # `up` picks free ports, starts everything in the background, waits until each
 # replica listens, and writes DIR/cluster.env:
-#   GRPC_ADDR=host:port          nginx: what clients use
+#   GRPC_ADDR=host:port          nginx: what gRPC clients use
+#   HTTP_ADDR=host:port          nginx: the replicas' OpenAI API (docs/openai-api.md),
+#                                by the X-Kvl-Affinity header's consistent hash
 #   REDIS_ADDR=host:port  REDIS_PID=
 #   REPLICA_<i>_ADDR=  REPLICA_<i>_PID=  METRICS_<i>_ADDR=   i = 1..N
 #   NGINX_PID=  REPLICAS=N
@@ -123,12 +125,14 @@ up() {
   grep -q "Ready to accept connections" "$dir/redis.log" ||
     { cat "$dir/redis.log" >&2; echo "cluster: redis did not start" >&2; false; }
 
-  local upstreams=""
+  local upstreams="" http_upstreams=""
   for i in $(seq "$replicas"); do
-    local port log="$dir/replica-$i.log"
+    local port http_port log="$dir/replica-$i.log"
     port=$(free_port)
+    http_port=$(free_port)
     OMP_WAIT_POLICY=PASSIVE setsid "$bin" --config "$config" --listen "127.0.0.1:$port" \
-      --metrics-address 127.0.0.1:0 --redis "127.0.0.1:$redis_port" > "$dir/replica-$i.out" 2> "$log" &
+      --metrics-address 127.0.0.1:0 --http-address "127.0.0.1:$http_port" \
+      --redis "127.0.0.1:$redis_port" > "$dir/replica-$i.out" 2> "$log" &
     local pid=$!
     echo "REPLICA_${i}_PID=$pid" >> "$env"
     for _ in $(seq 600); do
@@ -147,17 +151,19 @@ up() {
         wait "$pid" || rc=$?
         how="exited with status $rc"
       fi
-      tail -20 "$dir/replica-$i.out" "$log" >&2
+      tail -n 20 "$dir/replica-$i.out" "$log" >&2
       echo "cluster: replica $i did not start ($how)" >&2
       false
     fi
     echo "REPLICA_${i}_ADDR=127.0.0.1:$port" >> "$env"
     echo "METRICS_${i}_ADDR=${line##*metrics on }" >> "$env"
     upstreams+="    server 127.0.0.1:$port max_fails=1 fail_timeout=10s;"$'\n'
+    http_upstreams+="    server 127.0.0.1:$http_port max_fails=1 fail_timeout=10s;"$'\n'
   done
 
-  local grpc_port
+  local grpc_port front_http_port
   grpc_port=$(free_port)
+  front_http_port=$(free_port)
   mkdir -p "$dir/nginx-temp"
   cat > "$dir/nginx.conf" <<EOF
 # Written by deploy/cluster/run.sh: the gRPC front of a local kvlingo cluster.
@@ -203,6 +209,32 @@ $upstreams  }
       return 204;
     }
   }
+  # The OpenAI API. Stateless clients carry no session id: a client that
+  # sends X-Kvl-Affinity (a conversation or user id) keeps its conversations
+  # on one replica, where the prefix cache holds them; without it, requests
+  # spread over the replicas (and may prefill).
+  map \$http_x_kvl_affinity \$kvl_affinity {
+    "" \$request_id;
+    default \$http_x_kvl_affinity;
+  }
+  upstream kvl_http {
+    hash \$kvl_affinity consistent;
+$http_upstreams  }
+  server {
+    listen 127.0.0.1:$front_http_port;
+    location / {
+      proxy_pass http://kvl_http;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      # Server-sent events pass as they come.
+      proxy_buffering off;
+      proxy_read_timeout 600s;
+      # A replica that refuses the connection is skipped; a request a replica
+      # has taken is not sent twice.
+      proxy_next_upstream error timeout;
+      proxy_connect_timeout 2s;
+    }
+  }
 }
 EOF
   "$nginx" -p "$dir" -c "$dir/nginx.conf" -e "$dir/nginx-error.log"
@@ -211,9 +243,10 @@ EOF
   {
     echo "NGINX_PID=$(cat "$dir/nginx.pid")"
     echo "GRPC_ADDR=127.0.0.1:$grpc_port"
+    echo "HTTP_ADDR=127.0.0.1:$front_http_port"
   } >> "$env"
   trap - ERR
-  echo "cluster: up in $dir: nginx on 127.0.0.1:$grpc_port, $replicas replica(s), redis on 127.0.0.1:$redis_port"
+  echo "cluster: up in $dir: nginx on 127.0.0.1:$grpc_port (gRPC) and 127.0.0.1:$front_http_port (OpenAI API), $replicas replica(s), redis on 127.0.0.1:$redis_port"
 }
 
 case "$cmd" in

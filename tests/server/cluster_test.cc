@@ -3,10 +3,13 @@
 // the middle of turns loses no acknowledged turn and commits none twice (the
 // clients retry with their request ids; nginx sends the retries to the other
 // replica, which restores the sessions from Redis), and a restart of the whole
-// cluster (Redis' append-only file kept) loses nothing either.
+// cluster (Redis' append-only file kept) loses nothing either. Through
+// nginx's OpenAI API front, stateless conversations with an affinity header
+// stay with the replica whose prefix cache holds them.
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <signal.h>
 
 #include <atomic>
@@ -21,8 +24,8 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "kvlingo/v1/chat.grpc.pb.h"
 #include "kvlingo/v1/session.grpc.pb.h"
@@ -67,18 +70,17 @@ class ClusterTest : public ::testing::Test {
       translators.push_back(
           {{"source", s}, {"target", t}, {"path", testing::TranslatorPath(dir_->path(), s, t)}});
     }
-    const Json config = {
-        {"server", {{"drain_timeout_seconds", 10}}},
-        {"runtime", {{"threads", 1}}},
-        {"models", models},
-        {"translators", translators},
-        {"routing",
-         {{"policy", "explicit"},
-          {"default_model", "small"},
-          {"strategy", "translate"},
-          {"native_tail_tokens", 4},
-          {"repair", "off"}}},
-        {"sessions", {{"store", {{"timeout_ms", 1000}}}}}};
+    const Json config = {{"server", {{"drain_timeout_seconds", 10}}},
+                         {"runtime", {{"threads", 1}}},
+                         {"models", models},
+                         {"translators", translators},
+                         {"routing",
+                          {{"policy", "explicit"},
+                           {"default_model", "small"},
+                           {"strategy", "translate"},
+                           {"native_tail_tokens", 4},
+                           {"repair", "off"}}},
+                         {"sessions", {{"store", {{"timeout_ms", 1000}}}}}};
     config_ = dir_->WriteFile("cluster.json", config.dump(2));
   }
   static void TearDownTestSuite() { delete dir_; }
@@ -99,8 +101,7 @@ class ClusterTest : public ::testing::Test {
       for (const char* a : {"--replicas", "2", "--config"}) argv.push_back(a);
       argv.push_back(config_);
     }
-    auto run = testing::RunProcess(
-        argv, 180s, {"", {{"KVL_SERVER_BIN", KVL_SERVER_BIN}}});
+    auto run = testing::RunProcess(argv, 180s, {"", {{"KVL_SERVER_BIN", KVL_SERVER_BIN}}});
     EXPECT_TRUE(run.ok()) << run.status();
     if (!run.ok()) return -1;
     EXPECT_EQ(run->exit_code, 0) << run->out << run->err;
@@ -134,8 +135,8 @@ struct SessionLog {
 // A conversation of `turns` turns alternating small and large (so that every
 // turn after the first is a translated switch), each turn retried with its
 // request id until it succeeds (at most 8 attempts).
-void Converse(const std::shared_ptr<grpc::Channel>& channel, const std::string& session,
-              int first, int turns, SessionLog* log, std::atomic<int>* turns_done) {
+void Converse(const std::shared_ptr<grpc::Channel>& channel, const std::string& session, int first,
+              int turns, SessionLog* log, std::atomic<int>* turns_done) {
   auto chat = v1::ChatService::NewStub(channel);
   for (int t = first; t < first + turns; ++t) {
     const std::string request_id = absl::StrCat(session, "-t", t);
@@ -205,11 +206,11 @@ TEST_F(ClusterTest, AKilledReplicaLosesNoAcknowledgedTurnAndARestartLosesNothing
   std::atomic<int> turns_done{0};
   std::vector<std::thread> clients;
   for (int s = 0; s < kSessions; ++s) {
-    clients.emplace_back(Converse, channel, absl::StrCat("c", s), 0, kTurns, &logs[s],
-                         &turns_done);
+    clients.emplace_back(Converse, channel, absl::StrCat("c", s), 0, kTurns, &logs[s], &turns_done);
   }
   const auto t0 = std::chrono::steady_clock::now();
-  while (turns_done.load() < kSessions * kTurns / 3 && std::chrono::steady_clock::now() - t0 < 120s) {
+  while (turns_done.load() < kSessions * kTurns / 3 &&
+         std::chrono::steady_clock::now() - t0 < 120s) {
     std::this_thread::sleep_for(5ms);
   }
   const int done_at_kill = turns_done.load();
@@ -243,9 +244,10 @@ TEST_F(ClusterTest, AKilledReplicaLosesNoAcknowledgedTurnAndARestartLosesNothing
       for (const std::string& r : logs[s].acknowledged) found += ids.count(r) > 0 ? 1 : 0;
       EXPECT_EQ(t.turns_size(), static_cast<int>(logs[s].acknowledged.size())) << when << " " << id;
     }
-    std::printf("[ cluster  ] %s: %d sessions, %d turns acknowledged, %d found in the store, "
-                "%d duplicates (killed replica 1 after %d turns; %d retries, %d replays)\n",
-                when, kSessions, acknowledged, found, duplicates, done_at_kill, retries, replays);
+    std::printf(
+        "[ cluster  ] %s: %d sessions, %d turns acknowledged, %d found in the store, "
+        "%d duplicates (killed replica 1 after %d turns; %d retries, %d replays)\n",
+        when, kSessions, acknowledged, found, duplicates, done_at_kill, retries, replays);
     EXPECT_EQ(found, acknowledged) << when;
     EXPECT_EQ(duplicates, 0) << when;
   };
@@ -287,6 +289,56 @@ TEST_F(ClusterTest, AKilledReplicaLosesNoAcknowledgedTurnAndARestartLosesNothing
   EXPECT_EQ(more.replays, 0);
   sessions.reset();
   channel.reset();
+  EXPECT_EQ(Cluster("down", cluster_dir_), 0);
+}
+
+// Stateless conversations through nginx's OpenAI API front: each client's
+// X-Kvl-Affinity keeps its conversation on one replica, so every request after
+// the first finds the conversation in that replica's prefix cache, switches
+// models by translation included; a request without the header is served too.
+TEST_F(ClusterTest, StatelessConversationsStayWithTheirReplicaByTheirAffinityHeader) {
+  constexpr int kConversations = 6, kTurns = 3;
+  cluster_tmp_ = std::make_unique<testing::TempDir>("cluster-http");
+  cluster_dir_ = cluster_tmp_->path() + "/c";
+  ASSERT_EQ(Cluster("up", cluster_dir_), 0);
+  std::map<std::string, std::string> env = ReadEnv(cluster_dir_ + "/cluster.env");
+  ASSERT_FALSE(env["HTTP_ADDR"].empty());
+  const std::string host = env["HTTP_ADDR"].substr(0, env["HTTP_ADDR"].rfind(':'));
+  const int port = std::stoi(env["HTTP_ADDR"].substr(env["HTTP_ADDR"].rfind(':') + 1));
+  for (int c = 0; c < kConversations; ++c) {
+    SCOPED_TRACE(absl::StrCat("conversation ", c));
+    httplib::Client client(host, port);
+    client.set_read_timeout(60, 0);
+    Json messages = {{{"role", "user"}, {"content", absl::StrCat("Conversation ", c, " begins.")}}};
+    for (int t = 0; t < kTurns; ++t) {
+      const Json body = {{"model", t % 2 == 0 ? "small" : "large"},
+                         {"max_tokens", 6},
+                         {"temperature", 0},
+                         {"messages", messages}};
+      httplib::Result r =
+          client.Post("/v1/chat/completions", {{"X-Kvl-Affinity", absl::StrCat("user-", c)}},
+                      body.dump(), "application/json");
+      ASSERT_TRUE(r) << httplib::to_string(r.error());
+      ASSERT_EQ(r->status, 200) << r->body;
+      const Json out = Json::parse(r->body);
+      EXPECT_EQ(out["kvlingo"]["reused_turns"], t) << r->body;
+      if (t > 0) {
+        EXPECT_EQ(out["kvlingo"]["switched"], true) << r->body;
+      }
+      messages.push_back(
+          {{"role", "assistant"}, {"content", out["choices"][0]["message"]["content"]}});
+      messages.push_back({{"role", "user"}, {"content", absl::StrCat("Turn ", t + 1, ".")}});
+    }
+  }
+  httplib::Client anyone(host, port);
+  httplib::Result r = anyone.Post("/v1/chat/completions",
+                                  Json({{"model", "small"},
+                                        {"max_tokens", 4},
+                                        {"messages", {{{"role", "user"}, {"content", "Hi."}}}}})
+                                      .dump(),
+                                  "application/json");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 200) << r->body;
   EXPECT_EQ(Cluster("down", cluster_dir_), 0);
 }
 
