@@ -244,7 +244,11 @@ GenerationState::GenerationState(const GenerateOptions& options)
   done_ = options.max_tokens == 0;
 }
 
-absl::StatusOr<bool> GenerationState::Step(const at::Tensor& logits) {
+absl::StatusOr<bool> GenerationState::Step(const at::Tensor& all_logits) {
+  const int64_t limit = options_.vocab_limit;
+  const at::Tensor logits = limit > 0 && all_logits.size(-1) > limit
+                                ? all_logits.narrow(-1, 0, limit)
+                                : all_logits;
   absl::StatusOr<int64_t> sampled =
       Guarded("sampling", [&]() -> absl::StatusOr<int64_t> { return sampler_.Sample(logits); });
   if (!sampled.ok()) return sampled.status();

@@ -84,6 +84,11 @@ struct GenerateOptions {
   SamplingParams sampling;
   uint64_t seed = 0;
   std::vector<int64_t> stop_token_ids;
+  // Ids at or past this are never sampled (0: no limit): the logits past it
+  // are left out, of the log-probabilities too. A model's embedding is often
+  // padded past its tokenizer's ids, and another model that reads the reply
+  // may have a smaller one (router/router.h).
+  int64_t vocab_limit = 0;
   std::vector<std::string> stop_strings;
   // The text a generated token completes (a streaming detokenizer: it may be
   // empty while a UTF-8 sequence is incomplete). Required for stop_strings;

@@ -130,6 +130,7 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(std::vector<LoadedModel> 
     slot->loaded = std::move(m);
     r->models_.push_back(std::move(slot));
   }
+  r->sample_vocab_ = std::min<int64_t>(r->min_vocab_, tokenizer->vocab_size());
   r->by_pair_.assign(n, std::vector<const LoadedTranslator*>(n, nullptr));
   r->translators_ = std::move(translators);
   for (const LoadedTranslator& t : r->translators_) {
@@ -614,6 +615,7 @@ absl::StatusOr<GenerateResult> Router::HandOverAndGenerate(Work& work, int model
   g.sampling = options.sampling;
   g.seed = options.seed ? *options.seed : RandomSeed();
   g.stop_token_ids = stop_ids_;
+  g.vocab_limit = sample_vocab_;
   g.stop_strings = options.stop;
   g.token_text = [&](int64_t id) { return stream.Push(static_cast<int32_t>(id)); };
   const Clock::time_point t_prefill = Clock::now();

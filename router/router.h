@@ -282,6 +282,9 @@ class Router {
   ChatTemplateKind chat_template_ = ChatTemplateKind::kQwen3;
   // The smallest embedding of the models: a turn's ids must stay below it.
   int64_t min_vocab_ = 0;
+  // What a reply may sample: below min_vocab_ and the tokenizer's ids
+  // (GenerateOptions::vocab_limit).
+  int64_t sample_vocab_ = 0;
   // The template's end-of-turn token (StopToken), when the tokenizer has it.
   std::optional<int64_t> turn_stop_;
   std::vector<int64_t> stop_ids_;

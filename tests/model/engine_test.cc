@@ -152,6 +152,35 @@ TEST(Engine, StopsAtStopTokens) {
   EXPECT_EQ(cache->Length(), static_cast<int64_t>(prompt.size() + first));
 }
 
+// Ids at or past vocab_limit are never sampled, greedy or not, and the
+// log-probabilities are over the ids below it.
+TEST(Engine, IdsPastTheVocabLimitAreNeverSampled) {
+  // [8]: the best ids are 6 and 7, past the limit of 6; below it, 2.
+  const at::Tensor logits = at::tensor({0.f, 1.f, 3.f, 2.f, 0.f, 1.f, 9.f, 8.f});
+  GenerateOptions opts;
+  opts.max_tokens = 1;
+  opts.record_logprobs = true;
+  GenerationState unlimited(opts);
+  ASSERT_TRUE(unlimited.Step(logits).ok());
+  EXPECT_EQ(unlimited.Finish().tokens, std::vector<int64_t>({6}));
+  opts.vocab_limit = 6;
+  GenerationState greedy(opts);
+  ASSERT_TRUE(greedy.Step(logits).ok());
+  const GenerateResult g = greedy.Finish();
+  EXPECT_EQ(g.tokens, std::vector<int64_t>({2}));
+  ASSERT_EQ(g.logprobs.size(), 1u);
+  const at::Tensor below = at::log_softmax(logits.narrow(0, 0, 6), 0);
+  EXPECT_NEAR(g.logprobs[0], below[2].item<double>(), 1e-6);
+  // Sampled at a high temperature, many seeds: never 6 or 7.
+  opts.sampling.temperature = 2.0;
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    opts.seed = seed;
+    GenerationState sampled(opts);
+    ASSERT_TRUE(sampled.Step(logits).ok());
+    EXPECT_LT(sampled.Finish().tokens.at(0), 6) << "seed " << seed;
+  }
+}
+
 TEST(Engine, MaxTokensAndCancellation) {
   const Checkpoint c = TinyCheckpoint();
   auto engine = MakeEngine(c);

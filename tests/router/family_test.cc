@@ -162,6 +162,54 @@ TEST(RouterFamilyTest, AGemma3SessionIsGemmasTemplateAcrossTranslatedSwitches) {
 
 // Models whose chat templates differ cannot share a router: a session is one
 // token stream.
+// Gemma-3-4B's embedding is padded to 262,208 rows past its tokenizer's
+// 262,145 ids, and Gemma-3-1B's has 262,144: a reply of the padded model must
+// hold no id past the tokenizer, nor past the smaller model's embedding, so
+// that the other model can read it after a switch.
+TEST(RouterFamilyTest, RepliesNeverSampleIdsPastTheTokenizerOrASmallerEmbedding) {
+  ASSERT_TRUE(std::ifstream(kNpm + "tokenizer.json").good())
+      << "missing " << kNpm << "tokenizer.json (scripts/setup.sh installs it)";
+  testing::TempDir dir("router-gemma3-vocab");
+  WriteGemma(dir.path() + "/small", 2, 3);
+  ModelConfig c = kvl::testing::GemmaConfig(2, /*hidden=*/16, /*head_dim=*/8, 262208);
+  c.n_head = 2;
+  c.n_head_kv = 1;
+  c.bos_token_id = 2;
+  c.eos_token_ids = {1, 106};
+  c.max_position_embeddings = 1024;
+  ModelWeights w = kvl::testing::RandomWeights(c, 9);
+  // The padding rows (tied head) dominate every step's logits.
+  w.embed_tokens.narrow(0, 262144, 64).mul_(1000);
+  ASSERT_TRUE(SaveCheckpoint(dir.path() + "/padded", c, w, DType::kFloat32, kNpm + "tokenizer.json",
+                             kNpm + "tokenizer_config.json")
+                  .ok());
+  std::vector<ModelSource> models = {{"small", dir.path() + "/small", DType::kFloat32, "cpu"},
+                                     {"padded", dir.path() + "/padded", DType::kFloat32, "cpu"}};
+  RouterConfig config;
+  config.policy.policy = Policy::kExplicit;
+  CacheStoreOptions store_options;
+  store_options.n_models = 2;
+  CacheStore store(store_options);
+  auto router = LoadRouter(models, {}, config, 2, &store, nullptr);
+  ASSERT_TRUE(router.ok()) << router.status();
+  ASSERT_TRUE(store.Create("s", "", {}).ok());
+  TurnOptions o;
+  o.user_message = "Count to ten.";
+  o.policy = Policy::kExplicit;
+  o.explicit_model = 1;
+  o.max_tokens = 6;
+  absl::StatusOr<TurnResult> padded = (*router)->RunTurn("s", o, {});
+  ASSERT_TRUE(padded.ok()) << padded.status();
+  ASSERT_FALSE(padded->tokens.empty());
+  for (int64_t id : padded->tokens) EXPECT_LT(id, 262144);
+  // (Without GenerateOptions::vocab_limit every token above is a padding id.)
+  // The smaller model reads the reply.
+  o.explicit_model = 0;
+  o.max_tokens = 2;
+  absl::StatusOr<TurnResult> small = (*router)->RunTurn("s", o, {});
+  EXPECT_TRUE(small.ok()) << small.status();
+}
+
 TEST(RouterFamilyTest, ModelsOfDifferentTemplatesAreRefused) {
   testing::TempDir dir("router-mixed");
   ASSERT_TRUE(std::ifstream(kNpm + "tokenizer.json").good()) << "missing " << kNpm;
@@ -182,8 +230,7 @@ TEST(RouterFamilyTest, ModelsOfDifferentTemplatesAreRefused) {
   auto router = LoadRouter(models, {}, config, 1, &store, nullptr);
   ASSERT_FALSE(router.ok());
   EXPECT_EQ(router.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(router.status().message().find("chat template"), std::string::npos)
-      << router.status();
+  EXPECT_NE(router.status().message().find("chat template"), std::string::npos) << router.status();
 }
 
 }  // namespace
