@@ -5,9 +5,12 @@
 # cascade policy escalates mid-conversation; per turn it prints the model, the
 # cache path and the TTFT next to what re-prefill costs for the same switch
 # (a twin session with strategy reprefill), and the twin's answer where it
-# differs from the translated session's. Then stops the server with SIGTERM.
-# KVL_SKIP_SETUP=1 skips scripts/setup.sh; KVL_BUILD_DIR, KVL_CONFIG, KVL_LISTEN
-# and KVL_METRICS override the defaults below (tests/tools/demo_test.cc).
+# differs from the translated session's. Then a stateless client of the
+# OpenAI API (scripts/demo_openai.py) alternates the models over one
+# conversation, each switch served by translation. Then stops the server with
+# SIGTERM. KVL_SKIP_SETUP=1 skips scripts/setup.sh; KVL_BUILD_DIR, KVL_CONFIG,
+# KVL_LISTEN, KVL_METRICS and KVL_HTTP override the defaults below
+# (tests/tools/demo_test.cc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "${KVL_SKIP_SETUP:-0}" = 1 ] || scripts/setup.sh
@@ -15,6 +18,7 @@ BUILD_DIR=${KVL_BUILD_DIR:-build}
 CONFIG=${KVL_CONFIG:-configs/server.json}
 LISTEN=${KVL_LISTEN:-127.0.0.1:50051}
 METRICS=${KVL_METRICS:-127.0.0.1:9464}
+HTTP=${KVL_HTTP:-127.0.0.1:8000}
 
 # The embedded default serves the house models; they are trained by
 # scripts/train/train_house_models.sh (and the translators by `kvl fit`).
@@ -32,7 +36,7 @@ protoc --proto_path=proto --python_out="$BUILD_DIR/python" proto/kvlingo/v1/*.pr
 
 log=$(mktemp)
 "$BUILD_DIR/server/kvl-server" --config "$CONFIG" --listen "$LISTEN" \
-  --metrics-address "$METRICS" >"$log" 2>&1 &
+  --metrics-address "$METRICS" --http-address "$HTTP" >"$log" 2>&1 &
 server_pid=$!
 trap 'kill "$server_pid" 2>/dev/null || true; rm -f "$log"' EXIT
 for _ in $(seq 1 300); do
@@ -42,6 +46,7 @@ for _ in $(seq 1 300); do
 done
 cat "$log"
 /usr/bin/python3 scripts/demo_client.py "$LISTEN" "$BUILD_DIR/python" "http://$METRICS/metrics"
+/usr/bin/python3 scripts/demo_openai.py "$HTTP"
 kill -TERM "$server_pid"
 wait "$server_pid" && status=0 || status=$?
 echo "kvl-server exited with status $status after SIGTERM"

@@ -45,12 +45,15 @@ TEST(DemoTest, CascadeEscalatesMidConversationByTranslation) {
   ASSERT_TRUE(grpc_port.ok()) << grpc_port.status();
   auto metrics_port = testing::FindFreeLoopbackPort();
   ASSERT_TRUE(metrics_port.ok()) << metrics_port.status();
+  auto http_port = testing::FindFreeLoopbackPort();
+  ASSERT_TRUE(http_port.ok()) << http_port.status();
   testing::SubprocessOptions options;
   options.cwd = KVL_SOURCE_DIR;
   options.env = {{"KVL_SKIP_SETUP", "1"},
                  {"KVL_BUILD_DIR", KVL_BINARY_DIR},
                  {"KVL_LISTEN", "127.0.0.1:" + std::to_string(*grpc_port)},
-                 {"KVL_METRICS", "127.0.0.1:" + std::to_string(*metrics_port)}};
+                 {"KVL_METRICS", "127.0.0.1:" + std::to_string(*metrics_port)},
+                 {"KVL_HTTP", "127.0.0.1:" + std::to_string(*http_port)}};
   auto run = testing::RunProcess({"bash", "scripts/run_demo.sh"}, 300s, options);
   ASSERT_TRUE(run.ok()) << run.status();
   ASSERT_EQ(run->exit_code, 0) << run->out << run->err;
@@ -93,6 +96,19 @@ TEST(DemoTest, CascadeEscalatesMidConversationByTranslation) {
   // recomputed natively in place of the translation from kvl-small.
   EXPECT_TRUE(std::regex_search(run->out, std::regex(R"(  kvl-large: \d+ tokens: \[0, \d+\) repaired)")))
       << run->out;
+
+  // The OpenAI API part: four stateless requests alternating the models; the
+  // first prefills, the first switch (kvl-small's long first turn) is
+  // translated, and every later one reuses the answering model's own cache.
+  const size_t api = run->out.find("The OpenAI API: one stateless conversation");
+  ASSERT_NE(api, std::string::npos) << run->out;
+  const std::string part = run->out.substr(api);
+  EXPECT_TRUE(std::regex_search(part, std::regex(R"(\n +1  kvl-small +native +0 +0 +[1-9])")))
+      << part;
+  EXPECT_TRUE(std::regex_search(part, std::regex(R"(\n +2  kvl-large +translated +0 +[1-9]\d{2,})")))
+      << part;
+  EXPECT_TRUE(std::regex_search(part, std::regex(R"(\n +4  kvl-large +\S+ +[1-9]\d{2,} )")))
+      << part;
 }
 
 }  // namespace
