@@ -1,9 +1,14 @@
 #include "server/openai_http.h"
 
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -44,6 +49,59 @@ std::string RandomHex(int n_bytes) {
 }
 
 std::string SseFrame(const std::string& json) { return absl::StrCat("data: ", json, "\n\n"); }
+
+// An address as httplib's Request spells it ("127.0.0.1", "::1") and a port.
+bool SameEndpoint(const sockaddr_storage& a, const std::string& ip, int port) {
+  char text[INET6_ADDRSTRLEN] = {};
+  int got_port = -1;
+  if (a.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&a);
+    inet_ntop(AF_INET, &in->sin_addr, text, sizeof text);
+    got_port = ntohs(in->sin_port);
+  } else if (a.ss_family == AF_INET6) {
+    const auto* in = reinterpret_cast<const sockaddr_in6*>(&a);
+    inet_ntop(AF_INET6, &in->sin6_addr, text, sizeof text);
+    got_port = ntohs(in->sin6_port);
+  } else {
+    return false;
+  }
+  return got_port == port && ip == text;
+}
+
+// The socket of the request's connection, or -1. cpp-httplib 0.11 does not
+// hand it to handlers, so it is found among the process's descriptors by its
+// two ends (Linux). It stays open while the handler runs.
+int ConnectionSocket(const httplib::Request& req) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int found = -1;
+  while (const dirent* entry = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0') continue;
+    sockaddr_storage peer{}, local{};
+    socklen_t peer_len = sizeof peer, local_len = sizeof local;
+    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0 ||
+        getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &local_len) != 0) {
+      continue;
+    }
+    if (SameEndpoint(peer, req.remote_addr, req.remote_port) &&
+        SameEndpoint(local, req.local_addr, req.local_port)) {
+      found = static_cast<int>(fd);
+      break;
+    }
+  }
+  closedir(dir);
+  return found;
+}
+
+// Whether the client has closed the connection: it sent its whole request
+// and waits, so a read that would not block finds the end of the stream.
+bool ClientGone(int fd) {
+  if (fd < 0) return false;
+  char byte;
+  return recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
 
 // One request's results, handed from its turn (on the turn pool) to its HTTP
 // thread.
@@ -407,9 +465,15 @@ void OpenAiHttpServer::Impl::Completions(const httplib::Request& req, httplib::R
     Serve(caller, request, model, ex);
   });
   // Wait for the response's status: the first event of a stream, or the end.
+  // A client that leaves meanwhile cancels the turn (a stream's later
+  // departure is noticed by its writes).
   {
+    const int socket = ConnectionSocket(req);
     std::unique_lock<std::mutex> lock(ex->mu);
-    ex->changed.wait(lock, [&] { return ex->finished || (stream && ex->started); });
+    while (!ex->changed.wait_for(lock, std::chrono::milliseconds(200),
+                                 [&] { return ex->finished || (stream && ex->started); })) {
+      if (!ex->cancelled && ClientGone(socket)) ex->cancelled = true;
+    }
     if (!ex->error.ok()) {
       const absl::Status error = ex->error;
       lock.unlock();

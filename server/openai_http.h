@@ -19,9 +19,10 @@
 // Threads: httplib's worker threads parse, authenticate and validate, then
 // hand the request to the turn pool (server/services.h) and wait for its
 // events; a streamed response writes them as they come. A client that closes
-// a stream cancels its turn (the conversation's session is left as it was);
-// a non-streamed request runs to its end (max_tokens bounds it). Requests in
-// flight hold a slot of the server's drain gate, so SIGTERM waits for them.
+// its connection cancels its turn (the conversation's session is left as it
+// was): a stream notices by its writes, a non-streamed request by checking
+// the connection every 200 ms. Requests in flight hold a slot of the server's
+// drain gate, so SIGTERM waits for them.
 #pragma once
 
 #include <atomic>

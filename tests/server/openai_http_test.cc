@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/sha256.h"
@@ -280,8 +281,8 @@ TEST_F(OpenAiHttpTest, ErrorsAreOpenAiShaped) {
   expect_error(anonymous.Get("/v1/models"), 401, "");
 }
 
-// A client that goes away mid-stream stops its turn: the conversation is left
-// as it was, so a retry of the same request finds the cached prefix.
+// A client that goes away stops its turn, streamed or not: the conversation is
+// left as it was, so a retry of the same request finds the cached prefix.
 TEST_F(OpenAiHttpTest, AClosedStreamCancelsItsTurn) {
   httplib::Client client = Client();
   const Json first = {{"model", "kvl-small"},
@@ -327,6 +328,33 @@ TEST_F(OpenAiHttpTest, AClosedStreamCancelsItsTurn) {
   }
   ASSERT_TRUE(r && r->status == 200) << (r ? r->body : httplib::to_string(r.error()));
   EXPECT_EQ(Json::parse(r->body)["kvlingo"]["reused_turns"], 1) << r->body;
+
+  // Not streamed: the client gives up after 150 ms and closes; the server
+  // notices, cancels the turn and counts the request as 499.
+  auto cancelled = [] {
+    const std::string text = Metrics();
+    std::smatch m;
+    static const std::regex kLine(
+        R"re(kvlingo_http_requests_total\{route="/v1/chat/completions",status="499"\} (\d+))re");
+    return std::regex_search(text, m, kLine) ? std::stoi(m[1]) : 0;
+  };
+  const int before = cancelled();
+  Json long_reply = {{"model", "kvl-large"},
+                     {"max_tokens", 2000},
+                     {"temperature", 2.0},
+                     {"seed", 11},
+                     {"messages", {{{"role", "user"}, {"content", "Write a very long story."}}}}};
+  httplib::Client impatient = Client();
+  impatient.set_read_timeout(0, 150000);
+  httplib::Result gone =
+      impatient.Post("/v1/chat/completions", long_reply.dump(), "application/json");
+  EXPECT_FALSE(gone) << "the reply came within 150 ms: " << gone->body;
+  int after = before;
+  for (int i = 0; i < 100 && after == before; ++i) {
+    std::this_thread::sleep_for(50ms);
+    after = cancelled();
+  }
+  EXPECT_EQ(after, before + 1);
 }
 
 // A request that regenerates a reply (the same request again) or edits the
