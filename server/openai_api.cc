@@ -331,8 +331,9 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body_t
         continue;
       }
       if (key != "strategy") {
-        return Bad(absl::StrCat("kvlingo.", key),
-                   "unknown field (kvlingo accepts: strategy, prefix_cache)");
+        // The key is the client's text: it goes in the message, not in param.
+        return Bad("kvlingo", absl::StrCat("unknown field '", key,
+                                           "' (kvlingo accepts: strategy, prefix_cache)"));
       }
       if (!value.is_string()) return WrongType("kvlingo.strategy", "a string", value);
       absl::StatusOr<router::Strategy> strategy = router::ParseStrategy(value.get<std::string>());

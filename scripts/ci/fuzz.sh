@@ -24,7 +24,8 @@ fi
 
 BUILD=${KVL_FUZZ_BUILD_DIR:-build-fuzz}
 JOBS=${KVL_FUZZ_JOBS:-$(nproc)}
-ALL=(tokenizer safetensors model_config translator server_config chat_template chat_request)
+ALL=(tokenizer safetensors model_config translator server_config chat_template chat_request
+     openai_request)
 seconds=
 runs=-1
 out=

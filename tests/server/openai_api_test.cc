@@ -147,7 +147,8 @@ TEST(OpenAiApiTest, RefusalsNameTheirField) {
       {{{"stream_options", {{"include_usage", true}}}}, "stream_options"},
       {{{"seed", "x"}}, "seed"},
       {{{"kvlingo", {{"strategy", "guess"}}}}, "kvlingo.strategy"},
-      {{{"kvlingo", {{"other", 1}}}}, "kvlingo.other"},
+      {{{"kvlingo", {{"other", 1}}}}, "kvlingo"},
+      {{{"kvlingo", {{"a b: c", 1}}}}, "kvlingo"},
       {{{"kvlingo", {{"prefix_cache", "no"}}}}, "kvlingo.prefix_cache"},
   };
   for (const auto& [extra, param] : fields) {
