@@ -63,6 +63,14 @@ absl::Status CheckText(const std::string& param, const std::string& text, int64_
   return absl::OkStatus();
 }
 
+// A message's role; `at` names the message.
+absl::StatusOr<std::string> RoleOf(const Json& message, const std::string& at) {
+  if (!message.is_object()) return WrongType(at, "an object", message);
+  auto role = message.find("role");
+  if (role == message.end() || !role->is_string()) return Bad(at + ".role", "required, a string");
+  return role->get<std::string>();
+}
+
 // A message's content: a string, or an array of {"type": "text", "text"}
 // parts, joined.
 absl::StatusOr<std::string> ContentOf(const Json& message, const std::string& at) {
@@ -188,9 +196,8 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body_t
   for (; i < messages->size(); ++i) {
     const Json& m = (*messages)[i];
     const std::string at = absl::StrCat("messages[", i, "]");
-    if (!m.is_object()) return WrongType(at, "an object", m);
-    auto role = m.find("role");
-    if (role == m.end() || !role->is_string()) return Bad(at + ".role", "required, a string");
+    absl::StatusOr<std::string> role = RoleOf(m, at);
+    if (!role.ok()) return role.status();
     if (*role != "system" && *role != "developer") break;
     absl::StatusOr<std::string> content = ContentOf(m, at);
     if (!content.ok()) return content.status();
@@ -211,10 +218,9 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body_t
   for (; i < messages->size(); ++i) {
     const Json& m = (*messages)[i];
     const std::string at = absl::StrCat("messages[", i, "]");
-    if (!m.is_object()) return WrongType(at, "an object", m);
-    auto role = m.find("role");
-    if (role == m.end() || !role->is_string()) return Bad(at + ".role", "required, a string");
-    const std::string r = role->get<std::string>();
+    absl::StatusOr<std::string> role = RoleOf(m, at);
+    if (!role.ok()) return role.status();
+    const std::string& r = *role;
     if (r == "tool" || r == "function") return Bad(at + ".role", "tool calls are not served");
     if (r == "system" || r == "developer") {
       return Bad(at + ".role",
@@ -352,56 +358,35 @@ ApiError ApiErrorOf(const absl::Status& status) {
     const std::string head = e.message.substr(0, colon);
     if (head.find_first_of(" '\"") == std::string::npos) e.param = head;
   }
-  switch (status.code()) {
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kFailedPrecondition:
-      e.http_status = 400;
-      e.type = "invalid_request_error";
-      break;
-    case absl::StatusCode::kOutOfRange:
-      e.http_status = 400;
-      e.type = "invalid_request_error";
-      e.code = "context_length_exceeded";
-      break;
-    case absl::StatusCode::kUnauthenticated:
-      e.http_status = 401;
-      e.type = "authentication_error";
-      e.code = "invalid_api_key";
-      break;
-    case absl::StatusCode::kPermissionDenied:
-      e.http_status = 403;
-      e.type = "permission_error";
-      break;
-    case absl::StatusCode::kNotFound:
-      e.http_status = 404;
-      e.type = "invalid_request_error";
-      if (e.param == "model") e.code = "model_not_found";
-      break;
-    case absl::StatusCode::kResourceExhausted:
-      e.http_status = 429;
-      e.type = "rate_limit_error";
-      e.code = "rate_limit_exceeded";
-      break;
-    case absl::StatusCode::kAborted:
-      e.http_status = 409;
-      e.type = "conflict_error";
-      break;
-    case absl::StatusCode::kUnavailable:
-      e.http_status = 503;
-      e.type = "service_unavailable";
-      break;
-    case absl::StatusCode::kDeadlineExceeded:
-      e.http_status = 504;
-      e.type = "timeout";
-      break;
-    case absl::StatusCode::kCancelled:
-      e.http_status = 499;
-      e.type = "cancelled";
-      break;
-    default:
-      e.http_status = 500;
-      e.type = "server_error";
-      break;
+  struct Mapping {
+    absl::StatusCode code;
+    int http_status;
+    const char* type;
+    const char* error_code;
+  };
+  static constexpr Mapping kMappings[] = {
+      {absl::StatusCode::kInvalidArgument, 400, "invalid_request_error", ""},
+      {absl::StatusCode::kFailedPrecondition, 400, "invalid_request_error", ""},
+      {absl::StatusCode::kOutOfRange, 400, "invalid_request_error", "context_length_exceeded"},
+      {absl::StatusCode::kUnauthenticated, 401, "authentication_error", "invalid_api_key"},
+      {absl::StatusCode::kPermissionDenied, 403, "permission_error", ""},
+      {absl::StatusCode::kNotFound, 404, "invalid_request_error", ""},
+      {absl::StatusCode::kAborted, 409, "conflict_error", ""},
+      {absl::StatusCode::kResourceExhausted, 429, "rate_limit_error", "rate_limit_exceeded"},
+      {absl::StatusCode::kCancelled, 499, "cancelled", ""},
+      {absl::StatusCode::kUnavailable, 503, "service_unavailable", ""},
+      {absl::StatusCode::kDeadlineExceeded, 504, "timeout", ""},
+  };
+  e.http_status = 500;
+  e.type = "server_error";
+  for (const Mapping& m : kMappings) {
+    if (m.code != status.code()) continue;
+    e.http_status = m.http_status;
+    e.type = m.type;
+    e.code = m.error_code;
+  }
+  if (status.code() == absl::StatusCode::kNotFound && e.param == "model") {
+    e.code = "model_not_found";
   }
   return e;
 }

