@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/openai_api.h"
@@ -114,6 +115,9 @@ struct Exchange {
   absl::Status error;  // finished before it started: the response is this error
   std::string body;    // a non-streamed response
   std::atomic<bool> cancelled{false};
+  // The X-Kvl-Timeout-Ms header's deadline, when the request has one.
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+  bool Expired() const { return deadline && std::chrono::steady_clock::now() >= *deadline; }
 
   void Push(std::string frame, bool start = false) {
     {
@@ -279,9 +283,14 @@ void OpenAiHttpServer::Impl::Serve(const Caller& caller, const CompletionRequest
   for (const CompletionRequest::Turn& t : request.history) {
     keys.push_back(PrefixIndex::Extend(keys.back(), t.user, t.assistant));
   }
-  auto cancelled = [this, ex] { return ex->cancelled.load() || stopping.load(); };
+  auto cancelled = [this, ex] { return ex->cancelled.load() || stopping.load() || ex->Expired(); };
   auto fail = [&](const absl::Status& status) {
-    const absl::Status shown = ForClient(caller.tenant, status);
+    absl::Status shown = ForClient(caller.tenant, status);
+    if (absl::IsCancelled(status) && ex->Expired() && !ex->cancelled) {
+      shown = absl::DeadlineExceededError(
+          "the request's deadline (X-Kvl-Timeout-Ms) passed; the turn was stopped and the "
+          "conversation left as it was");
+    }
     bool started;
     {
       std::lock_guard<std::mutex> lock(ex->mu);
@@ -427,6 +436,19 @@ void OpenAiHttpServer::Impl::Completions(const httplib::Request& req, httplib::R
   }
   absl::StatusOr<Caller> caller = Authorize(req, Right::kChat, "POST /v1/chat/completions");
   if (!caller.ok()) return Reply(req, res, kCompletionsRoute, caller.status());
+  // A deadline, as gRPC's: X-Kvl-Timeout-Ms from receipt.
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+  if (req.has_header("X-Kvl-Timeout-Ms")) {
+    const std::string text = req.get_header_value("X-Kvl-Timeout-Ms");
+    int64_t ms = 0;
+    if (!absl::SimpleAtoi(text, &ms) || ms < 1 || ms > int64_t{24} * 3600 * 1000) {
+      return Reply(
+          req, res, kCompletionsRoute,
+          absl::InvalidArgumentError(absl::StrCat(
+              "X-Kvl-Timeout-Ms: expected milliseconds in [1, 86400000], got '", text, "'")));
+    }
+    deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  }
   absl::StatusOr<CompletionRequest> request = ParseCompletionRequest(req.body, deps.limits);
   if (!request.ok()) return Reply(req, res, kCompletionsRoute, request.status());
   int model = -1;
@@ -460,6 +482,7 @@ void OpenAiHttpServer::Impl::Completions(const httplib::Request& req, httplib::R
   admission->holds_turn = true;
 
   auto ex = std::make_shared<Exchange>();
+  ex->deadline = deadline;
   const bool stream = request->stream;
   deps.pool->Submit([this, caller = *caller, request = *std::move(request), model, ex, admission] {
     Serve(caller, request, model, ex);

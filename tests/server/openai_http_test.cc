@@ -357,6 +357,27 @@ TEST_F(OpenAiHttpTest, AClosedStreamCancelsItsTurn) {
   EXPECT_EQ(after, before + 1);
 }
 
+// X-Kvl-Timeout-Ms is the request's deadline, as gRPC's: a turn still running
+// when it passes stops, and the client gets 504.
+TEST_F(OpenAiHttpTest, ADeadlineStopsTheTurn) {
+  httplib::Client client = Client();
+  const Json body = {{"model", "kvl-large"},
+                     {"max_tokens", 2000},
+                     {"temperature", 2.0},
+                     {"seed", 5},
+                     {"messages", {{{"role", "user"}, {"content", "Tell a long tale."}}}}};
+  httplib::Result r = client.Post("/v1/chat/completions", {{"X-Kvl-Timeout-Ms", "100"}},
+                                  body.dump(), "application/json");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 504) << r->body;
+  EXPECT_EQ(Json::parse(r->body)["error"]["type"], "timeout") << r->body;
+  r = client.Post("/v1/chat/completions", {{"X-Kvl-Timeout-Ms", "soon"}}, body.dump(),
+                  "application/json");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_EQ(Json::parse(r->body)["error"]["param"], "X-Kvl-Timeout-Ms") << r->body;
+}
+
 // A request that regenerates a reply (the same request again) or edits the
 // history finds the conversation's session gone on past its prefix: the
 // session is forked at the longest prefix the request shares with it, and the

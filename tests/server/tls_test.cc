@@ -80,11 +80,20 @@ class TlsTest : public ::testing::Test {
     std::unique_ptr<testing::Subprocess> process;
     std::string address;
     int metrics_port = 0;
+    int http_port = 0;  // the OpenAI API's, when started with it
   };
 
-  static Running Start(const Json& tls) {
-    const Json config = {{"server", {{"tls", tls}}}, {"models", Json::array()}};
-    const std::string file = dir_->WriteFile("server-" + std::to_string(++n_) + ".json", config.dump());
+  // With `api`, the OpenAI API too, on kvl-small (an API needs a model).
+  static Running Start(const Json& tls, bool api = false) {
+    Json config = {{"server", {{"tls", tls}}}, {"models", Json::array()}};
+    if (api) {
+      config["server"]["http_address"] = "127.0.0.1:0";
+      config["models"] = {
+          {{"name", "kvl-small"}, {"path", std::string(KVL_SOURCE_DIR) + "/models/kvl-small"}}};
+      config["routing"] = {{"default_model", "kvl-small"}};
+    }
+    const std::string file =
+        dir_->WriteFile("server-" + std::to_string(++n_) + ".json", config.dump());
     auto port = testing::FindFreeLoopbackPort();
     EXPECT_TRUE(port.ok());
     Running r;
@@ -95,6 +104,14 @@ class TlsTest : public ::testing::Test {
     auto line = (*process)->WaitForLine(testing::Stream::kStdout, "listening on", 30s);
     EXPECT_TRUE(line.ok()) << line.status();
     if (line.ok()) r.metrics_port = std::stoi(line->substr(line->rfind(':') + 1));
+    if (api) {
+      const std::string out = (*process)->stdout_text();
+      const size_t at = out.find("OpenAI API on 127.0.0.1:");
+      EXPECT_NE(at, std::string::npos) << out;
+      if (at != std::string::npos) {
+        r.http_port = std::stoi(out.substr(at + std::string("OpenAI API on 127.0.0.1:").size()));
+      }
+    }
     r.process = *std::move(process);
     return r;
   }
@@ -102,13 +119,13 @@ class TlsTest : public ::testing::Test {
   // GET /metrics over HTTPS, trusting `ca`'s certificates, presenting
   // `client`'s certificate when given; the HTTP status, or -1 when the
   // connection or the handshake failed. *body gets the response's body.
-  static int MetricsOverTls(const Running& r, const std::string& ca,
-                            const std::string& client = "", std::string* body = nullptr) {
+  static int MetricsOverTls(const Running& r, const std::string& ca, const std::string& client = "",
+                            std::string* body = nullptr) {
     std::unique_ptr<httplib::SSLClient> c =
-        client.empty() ? std::make_unique<httplib::SSLClient>("127.0.0.1", r.metrics_port)
-                       : std::make_unique<httplib::SSLClient>("127.0.0.1", r.metrics_port,
-                                                               Path(client + ".pem"),
-                                                               Path(client + ".key"));
+        client.empty()
+            ? std::make_unique<httplib::SSLClient>("127.0.0.1", r.metrics_port)
+            : std::make_unique<httplib::SSLClient>("127.0.0.1", r.metrics_port,
+                                                   Path(client + ".pem"), Path(client + ".key"));
     c->set_ca_cert_path(Path(ca + ".pem").c_str());
     c->enable_server_certificate_verification(true);
     c->set_connection_timeout(5);
@@ -203,6 +220,27 @@ TEST_F(TlsTest, MetricsOverHttpsWithTheSameCertificateAndPlainHttpRefused) {
   EXPECT_TRUE(Call(server, Tls("ca")).ok());
 }
 
+// The OpenAI API serves HTTPS with server.tls's files, to clients trusting
+// its CA; plain HTTP and a stranger's trust get nothing.
+TEST_F(TlsTest, TheOpenAiApiIsHttpsWithTheSameCertificate) {
+  Running server = Start({{"cert_file", "server.pem"}, {"key_file", "server.key"}}, true);
+  ASSERT_GT(server.http_port, 0);
+  auto models = [&](const std::string& ca) {
+    httplib::SSLClient c("127.0.0.1", server.http_port);
+    c.set_ca_cert_path(Path(ca + ".pem").c_str());
+    c.enable_server_certificate_verification(true);
+    c.set_connection_timeout(5);
+    c.set_read_timeout(5);
+    httplib::Result res = c.Get("/v1/models");
+    return res ? res->status : -1;
+  };
+  EXPECT_EQ(models("ca"), 200);
+  EXPECT_EQ(models("rogue"), -1);
+  absl::StatusOr<testing::HttpResponse> plain =
+      testing::HttpGet("127.0.0.1", server.http_port, "/v1/models", 5s);
+  EXPECT_TRUE(!plain.ok() || plain->status != 200);
+}
+
 TEST_F(TlsTest, MetricsWithAClientCaServesOnlyClientsWithItsCertificates) {
   Running server = Start({{"cert_file", "server.pem"},
                           {"key_file", "server.key"},
@@ -231,8 +269,8 @@ TEST_F(TlsTest, ARotatedCertificateServesNewHandshakesAndOpenConnectionsStay) {
   Sign("server2", "ca2", "localhost");
   Replace("server.pem", "live.pem");
   Replace("server.key", "live.key");
-  Running server = Start(
-      {{"cert_file", "live.pem"}, {"key_file", "live.key"}, {"reload_interval_seconds", 1}});
+  Running server =
+      Start({{"cert_file", "live.pem"}, {"key_file", "live.key"}, {"reload_interval_seconds", 1}});
   const std::shared_ptr<grpc::Channel> before = Channel(server, Tls("ca"));
   ASSERT_TRUE(CallOn(before).ok());
   EXPECT_EQ(Call(server, Tls("ca2")).error_code(), grpc::StatusCode::UNAVAILABLE);
@@ -242,7 +280,8 @@ TEST_F(TlsTest, ARotatedCertificateServesNewHandshakesAndOpenConnectionsStay) {
   // The watcher runs every second; give a loaded machine ample time.
   const auto deadline = std::chrono::steady_clock::now() + 30s;
   grpc::Status rotated;
-  while (!(rotated = Call(server, Tls("ca2"))).ok() && std::chrono::steady_clock::now() < deadline) {
+  while (!(rotated = Call(server, Tls("ca2"))).ok() &&
+         std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(200ms);
   }
   EXPECT_TRUE(rotated.ok()) << "the new certificate was not served within 30 s: "
@@ -286,8 +325,9 @@ TEST_F(TlsTest, AGarbageCertificateOrAStrangersKeyStopsTheStart) {
 }
 
 TEST_F(TlsTest, AMissingKeyFileStopsTheStartNamingTheKey) {
-  const Json config = {{"server", {{"tls", {{"cert_file", "server.pem"}, {"key_file", "nope.key"}}}}},
-                       {"models", Json::array()}};
+  const Json config = {
+      {"server", {{"tls", {{"cert_file", "server.pem"}, {"key_file", "nope.key"}}}}},
+      {"models", Json::array()}};
   const std::string file = dir_->WriteFile("missing.json", config.dump());
   auto run = testing::RunProcess({KVL_SERVER_BIN, "--config", file, "--listen", "127.0.0.1:0",
                                   "--metrics-address", "127.0.0.1:0"},
@@ -296,9 +336,10 @@ TEST_F(TlsTest, AMissingKeyFileStopsTheStartNamingTheKey) {
   EXPECT_NE(run->exit_code, 0);
   EXPECT_THAT(run->err, HasSubstr("server.tls.key_file"));
   // Half a pair is a config error.
-  const Json half = {{"server", {{"tls", {{"cert_file", "server.pem"}}}}}, {"models", Json::array()}};
-  auto bad = testing::RunProcess({KVL_SERVER_BIN, "--config", dir_->WriteFile("half.json", half.dump())},
-                                 30s);
+  const Json half = {{"server", {{"tls", {{"cert_file", "server.pem"}}}}},
+                     {"models", Json::array()}};
+  auto bad = testing::RunProcess(
+      {KVL_SERVER_BIN, "--config", dir_->WriteFile("half.json", half.dump())}, 30s);
   ASSERT_TRUE(bad.ok());
   EXPECT_EQ(bad->exit_code, 2);
   EXPECT_THAT(bad->err, HasSubstr("server.tls"));
