@@ -371,6 +371,21 @@ TEST_F(OpenAiHttpTest, ADeadlineStopsTheTurn) {
   ASSERT_TRUE(r) << httplib::to_string(r.error());
   EXPECT_EQ(r->status, 504) << r->body;
   EXPECT_EQ(Json::parse(r->body)["error"]["type"], "timeout") << r->body;
+  // Streamed: once the stream has begun, the deadline comes as an error event
+  // before [DONE] (or, if it passed before the first event, as the 504).
+  Json streamed = body;
+  streamed["stream"] = true;
+  r = client.Post("/v1/chat/completions", {{"X-Kvl-Timeout-Ms", "400"}}, streamed.dump(),
+                  "application/json");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  if (r->status == 200) {
+    const size_t error = r->body.find("data: {\"error\":");
+    ASSERT_NE(error, std::string::npos) << r->body;
+    EXPECT_NE(r->body.find("\"type\":\"timeout\"", error), std::string::npos) << r->body;
+    EXPECT_EQ(r->body.substr(r->body.size() - 14), "data: [DONE]\n\n") << r->body;
+  } else {
+    EXPECT_EQ(r->status, 504) << r->body;
+  }
   r = client.Post("/v1/chat/completions", {{"X-Kvl-Timeout-Ms", "soon"}}, body.dump(),
                   "application/json");
   ASSERT_TRUE(r) << httplib::to_string(r.error());
