@@ -10,6 +10,7 @@ namespace kvl::tools {
 using Args = std::vector<std::string>;
 
 int RunTokenize(const Args& args);   // tools/tokenize_cmd.cc
+int RunAlignTokens(const Args& args);  // tools/align_tokens_cmd.cc
 int RunLogits(const Args& args);     // tools/logits_cmd.cc
 int RunGenerate(const Args& args);   // tools/generate_cmd.cc
 int RunInitModel(const Args& args);  // tools/init_model_cmd.cc

@@ -19,6 +19,7 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"tokenize", "tokenize JSON strings from stdin (or --decode id arrays)", kvl::tools::RunTokenize},
+    {"align-tokens", "align two tokenizers' encodings of JSON strings from stdin in matching groups", kvl::tools::RunAlignTokens},
     {"logits", "print a model's logits for a list of token ids as JSON", kvl::tools::RunLogits},
     {"generate", "stream a model's continuation of a prompt", kvl::tools::RunGenerate},
     {"init-model", "write a randomly initialised checkpoint", kvl::tools::RunInitModel},
