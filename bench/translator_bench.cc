@@ -85,6 +85,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "base/flags.h"
 #include "model/checkpoint.h"
@@ -187,6 +188,7 @@ int main(int argc, char** argv) {
   kvl::DType model_dtype = kvl::DType::kFloat32;
   std::string out_path, save_dir, configs = "models/configs";
   std::vector<int64_t> contexts = {64, 256, 1024, 4096, 8192};
+  std::vector<int64_t> native_layers;
   int64_t tail = 32;  // (e): the target's own share of the prefix
   int64_t anchor_window = 8;  // as the committed translators
   int64_t anchor_rank = 0;    // the table's width: the target's hidden size
@@ -207,6 +209,19 @@ int main(int argc, char** argv) {
                      return absl::InvalidArgumentError("expected positive integers");
                    }
                    contexts.push_back(t);
+                 }
+                 return absl::OkStatus();
+               });
+  flags.Custom("native-layers", "K,K,...",
+               "also time the native-depth dial's switch with each k (random residual maps)",
+               [&](const std::string& v) -> absl::Status {
+                 native_layers.clear();
+                 for (absl::string_view x : absl::StrSplit(v, ',')) {
+                   int64_t k = 0;
+                   if (!absl::SimpleAtoi(x, &k) || k < 0) {
+                     return absl::InvalidArgumentError("expected non-negative integers");
+                   }
+                   native_layers.push_back(k);
                  }
                  return absl::OkStatus();
                });
@@ -373,6 +388,30 @@ int main(int argc, char** argv) {
     const std::unique_ptr<kvl::Translator> tr =
         RandomTranslator(dir.source->config(), dir.target->config(), band, dir.inputs, compute,
                          anchor_window, anchor_rank);
+    // Random residual maps for the dial's k (timing depends on shapes only):
+    // each reads the keys and values of the source's last min(L_s, 6) layers.
+    {
+      const kvl::ModelConfig& sc = dir.source->config();
+      const kvl::ModelConfig& tc = dir.target->config();
+      std::vector<kvl::ResidualMap> maps;
+      for (int64_t k : native_layers) {
+        if (k <= 0 || k >= tc.n_layer) continue;
+        kvl::ResidualMap m;
+        m.layer = tc.n_layer - k;
+        for (int64_t sl = std::max<int64_t>(0, sc.n_layer - 6); sl < sc.n_layer; ++sl) {
+          m.source_layers.push_back(sl);
+        }
+        const int64_t in =
+            2 * static_cast<int64_t>(m.source_layers.size()) * sc.n_head_kv * sc.head_dim;
+        m.weight = at::randn({tc.hidden_size, in}) * 0.01;
+        m.bias = at::zeros({tc.hidden_size});
+        if (anchor_window > 0) {
+          m.anchor = at::randn({tc.hidden_size, anchor_window * tr->anchor_table().size(1)}) * 0.01;
+        }
+        maps.push_back(std::move(m));
+      }
+      Check(tr->SetResidualMaps(std::move(maps), 0, "translator_bench: random"));
+    }
     Check(tr->MoveTo(device_name));
     if (!save_dir.empty()) {
       // The file a real-shape translator makes: saved, loaded back, and the
@@ -422,7 +461,7 @@ int main(int argc, char** argv) {
          "new + decode | (d) prefill 256 new | (d)/(c) | translate-only ms | translate / (a) | "
          "translate GFLOP/s | GEMM GFLOP/s | % of GEMM |");
     emit("|---|---|---|---|---|---|---|---|---|---|---|---|");
-    std::vector<std::string> parts, caches, inside;
+    std::vector<std::string> parts, caches, inside, dial;
     // Written before each "cold" translation: more than the translation's
     // own data, so that none of it is left in the caches.
     at::Tensor elsewhere = at::empty({kElsewhereBytes}, at::kByte);
@@ -562,6 +601,33 @@ int main(int argc, char** argv) {
         caches.push_back(absl::StrCat("| ", t, " | ", warm, " | ", in_a, " | ", cold, " | ", slept,
                                       " |"));
       }
+      for (int64_t k : native_layers) {
+        // The dial's switch: (a) with the top k layers of [0, t-1) computed
+        // by the target from the predicted residual (k >= L: from its
+        // embeddings), as the router runs it.
+        const int64_t n_layer = dir.target->config().n_layer;
+        const int64_t first = std::max<int64_t>(0, n_layer - k);
+        const std::vector<int64_t> span = slice(0, t - 1);
+        const double ak = best(runs, [&] {
+          std::unique_ptr<kvl::KvCache> cache = dir.target->NewCache();
+          Check(cache->Reserve(t));
+          {
+            kvl::SerialIntraOpScope serial;
+            const kvl::KvTaps src = Check(source_cache->Taps(0, t - 1));
+            const kvl::KvTaps out = Check(tr->Translate(src, kProduct, span_ids(0, t - 1)));
+            Check(cache->Accept(out.keys, out.values));
+            if (k > 0) {
+              at::Tensor hidden;
+              if (first > 0) hidden = Check(tr->PredictResidual(src, first, span_ids(0, t - 1)));
+              Check(dir.target->ForwardLayers(*cache, 0, span, hidden, first));
+            }
+          }
+          Check(dir.target->Decode(*cache, ids[t - 1]).status());
+        });
+        dial.push_back(absl::StrFormat("| %lld | %lld | %.2f | %.2f | %.1fx | %.2f |", (long long)t,
+                                       (long long)std::min(k, n_layer), 1e3 * ak, 1e3 * b, b / ak,
+                                       static_cast<double>(std::min(k, n_layer)) / n_layer));
+      }
       const double gemm = gemm_rate();
       const double tr_gflops = TranslateFlops(*tr, static_cast<double>(t)) / tr_s / 1e9;
       std::snprintf(
@@ -582,6 +648,11 @@ int main(int argc, char** argv) {
       emit(rule + "---|");
       for (const std::string& row : rows) emit(row);
     };
+    if (!dial.empty()) {
+      table("the native-depth dial: (a) with the target's top k layers computed from a predicted "
+            "residual (ms, best of runs)",
+            "| context T | k | (a_k) switch + decode | (b) re-prefill | (b)/(a_k) | k / L |", dial);
+    }
     if (switch_only) continue;
     const std::string runs_each = absl::StrCat("(ms, min / median of ", 8 * repeat, " runs each)");
     table("(a) part by part, and the hybrid (e) (ms, best of runs each)",

@@ -231,8 +231,42 @@ at::Tensor WindowMask(int64_t block, int64_t n_group, int64_t first_key, int64_t
 }  // namespace
 
 std::vector<at::Tensor> Decoder::ForwardBatch(const std::vector<Row>& rows) {
+  return RunRows(rows, Pass{});
+}
+
+void Decoder::ForwardLayers(KvCache& cache, int64_t position, const at::Tensor& ids,
+                            const at::Tensor& hidden, int64_t first_layer) {
+  TORCH_CHECK(first_layer >= 0 && first_layer < config_.n_layer, "ForwardLayers: first layer ",
+              first_layer, " outside [0, ", config_.n_layer, ")");
+  TORCH_CHECK(hidden.defined() || first_layer == 0,
+              "ForwardLayers: a residual stream is needed above layer 0");
+  const int64_t n_tokens = hidden.defined() ? hidden.size(0) : ids.numel();
+  TORCH_CHECK(!hidden.defined() || (hidden.dim() == 2 && hidden.size(1) == config_.hidden_size),
+              "ForwardLayers: hidden must be [T, ", config_.hidden_size, "]");
+  TORCH_CHECK(position >= 0 && position + n_tokens <= cache.Length(), "ForwardLayers: tokens [",
+              position, ", ", position + n_tokens, ") are not all in the line of ",
+              cache.Length());
+  Pass pass;
+  pass.position = position;
+  pass.hidden = hidden;
+  pass.first_layer = first_layer;
+  RunRows({Row{&cache, hidden.defined() ? at::zeros({n_tokens}, at::kLong) : ids, false}}, pass);
+}
+
+at::Tensor Decoder::ForwardResiduals(KvCache& cache, const at::Tensor& ids) {
+  at::Tensor residuals;
+  Pass pass;
+  pass.residuals = &residuals;
+  RunRows({Row{&cache, ids, false}}, pass);
+  return residuals;
+}
+
+std::vector<at::Tensor> Decoder::RunRows(const std::vector<Row>& rows, const Pass& pass) {
   c10::InferenceMode inference;
   TORCH_CHECK(!rows.empty(), "ForwardBatch: no rows");
+  const bool rewrite = pass.position >= 0;
+  TORCH_CHECK((!rewrite && pass.residuals == nullptr) || rows.size() == 1,
+              "a layer pass runs one row");
   const size_t n_rows = rows.size();
   const bool single = n_rows == 1;
   const int64_t n_head = config_.n_head, n_head_kv = config_.n_head_kv, d = config_.head_dim;
@@ -255,7 +289,7 @@ std::vector<at::Tensor> Decoder::ForwardBatch(const std::vector<Row>& rows) {
                   " share a cache line");
     }
     n[r] = row.ids.numel();
-    p0[r] = row.cache->Length();
+    p0[r] = rewrite ? pass.position : row.cache->Length();
     off[r + 1] = off[r] + n[r];
     // Query blocks bound the scores buffer [H, block * G, keys].
     block[r] = std::clamp<int64_t>(max_scores_bytes_ / (n_head * (p0[r] + n[r]) * score_elem), 1,
@@ -283,9 +317,18 @@ std::vector<at::Tensor> Decoder::ForwardBatch(const std::vector<Row>& rows) {
     if (block[r] > 1) diag_masks[r] = DiagonalMask(block[r], n_group, options_);
   }
 
-  const at::Tensor ids_dev = ids_all.to(options_.device(), at::kLong);
-  at::Tensor x = at::embedding(embed_tokens_, ids_dev);  // [T, E]
-  if (config_.scale_embeddings) x.mul_(embed_scale_);
+  at::Tensor x;  // [T, E]
+  if (pass.hidden.defined()) {
+    x = pass.hidden.to(options_.device(), dtype_).clone();
+  } else {
+    const at::Tensor ids_dev = ids_all.to(options_.device(), at::kLong);
+    x = at::embedding(embed_tokens_, ids_dev);
+    if (config_.scale_embeddings) x.mul_(embed_scale_);
+  }
+  if (pass.residuals != nullptr) {
+    *pass.residuals = at::empty({config_.n_layer + 1, total, config_.hidden_size},
+                                x.options().dtype(at::kFloat));
+  }
   // Queries in the layout the grouped attention matmul reads: [H, T, G, D].
   at::Tensor q_buf = at::empty({n_head_kv, total, n_group, d}, options_);
   const at::Tensor q_dst = q_buf.permute({1, 0, 2, 3});  // [T, H, G, D] view
@@ -315,8 +358,9 @@ std::vector<at::Tensor> Decoder::ForwardBatch(const std::vector<Row>& rows) {
   }
   std::vector<float> raw_scratch(static_cast<size_t>(n_group * longest_raw));
 
-  for (size_t il = 0; il < layers_.size(); ++il) {
+  for (size_t il = static_cast<size_t>(pass.first_layer); il < layers_.size(); ++il) {
     const Layer& w = layers_[il];
+    if (pass.residuals != nullptr) (*pass.residuals)[static_cast<int64_t>(il)].copy_(x);
     // A windowed layer's query at position p sees keys (p - window, p].
     const int64_t window = config_.AttentionWindow(static_cast<int64_t>(il));
     const at::Tensor h = ops::RmsNorm(x, w.input_layernorm, eps);
@@ -445,6 +489,8 @@ std::vector<at::Tensor> Decoder::ForwardBatch(const std::vector<Row>& rows) {
       x.add_(mlp_out);
     }
   }
+  if (pass.residuals != nullptr) (*pass.residuals)[config_.n_layer].copy_(x);
+  if (rewrite) return {};
   for (size_t r = 0; r < n_rows; ++r) rows[r].cache->Commit(n[r], /*native=*/true);
 
   // The hidden states the rows want logits for: all of a row's, or its last.

@@ -85,7 +85,33 @@ class Decoder {
   };
   std::vector<at::Tensor> ForwardBatch(const std::vector<Row>& rows);
 
+  // The native-depth dial's pass (router/router.h, docs/translators.md
+  // "Native layers"): runs layers [first_layer, L) for the line's tokens at
+  // [position, position + T) from their residual stream `hidden` [T, E] at
+  // the input of first_layer (any float dtype; undefined with first_layer 0:
+  // the embeddings of ids [T]), overwriting those layers' keys and values
+  // there. Attention reads the line's keys and values of [0, position + T) as
+  // they are (so these layers before `position` must hold what the model
+  // would have written there). The line's length and spans are unchanged;
+  // no logits. Must run under c10::InferenceMode. Throws c10::Error on bad
+  // input (position + T past Length(), first_layer outside [0, L)).
+  void ForwardLayers(KvCache& cache, int64_t position, const at::Tensor& ids,
+                     const at::Tensor& hidden, int64_t first_layer);
+  // Forward of one row that also returns the residual stream at the input
+  // of every layer and of the final norm: [L + 1, T, E] float32 (layer L's
+  // entry is what the final norm reads). For fitting residual maps
+  // (training/residual_fit.h).
+  at::Tensor ForwardResiduals(KvCache& cache, const at::Tensor& ids);
+
  private:
+  // What a pass changes from ForwardBatch's (one row only when set).
+  struct Pass {
+    int64_t position = -1;     // >= 0: rewrite layers at [position, position + T)
+    at::Tensor hidden;         // the residual at first_layer's input
+    int64_t first_layer = 0;
+    at::Tensor* residuals = nullptr;  // ForwardResiduals' output
+  };
+  std::vector<at::Tensor> RunRows(const std::vector<Row>& rows, const Pass& pass);
   struct Layer;
   Decoder() = default;
   // The gated MLP: down(act(gate(h)) * up(h)), gate and up fused as

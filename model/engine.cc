@@ -159,6 +159,67 @@ absl::StatusOr<at::Tensor> Engine::Prefill(KvCache& cache, const std::vector<int
   return result;
 }
 
+absl::Status Engine::ForwardLayers(KvCache& cache, int64_t position,
+                                   const std::vector<int64_t>& ids, const at::Tensor& hidden,
+                                   int64_t first_layer) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  if (n == 0) return absl::InvalidArgumentError("a layer pass needs at least one token");
+  if (position < 0 || position + n > cache.Length()) {
+    return absl::InvalidArgumentError(absl::StrCat("a layer pass over tokens [", position, ", ",
+                                                   position + n, ") of a line of ",
+                                                   cache.Length()));
+  }
+  if (first_layer < 0 || first_layer >= config_.n_layer) {
+    return absl::InvalidArgumentError(absl::StrCat("a layer pass from layer ", first_layer,
+                                                   " of a model of ", config_.n_layer));
+  }
+  if (hidden.defined() ? (hidden.dim() != 2 || hidden.size(0) != n ||
+                          hidden.size(1) != config_.hidden_size)
+                       : first_layer != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a layer pass from layer ", first_layer, " over ", n, " tokens needs a residual stream [",
+        n, ", ", config_.hidden_size, "], got ",
+        hidden.defined() ? c10::str(hidden.sizes()) : std::string("none")));
+  }
+  for (int64_t id : ids) {
+    if (id < 0 || id >= config_.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", id, " outside the vocabulary"));
+    }
+  }
+  return Guarded("layer pass", [&]() -> absl::StatusOr<at::Tensor> {
+           c10::InferenceMode inference;
+           const at::Tensor all =
+               at::from_blob(const_cast<int64_t*>(ids.data()), {n}, at::kLong);
+           for (int64_t i0 = 0; i0 < n; i0 += options_.prefill_chunk) {
+             const int64_t nc = std::min(options_.prefill_chunk, n - i0);
+             decoder_->ForwardLayers(cache, position + i0, all.narrow(0, i0, nc),
+                                     hidden.defined() ? hidden.narrow(0, i0, nc) : at::Tensor(),
+                                     first_layer);
+           }
+           return at::Tensor();
+         })
+      .status();
+}
+
+absl::StatusOr<at::Tensor> Engine::PrefillResiduals(KvCache& cache,
+                                                    const std::vector<int64_t>& ids) {
+  KVL_RETURN_IF_ERROR(CheckIds(cache, ids));
+  const int64_t n_start = cache.Length();
+  absl::StatusOr<at::Tensor> result = Guarded("prefill", [&]() -> absl::StatusOr<at::Tensor> {
+    c10::InferenceMode inference;
+    const int64_t n = static_cast<int64_t>(ids.size());
+    const at::Tensor all = at::from_blob(const_cast<int64_t*>(ids.data()), {n}, at::kLong);
+    std::vector<at::Tensor> parts;
+    for (int64_t i0 = 0; i0 < n; i0 += options_.prefill_chunk) {
+      const int64_t nc = std::min(options_.prefill_chunk, n - i0);
+      parts.push_back(decoder_->ForwardResiduals(cache, all.narrow(0, i0, nc)).cpu());
+    }
+    return at::cat(parts, 1);
+  });
+  if (!result.ok()) (void)cache.Rollback(n_start);
+  return result;
+}
+
 absl::StatusOr<at::Tensor> Engine::Decode(KvCache& cache, int64_t id) {
   return Prefill(cache, {id});
 }

@@ -228,6 +228,20 @@ class Engine {
   };
   absl::StatusOr<std::vector<at::Tensor>> ForwardBatch(const std::vector<BatchRow>& rows);
 
+  // The native-depth dial (Decoder::ForwardLayers), in chunks of
+  // options().prefill_chunk: layers [first_layer, L) of the line's tokens
+  // ids at [position, position + T), from their residual stream `hidden`
+  // [T, E] at first_layer's input (undefined at layer 0: the embeddings of
+  // ids). InvalidArgument for a bad range, layer, ids or shape; the line's
+  // length and spans never change (on an error its top layers at those
+  // positions may hold part of the pass: the caller drops the span).
+  absl::Status ForwardLayers(KvCache& cache, int64_t position, const std::vector<int64_t>& ids,
+                             const at::Tensor& hidden, int64_t first_layer);
+  // Prefills ids (one chunk per options().prefill_chunk) and returns the
+  // residual stream at the input of every layer and of the final norm,
+  // [L + 1, T, E] float32 (Decoder::ForwardResiduals). Errors as Prefill's.
+  absl::StatusOr<at::Tensor> PrefillResiduals(KvCache& cache, const std::vector<int64_t>& ids);
+
   // InvalidArgument for empty ids or ids outside the vocabulary, OutOfRange
   // when cache plus ids would pass max_position_embeddings.
   absl::Status CheckIds(const KvCache& cache, const std::vector<int64_t>& ids) const;

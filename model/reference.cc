@@ -128,12 +128,28 @@ ReferenceOutput ReferenceForward(const ModelConfig& config, const ModelWeights& 
                                                        : static_cast<double>(d));
 
   ReferenceOutput out;
-  at::Tensor x = at::embedding(weights.embed_tokens, ids);  // [B, T, E]
-  if (config.scale_embeddings) {
+  TORCH_CHECK(options.first_layer == 0 || (options.hidden.defined() && !has_prefix),
+              "a forward from layer ", options.first_layer, " needs its hidden input, no prefix");
+  if (options.hidden.defined()) {
+    TORCH_CHECK(options.hidden.dim() == 3 && options.hidden.size(0) == n_batch &&
+                    options.hidden.size(1) == n_tokens &&
+                    options.hidden.size(2) == config.hidden_size,
+                "hidden must be [B, T, E]");
+  }
+  at::Tensor x = options.hidden.defined() ? options.hidden.to(dtype)
+                                          : at::embedding(weights.embed_tokens, ids);  // [B, T, E]
+  if (config.scale_embeddings && !options.hidden.defined()) {
     // Gemma: times sqrt(E) as a tensor in the weights' dtype.
     x = x * at::scalar_tensor(std::sqrt(static_cast<double>(config.hidden_size)), opts);
   }
   for (size_t il = 0; il < weights.layers.size(); ++il) {
+    if (static_cast<int64_t>(il) < options.first_layer) {
+      if (options.capture_kv) {
+        out.keys_prenorm.emplace_back();
+        out.values.emplace_back();
+      }
+      continue;
+    }
     const LayerWeights& w = weights.layers[il];
     const auto [cos, sin] = RopeCosSin(config, static_cast<int64_t>(il), n_prefix, n_tokens, opts);
     const auto [cos_prefix, sin_prefix] =
@@ -179,6 +195,7 @@ ReferenceOutput ReferenceForward(const ModelConfig& config, const ModelWeights& 
       x = x + Mlp(config, w, RmsNorm(config, x, w.post_attention_layernorm));
     }
   }
+  if (options.no_logits) return out;
   x = RmsNorm(config, x, weights.norm);
   if (options.last_logits_only) x = x.narrow(1, n_tokens - 1, 1);
   at::Tensor logits = at::linear(x, weights.lm_head);

@@ -51,6 +51,15 @@ struct ReferenceOptions {
   bool last_logits_only = false;
   // The attention of each layer; null: EagerAttention (the oracle's).
   AttentionFn attention;
+  // Start at layer first_layer from `hidden` [B, T, E], the residual stream
+  // at its input, instead of the embeddings of ids (which then only give
+  // B and T); the layers below it are skipped, and with capture_kv their
+  // entries are undefined tensors. Without a prefix. The native-depth
+  // dial's distillation (training/residual_fit.h).
+  int64_t first_layer = 0;
+  at::Tensor hidden;
+  // Stop after the layers (no final norm or logits: `logits` undefined).
+  bool no_logits = false;
 };
 
 struct ReferenceOutput {

@@ -71,6 +71,13 @@ struct BatchScheduler::Request {
   bool PromptDone() const { return fed >= ids->size(); }
 };
 
+struct BatchScheduler::PassRequest {
+  const std::function<absl::Status(Engine&)>* pass = nullptr;
+  const Hooks* hooks = nullptr;
+  absl::Status status;
+  Completion done;
+};
+
 BatchScheduler::BatchScheduler(Engine& engine, SchedulerOptions options, Callbacks callbacks)
     : engine_(engine), options_(options), callbacks_(std::move(callbacks)) {
   thread_ = std::thread([this] { Loop(); });
@@ -160,6 +167,38 @@ absl::StatusOr<at::Tensor> BatchScheduler::Prefill(KvCache& cache, const std::ve
   if (!all_logits) return request.last_logits;
   c10::InferenceMode guard;
   return at::cat(request.logit_rows, 0);
+}
+
+absl::Status BatchScheduler::RunPass(const std::function<absl::Status(Engine&)>& pass,
+                                    const Hooks& hooks) {
+  PassRequest request;
+  request.pass = &pass;
+  request.hooks = &hooks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return absl::UnavailableError("the model's scheduler is shutting down");
+    passes_.push_back(&request);
+  }
+  work_.notify_one();
+  request.done.Wait();
+  return request.status;
+}
+
+void BatchScheduler::RunPasses() {
+  std::deque<PassRequest*> passes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    passes.swap(passes_);
+  }
+  for (PassRequest* p : passes) {
+    if (p->hooks->cancelled && p->hooks->cancelled()) {
+      p->status = absl::CancelledError("the pass was cancelled");
+    } else {
+      if (p->hooks->on_admitted) p->hooks->on_admitted();
+      p->status = (*p->pass)(engine_);
+    }
+    p->done.Notify();  // the caller may free the request from here on
+  }
 }
 
 void BatchScheduler::Finish(Request* request, absl::Status status) {
@@ -371,18 +410,27 @@ void BatchScheduler::Loop() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      if (active_.empty()) work_.wait(lock, [this] { return stop_ || !waiting_.empty(); });
+      if (active_.empty()) {
+        work_.wait(lock, [this] { return stop_ || !waiting_.empty() || !passes_.empty(); });
+      }
       if (stop_) break;
     }
+    RunPasses();
     if (BuildStep(&rows, &tokens)) RunStep(rows, tokens);
   }
   // Shutting down: everything still here fails.
   const absl::Status gone = absl::UnavailableError("the model's scheduler is shutting down");
   for (Request* r : std::vector<Request*>(active_)) Finish(r, gone);
   std::deque<Request*> left;
+  std::deque<PassRequest*> left_passes;
   {
     std::lock_guard<std::mutex> lock(mu_);
     left.swap(waiting_);
+    left_passes.swap(passes_);
+  }
+  for (PassRequest* p : left_passes) {
+    p->status = gone;
+    p->done.Notify();
   }
   for (Request* r : left) {
     r->status = gone;

@@ -111,13 +111,25 @@ class BatchScheduler {
                                      Priority priority = Priority::kInteractive,
                                      const Hooks& hooks = {});
 
+  // Runs `pass` on the engine loop's thread before its next step and blocks
+  // until it has run: a model pass that is neither a prefill nor a
+  // generation (the router's native-depth dial, Engine::ForwardLayers), so
+  // that only the loop drives the engine. Passes run in arrival order, ahead
+  // of the step being built. Unavailable when the scheduler is stopping;
+  // Cancelled when hooks.cancelled says so before it runs; else the pass's
+  // own status.
+  absl::Status RunPass(const std::function<absl::Status(Engine&)>& pass, const Hooks& hooks = {});
+
   int running() const;
   int waiting() const;
   const SchedulerOptions& options() const { return options_; }
 
  private:
   struct Request;
+  struct PassRequest;
   absl::Status Submit(Request& request);
+  // Runs the passes queued so far (the loop's thread).
+  void RunPasses();
   void Loop();
   // Builds the next step from active_ and the queue; false when there is
   // nothing to run (stopping, or everything waiting was cancelled).
@@ -130,12 +142,13 @@ class BatchScheduler {
   const SchedulerOptions options_;
   const Callbacks callbacks_;
 
-  // mu_ guards waiting_, n_active_ and stop_ (no ABSL_GUARDED_BY: clang's
+  // mu_ guards waiting_, passes_, n_active_ and stop_ (no ABSL_GUARDED_BY: clang's
   // thread-safety analysis rejects libstdc++'s unannotated std::mutex).
-  // work_ wakes the idle loop when a request queues or stop_ is set.
+  // work_ wakes the idle loop when a request or pass queues or stop_ is set.
   mutable std::mutex mu_;
   std::condition_variable work_;
   std::deque<Request*> waiting_;
+  std::deque<PassRequest*> passes_;
   int n_active_ = 0;
   bool stop_ = false;
   // The loop thread's own (no lock): requests admitted, in admission order.

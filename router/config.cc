@@ -24,7 +24,7 @@ std::optional<Setting> SettingOf(const absl::Status& status) {
   if (!payload.has_value()) return std::nullopt;
   const std::string text(*payload);
   if (text.size() != 1 || text[0] < '0' ||
-      text[0] > '0' + static_cast<int>(Setting::kMaxHistoryTokens)) {
+      text[0] > '0' + static_cast<int>(Setting::kNativeLayers)) {
     return std::nullopt;
   }
   return static_cast<Setting>(text[0] - '0');

@@ -75,6 +75,7 @@ enum class Setting {
   kRules,             // PolicyConfig::rules
   kMaxWaitingTurns,   // AdmissionLimits::max_waiting_turns
   kMaxHistoryTokens,  // AdmissionLimits::max_history_tokens
+  kNativeLayers,      // TurnOptions::native_layers
 };
 
 // `status` with `setting` attached (status unchanged when OK).

@@ -119,8 +119,16 @@ absl::StatusOr<std::unique_ptr<Router>> LoadRouter(const std::vector<ModelSource
                    "nats/token",
                    t.name, e->data, e->windows, e->recovered, e->gap_nats);
     }
-    loaded_translators.push_back(
-        {t.name, t.path, t.source, t.target, *std::move(loaded), std::move(refused)});
+    const int64_t native_layers = t.native_layers.value_or((*loaded)->spec().native_layers);
+    if (absl::Status s = CheckNativeLayers(**loaded, native_layers); !s.ok()) {
+      return Annotate(s, where);
+    }
+    if (native_layers > 0) {
+      spdlog::info("translator {}: switches compute the top {} of {} target layers natively",
+                   t.name, native_layers, (*loaded)->spec().target.n_layer);
+    }
+    loaded_translators.push_back({t.name, t.path, t.source, t.target, *std::move(loaded),
+                                  std::move(refused), native_layers});
   }
   return Router::Create(std::move(models), std::move(loaded_translators),
                         std::move(shared_tokenizer), std::move(config), store, observer);

@@ -40,6 +40,11 @@ struct TranslatorSource {
   // The load-time quality gate's minimum for this pair; unset: the routing
   // configuration's (RouterConfig::load_gate).
   std::optional<double> min_recovered, max_gap_nats;
+  // The native-depth dial's k for this pair's switches (Translator's
+  // ResidualMap; 0: translate every layer, >= the target's depth: compute
+  // every layer); unset: what the translator file stamps. A k in [1, L_t)
+  // needs the file's residual map of layer L_t - k (else InvalidArgument).
+  std::optional<int64_t> native_layers;
 };
 
 // Why the load-time quality gate refuses a translator with `evaluation`

@@ -65,6 +65,8 @@ const char* CachePathName(CachePath path) {
       return "restored";
     case CachePath::kNativeTail:
       return "native-tail";
+    case CachePath::kHybrid:
+      return "hybrid";
   }
   return "?";
 }

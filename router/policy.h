@@ -29,8 +29,11 @@ enum class Strategy { kTranslate, kReprefill, kReprefillMissing };
 //                without cache lines, and the model prefilled the history;
 //   kNativeTail  the model kept its line's start and prefilled only the tail
 //                it lacked (strategy "reprefill-missing", or a span nothing
-//                could translate), nothing translated.
-enum class CachePath { kNative, kTranslated, kReprefill, kRestored, kNativeTail };
+//                could translate), nothing translated;
+//   kHybrid      a missing span was translated in the lower layers and its top
+//                layers computed natively (the native-depth dial: k native
+//                layers, RoutingEvent::native_layers).
+enum class CachePath { kNative, kTranslated, kReprefill, kRestored, kNativeTail, kHybrid };
 // Background repair of translated lines (router/repair.h): off; after-turn
 // (each line a turn left with translated spans is recomputed natively as soon
 // as the turn ends, giving way to turns waiting for its model between chunks);
@@ -38,12 +41,12 @@ enum class CachePath { kNative, kTranslated, kReprefill, kRestored, kNativeTail 
 // model).
 enum class RepairMode { kOff, kAfterTurn, kIdleOnly };
 inline constexpr int kNumPolicies = 5;
-inline constexpr int kNumCachePaths = 5;
+inline constexpr int kNumCachePaths = 6;
 inline constexpr int kNumStrategies = 3;
 
 const char* PolicyName(Policy policy);        // "fixed", "explicit", ..., as configured
 const char* StrategyName(Strategy strategy);  // "translate", "reprefill", "reprefill-missing"
-// "native", "translated", "reprefill", "restored", "native-tail"
+// "native", "translated", "reprefill", "restored", "native-tail", "hybrid"
 const char* CachePathName(CachePath path);
 const char* RepairModeName(RepairMode mode);  // "off", "after-turn", "idle-only"
 // The inverses of PolicyName and StrategyName; InvalidArgument listing the

@@ -356,6 +356,7 @@ absl::Status Router::Handover(Work& work, int model, int64_t upto, int64_t extra
   if (run_from != nullptr) *run_from = stop;
 
   RoutingEvent& ev = work.result.routing;
+  bool hybrid = false;
   for (size_t i = 0; i < n_steps; ++i) {
     const PlanStep& step = plan.steps[i];
     if (work.Cancelled()) return absl::CancelledError("the client cancelled the turn");
@@ -364,7 +365,18 @@ absl::Status Router::Handover(Work& work, int model, int64_t upto, int64_t extra
       SerialIntraOpScope serial;
       absl::StatusOr<KvTaps> taps = lease.line(step.source)->Taps(step.begin, step.end);
       if (!taps.ok()) return taps.status();
-      const Translator& translator = *by_pair_[step.source][model]->translator;
+      const LoadedTranslator& entry = *by_pair_[step.source][model];
+      const Translator& translator = *entry.translator;
+      const bool overridden = work.options != nullptr && work.options->native_layers.has_value();
+      const int64_t native_layers =
+          overridden ? *work.options->native_layers : entry.native_layers;
+      if (overridden) {
+        if (absl::Status s = CheckNativeLayers(translator, native_layers); !s.ok()) {
+          return WithSetting(
+              absl::InvalidArgumentError(absl::StrCat("translator ", entry.name, ": ", s.message())),
+              Setting::kNativeLayers);
+        }
+      }
       // Token-anchored maps read the span's ids and up to W-1 before it.
       std::vector<int64_t> ids;
       if (const int64_t w = translator.spec().anchor_window; w > 0) {
@@ -380,6 +392,36 @@ absl::Status Router::Handover(Work& work, int model, int64_t upto, int64_t extra
       absl::StatusOr<KvTaps> moved = translator.Translate(*taps, Translator::Output::kProduct, ids);
       if (!moved.ok()) return moved.status();
       KVL_RETURN_IF_ERROR(line->Accept(moved->keys, moved->values));
+      if (native_layers > 0) {
+        // The native-depth dial: the top layers computed by the target from
+        // the predicted residual stream (k >= L: from its embeddings), on
+        // its engine loop.
+        const int64_t n_layer = translator.spec().target.n_layer;
+        const int64_t first = std::max<int64_t>(0, n_layer - native_layers);
+        at::Tensor hidden;
+        absl::Status s;
+        if (first > 0) {
+          absl::StatusOr<at::Tensor> predicted = translator.PredictResidual(*taps, first, ids);
+          if (predicted.ok()) hidden = *std::move(predicted);
+          s = predicted.status();
+        }
+        if (s.ok()) {
+          const std::vector<int64_t> span(work.history.begin() + step.begin,
+                                          work.history.begin() + step.end);
+          BatchScheduler::Hooks hooks;
+          hooks.on_admitted = [&work] { work.MarkStarted(); };
+          hooks.cancelled = [&work] { return work.Cancelled(); };
+          s = models_[model]->scheduler->RunPass(
+              [&](Engine& e) { return e.ForwardLayers(*line, step.begin, span, hidden, first); },
+              hooks);
+        }
+        if (!s.ok()) {
+          (void)line->Rollback(step.begin);
+          return s;
+        }
+        ev.native_layers = std::max(ev.native_layers, std::min(native_layers, n_layer));
+        hybrid = true;
+      }
       const double dt = Seconds(t0, Clock::now());
       ev.translation_seconds += dt;
       work.result.switch_seconds += dt;
@@ -398,12 +440,34 @@ absl::Status Router::Handover(Work& work, int model, int64_t upto, int64_t extra
   ev.spans_translated += plan.spans_translated;
   ev.tokens_translated += plan.tokens_translated;
   ev.tokens_reprefilled += plan.tokens_reprefilled;
+  if (hybrid && plan.path == CachePath::kTranslated) plan.path = CachePath::kHybrid;
   TORCH_CHECK(line->Length() == stop);
   work.plan = std::move(plan);
   return absl::OkStatus();
 }
 
+absl::Status CheckNativeLayers(const Translator& translator, int64_t k) {
+  const int64_t n_layer = translator.spec().target.n_layer;
+  if (k < 0) return absl::InvalidArgumentError(absl::StrCat("native layers ", k, " < 0"));
+  if (k == 0 || k >= n_layer || translator.ResidualFor(n_layer - k) != nullptr) {
+    return absl::OkStatus();
+  }
+  std::string have;
+  for (const ResidualMap& m : translator.residual_maps()) {
+    absl::StrAppend(&have, have.empty() ? "" : ", ", n_layer - m.layer);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      k, " native layers need the residual map of target layer ", n_layer - k,
+      ", which the translator file lacks (it serves k = 0, ", have.empty() ? "" : have + ", ",
+      n_layer, " and more; kvl fit-residual adds maps)"));
+}
+
 absl::Status Router::ValidateTurn(const TurnOptions& options) const {
+  if (options.native_layers && *options.native_layers < 0) {
+    return WithSetting(absl::InvalidArgumentError(absl::StrCat(
+                           "native layers must be >= 0, got ", *options.native_layers)),
+                       Setting::kNativeLayers);
+  }
   const Policy policy = options.policy.value_or(config_.policy.policy);
   if (options.explicit_model >= n_models()) {
     return WithSetting(absl::InvalidArgumentError(absl::StrCat("the turn names model index ",
@@ -625,7 +689,8 @@ absl::StatusOr<GenerateResult> Router::HandOverAndGenerate(Work& work, int model
   // A translated turn keeps what the translated line gave its tokens, for the
   // repair to compare with the native line (OnSwitchFidelity).
   g.record_logprobs = config_.switching.repair != RepairMode::kOff &&
-                      path == CachePath::kTranslated && committed.last_model >= 0 &&
+                      (path == CachePath::kTranslated || path == CachePath::kHybrid) &&
+                      committed.last_model >= 0 &&
                       committed.last_model != model;
   g.on_token = [&](int64_t id, std::string_view text) {
     const Clock::time_point now = Clock::now();

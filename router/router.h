@@ -86,7 +86,14 @@ struct LoadedTranslator {
   // this says why; the pair's switches re-prefill, reported as a gate closed
   // until the translator is loaded again.
   std::string refused;
+  // The native-depth dial's k for this pair (TranslatorSource::native_layers,
+  // checked by CheckNativeLayers); a turn may override it.
+  int64_t native_layers = 0;
 };
+
+// InvalidArgument unless `translator` can serve switches with k native
+// layers: k >= 0, and for k in [1, L_t) a residual map of layer L_t - k.
+absl::Status CheckNativeLayers(const Translator& translator, int64_t k);
 
 struct TurnResult;
 
@@ -95,6 +102,9 @@ struct TurnOptions {
   std::optional<Policy> policy;    // unset: the configured policy
   int explicit_model = -1;         // the request's model, -1 when none
   std::optional<Strategy> strategy;
+  // The native-depth dial for this turn's translated spans (LoadedTranslator::
+  // native_layers); unset: each pair's own.
+  std::optional<int64_t> native_layers;
   int64_t max_tokens = 256;
   SamplingParams sampling;
   std::optional<uint64_t> seed;  // unset: a fresh random seed
@@ -129,6 +139,8 @@ struct RoutingEvent {
   CachePath path = CachePath::kNative;
   int64_t spans_translated = 0, tokens_translated = 0, tokens_reprefilled = 0;
   double translation_seconds = 0;
+  // The most native layers any translated span used (0: translated only).
+  int64_t native_layers = 0;
 };
 
 struct TurnResult {

@@ -158,6 +158,7 @@ absl::StatusOr<TurnRequest> ParseChatRequest(const kvlingo::v1::ChatRequest& req
     }
     out.explicit_model = static_cast<int>(it - model_names.begin());
   }
+  if (hints.has_native_layers()) out.native_layers = hints.native_layers();
   switch (hints.strategy()) {
     case kvlingo::v1::SWITCH_STRATEGY_UNSPECIFIED:
       break;

@@ -445,7 +445,8 @@ absl::Status ParseTranslators(const Json& j, const std::string& path, const std:
     KVL_RETURN_IF_ERROR(ExpectObject(e, at));
     KVL_RETURN_IF_ERROR(CheckKeys(
         e, at,
-        {"name", "source", "target", "path", "compute_dtype", "min_recovered", "max_gap_nats"}));
+        {"name", "source", "target", "path", "compute_dtype", "min_recovered", "max_gap_nats",
+         "native_layers"}));
     TranslatorEntry t;
     std::string source, target;
     size_t compute = 0;  // "auto"
@@ -456,6 +457,11 @@ absl::Status ParseTranslators(const Json& j, const std::string& path, const std:
     if (s.ok()) s = ReadOptionalNumber(e, "min_recovered", at, 0, 1, &t.min_recovered);
     if (s.ok()) s = ReadOptionalNumber(e, "max_gap_nats", at, 0, std::numeric_limits<double>::max(),
                                              &t.max_gap_nats);
+    if (s.ok() && Find(e, "native_layers") != nullptr) {
+      int64_t k = 0;
+      s = ReadInt(e, "native_layers", at, 0, 1 << 20, &k);
+      t.native_layers = k;
+    }
     if (s.ok()) s = ReadRequiredString(e, "source", at, &source);
     if (s.ok()) s = ReadRequiredString(e, "target", at, &target);
     if (s.ok()) s = ReadRequiredString(e, "path", at, &t.path);

@@ -75,7 +75,7 @@ const std::vector<double> kTranslationBuckets = {0.0001, 0.00025, 0.0005, 0.001,
 const std::vector<double> kDivergenceBuckets = {-0.1, 0, 0.01, 0.03, 0.1, 0.3, 1, 3};
 constexpr std::array<router::CachePath, router::kNumCachePaths> kPaths = {
     router::CachePath::kNative, router::CachePath::kTranslated, router::CachePath::kReprefill,
-    router::CachePath::kRestored, router::CachePath::kNativeTail};
+    router::CachePath::kRestored, router::CachePath::kNativeTail, router::CachePath::kHybrid};
 constexpr std::array<router::Strategy, router::kNumStrategies> kStrategies = {
     router::Strategy::kTranslate, router::Strategy::kReprefill,
     router::Strategy::kReprefillMissing};

@@ -132,7 +132,8 @@ Json ExtensionOf(const ServedPrompt& s) {
               {"request_turns", s.request_turns},
               {"conversation_id", s.conversation_id},
               {"time_to_first_token_seconds", s.time_to_first_token_seconds},
-              {"translation_seconds", s.translation_seconds}};
+              {"translation_seconds", s.translation_seconds},
+              {"native_layers", s.native_layers}};
 }
 
 }  // namespace
@@ -336,10 +337,18 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body_t
         out.use_prefix_cache = value.get<bool>();
         continue;
       }
+      if (key == "native_layers") {
+        if (!value.is_number_integer() || value.get<int64_t>() < 0) {
+          return WrongType("kvlingo.native_layers", "a non-negative integer", value);
+        }
+        out.native_layers = value.get<int64_t>();
+        continue;
+      }
       if (key != "strategy") {
         // The key is the client's text: it goes in the message, not in param.
-        return Bad("kvlingo", absl::StrCat("unknown field '", key,
-                                           "' (kvlingo accepts: strategy, prefix_cache)"));
+        return Bad("kvlingo",
+                   absl::StrCat("unknown field '", key,
+                                "' (kvlingo accepts: strategy, prefix_cache, native_layers)"));
       }
       if (!value.is_string()) return WrongType("kvlingo.strategy", "a string", value);
       absl::StatusOr<router::Strategy> strategy = router::ParseStrategy(value.get<std::string>());

@@ -49,6 +49,10 @@ struct CompletionRequest {
   // "kvlingo": {"prefix_cache": false}: the request finds no cached prefix
   // (its conversation is prefilled, then cached as any other).
   bool use_prefix_cache = true;
+  // "kvlingo": {"native_layers": k}: the native-depth dial for this request's
+  // translated spans (gRPC's RoutingHints.native_layers); unset: each
+  // translator's own.
+  std::optional<int64_t> native_layers;
 };
 
 // InvalidArgument naming the field as OpenAI's `param` does ("messages[2].role:
@@ -97,6 +101,7 @@ struct ServedPrompt {
   std::string conversation_id;  // the prefix cache's session (GetSession shows its lines)
   double time_to_first_token_seconds = 0;
   double translation_seconds = 0;
+  int64_t native_layers = 0;  // RoutingEvent::native_layers
 };
 
 // "stop" for a stop token or string, "length" when max_tokens ran out.

@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "router/config.h"
 #include "server/openai_api.h"
 #include "spdlog/spdlog.h"
 
@@ -286,6 +287,9 @@ void OpenAiHttpServer::Impl::Serve(const Caller& caller, const CompletionRequest
   auto cancelled = [this, ex] { return ex->cancelled.load() || stopping.load() || ex->Expired(); };
   auto fail = [&](const absl::Status& status) {
     absl::Status shown = ForClient(caller.tenant, status);
+    if (router::SettingOf(status) == router::Setting::kNativeLayers) {
+      shown = absl::Status(shown.code(), absl::StrCat("kvlingo.native_layers: ", shown.message()));
+    }
     if (absl::IsCancelled(status) && ex->Expired() && !ex->cancelled) {
       shown = absl::DeadlineExceededError(
           "the request's deadline (X-Kvl-Timeout-Ms) passed; the turn was stopped and the "
@@ -333,6 +337,7 @@ void OpenAiHttpServer::Impl::Serve(const Caller& caller, const CompletionRequest
     options.policy = router::Policy::kExplicit;
     options.explicit_model = reader;
     options.strategy = request.strategy;
+    options.native_layers = request.native_layers;
     options.cancelled = cancelled;
     options.on_commit = commit(options.user_message);
     absl::StatusOr<router::TurnResult> read = deps.router->RunTurn(session_id, options, {});
@@ -354,6 +359,7 @@ void OpenAiHttpServer::Impl::Serve(const Caller& caller, const CompletionRequest
     options.explicit_model = model;
   }
   options.strategy = request.strategy;
+  options.native_layers = request.native_layers;
   options.max_tokens = request.max_tokens;
   options.sampling = request.sampling;
   options.seed = request.seed;
@@ -373,6 +379,7 @@ void OpenAiHttpServer::Impl::Serve(const Caller& caller, const CompletionRequest
     served.switched = ev.switched;
     served.strategy = ev.switched ? router::StrategyName(ev.strategy) : "";
     served.path = router::CachePathName(ev.path);
+    served.native_layers = ev.native_layers;
     if (request.stream)
       ex->Push(SseFrame(ChunkJson(id, created, served.model, DeltaJson("", true), "")), true);
   };

@@ -297,6 +297,8 @@ kvlingo::v1::CachePath ToProto(router::CachePath p) {
       return kvlingo::v1::CACHE_PATH_RESTORED;
     case router::CachePath::kNativeTail:
       return kvlingo::v1::CACHE_PATH_NATIVE_TAIL;
+    case router::CachePath::kHybrid:
+      return kvlingo::v1::CACHE_PATH_HYBRID;
   }
   return kvlingo::v1::CACHE_PATH_UNSPECIFIED;
 }
@@ -890,6 +892,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ChatServiceImpl::Chat(
       d->set_tokens_translated(static_cast<uint32_t>(ev.tokens_translated));
       d->set_tokens_reprefilled(static_cast<uint32_t>(ev.tokens_reprefilled));
       d->set_translation_seconds(ev.translation_seconds);
+      d->set_native_layers(static_cast<uint32_t>(ev.native_layers));
       streamed.push_back(r);
       reactor->Enqueue(std::move(r));
     };

@@ -66,6 +66,8 @@ absl::string_view ServerKey(router::Setting setting) {
       return "limits.max_waiting_turns_per_model";
     case router::Setting::kMaxHistoryTokens:
       return "limits.max_history_tokens";
+    case router::Setting::kNativeLayers:
+      return "routing.native_layers";
   }
   return "routing";
 }

@@ -39,6 +39,7 @@ const char* PathName(kvlingo::v1::CachePath path) {
     case kvlingo::v1::CACHE_PATH_REPREFILL: return "reprefill";
     case kvlingo::v1::CACHE_PATH_RESTORED: return "restored";
     case kvlingo::v1::CACHE_PATH_NATIVE_TAIL: return "native-tail";
+    case kvlingo::v1::CACHE_PATH_HYBRID: return "hybrid";
     default: return "?";
   }
 }

@@ -19,6 +19,8 @@ int RunTrainTokenizer(const Args& args);  // tools/train_tokenizer_cmd.cc
 int RunTrainLm(const Args& args);    // tools/train_lm_cmd.cc
 int RunEval(const Args& args);       // tools/eval_cmd.cc
 int RunFit(const Args& args);        // tools/fit_cmd.cc
+int RunFitResidual(const Args& args);  // tools/fit_residual_cmd.cc
+int RunDistillResidual(const Args& args);  // tools/distill_residual_cmd.cc
 int RunDistill(const Args& args);    // tools/distill_cmd.cc
 int RunEvalTranslator(const Args& args);  // tools/eval_translator_cmd.cc
 int RunEvalSwitch(const Args& args);      // tools/eval_switch_cmd.cc

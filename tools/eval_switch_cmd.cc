@@ -19,6 +19,7 @@ int RunEvalSwitch(const Args& args) {
   training::SwitchEvalOptions o;
   std::string tasks = "facts,kv,arith", tails = "0,32", translate_dtype = "auto", json_path;
   bool quiet = false;
+  int64_t native_layers = -1;
   FlagSet flags(
       "kvl eval-switch",
       "Generated conversations (datagen's facts, kv, ... items, a seed of their own)\n"
@@ -53,6 +54,9 @@ int RunEvalSwitch(const Args& args) {
   flags.Add("max-new-tokens", &o.max_new_tokens, "N", "greedy answer length limit");
   flags.Choice("translate-dtype", &translate_dtype, {"auto", "float32", "bfloat16"},
                "the translation's arithmetic (auto: the server's default)");
+  flags.Add("native-layers", &native_layers, "K",
+            "the translate conditions compute the target's top K layers natively from the "
+            "translator's residual map (default: the file's own; 0: translate every layer)");
   flags.Add("threads", &o.n_threads, "N", "intra-op threads, 0: all cores");
   flags.Add("json", &json_path, "FILE", "also write the figures as JSON");
   flags.Switch("quiet", &quiet, "no progress bar on stderr");
@@ -67,6 +71,8 @@ int RunEvalSwitch(const Args& args) {
     o.native_tails.push_back(tail);
   }
   if (translate_dtype != "auto") o.translate_dtype = *ParseDType(translate_dtype);
+  if (native_layers < -1) return flags.UsageError("--native-layers must be >= 0");
+  if (native_layers >= 0) o.native_layers = native_layers;
   o.progress = !quiet;
 
   absl::StatusOr<training::SwitchEvalReport> report = training::RunSwitchEval(o);

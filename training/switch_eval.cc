@@ -121,7 +121,8 @@ absl::StatusOr<ConditionRouter> MakeConditionRouter(const SwitchEvalOptions& o, 
   c.repair = repair;
   std::vector<router::TranslatorSource> translators;
   if (!o.translator_path.empty()) {
-    translators.push_back({"source->target", 0, 1, o.translator_path, o.translate_dtype, {}, {}});
+    translators.push_back(
+        {"source->target", 0, 1, o.translator_path, o.translate_dtype, {}, {}, o.native_layers});
   }
   absl::Status s = LoadPairRouter(o.source_dir, o.target_dir, std::move(translators), strategy,
                                   native_tail, repair, o.n_threads, nullptr, &c.store, &c.router);
@@ -571,8 +572,8 @@ absl::StatusOr<ConversationEvalReport> RunConversationEval(const ConversationEva
     return absl::InvalidArgumentError("the conversations switch both ways: give both translators");
   }
   const std::vector<router::TranslatorSource> translators = {
-      {"first->second", 0, 1, o.forward_translator, o.translate_dtype, {}, {}},
-      {"second->first", 1, 0, o.reverse_translator, o.translate_dtype, {}, {}}};
+      {"first->second", 0, 1, o.forward_translator, o.translate_dtype, {}, {}, {}},
+      {"second->first", 1, 0, o.reverse_translator, o.translate_dtype, {}, {}, {}}};
   std::vector<StrategyRouter> routers;
   for (auto [name, strategy, repair, live] :
        std::vector<std::tuple<std::string, router::Strategy, bool, bool>>{

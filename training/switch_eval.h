@@ -68,6 +68,9 @@ struct SwitchEvalOptions {
   int64_t max_new_tokens = 24;
   int n_threads = 0;
   std::optional<DType> translate_dtype;  // unset: FastestTranslateDtype()
+  // The native-depth dial of the translate conditions (router::
+  // TranslatorSource::native_layers); unset: the translator file's default.
+  std::optional<int64_t> native_layers;
   bool progress = true;
 };
 

@@ -515,6 +515,7 @@ absl::Status Translator::MoveTo(const std::string& device_name) {
     }
     to(rows);
     to(weight);
+    PrepareResidual(device);
     prepared_keys_ = std::move(keys);
     prepared_values_ = std::move(values);
     anchor_lookup_ = std::move(lookup);
@@ -648,6 +649,29 @@ void AddAnchorRows(const Element* table, int64_t d, const std::vector<int64_t>& 
   }
 }
 
+// Translate's ids padded to W-1 ids before the span of n_tokens (-1: before
+// the conversation's start). InvalidArgument for too few or too many ids, or
+// an id outside the table.
+absl::StatusOr<std::vector<int64_t>> PaddedAnchorIds(const std::vector<int64_t>& ids,
+                                                    int64_t n_tokens, int64_t w, int64_t vocab) {
+  const int64_t n_ids = static_cast<int64_t>(ids.size());
+  const int64_t n_before = n_ids - n_tokens;
+  if (n_before < 0 || n_before > w - 1) {
+    return absl::InvalidArgumentError(absl::StrCat("token anchors need the span's ", n_tokens,
+                                                   " ids preceded by up to ", w - 1,
+                                                   " earlier ones, got ", n_ids));
+  }
+  std::vector<int64_t> padded(static_cast<size_t>(w - 1 - n_before), -1);
+  for (int64_t id : ids) {
+    if (id < 0 || id >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", id, " is outside the anchor table of ", vocab, " rows"));
+    }
+    padded.push_back(id);
+  }
+  return padded;
+}
+
 // Tokens per chunk of AddAnchors: its float32 buffer (1.5 MB for kvl-small
 // -> kvl-large) stays in cache and is reused, where a whole span's sum was a
 // fresh allocation of 23 MB at 3.8k tokens whose page faults, in the server,
@@ -658,23 +682,11 @@ constexpr int64_t kAnchorChunkTokens = 256;
 
 absl::Status Translator::AddAnchors(const std::vector<int64_t>& ids, KvTaps* out) const {
   const int64_t n_tokens = out->keys.size(2);
-  const int64_t w = spec_.anchor_window, n_ids = static_cast<int64_t>(ids.size());
-  const int64_t n_before = n_ids - n_tokens;
-  if (n_before < 0 || n_before > w - 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "token anchors need the span's ", n_tokens, " ids preceded by up to ", w - 1,
-        " earlier ones, got ", n_ids));
-  }
+  const int64_t w = spec_.anchor_window;
   const int64_t vocab = anchor_table_.size(0);
-  // Padded to W-1 ids before the span; -1: before the conversation's start.
-  std::vector<int64_t> padded(static_cast<size_t>(w - 1 - n_before), -1);
-  for (int64_t id : ids) {
-    if (id < 0 || id >= vocab) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("token id ", id, " is outside the anchor table of ", vocab, " rows"));
-    }
-    padded.push_back(id);
-  }
+  absl::StatusOr<std::vector<int64_t>> padded_ids = PaddedAnchorIds(ids, n_tokens, w, vocab);
+  if (!padded_ids.ok()) return padded_ids.status();
+  const std::vector<int64_t>& padded = *padded_ids;
   const TranslatorEndpoint& t = spec_.target;
   const int64_t width = t.n_layer * t.n_head_kv * t.head_dim, d = 2 * width;
   const at::Tensor buffer = at::empty({std::min(n_tokens, kAnchorChunkTokens), d},
@@ -715,9 +727,12 @@ absl::Status Translator::AddAnchors(const std::vector<int64_t>& ids, KvTaps* out
   return absl::OkStatus();
 }
 
-absl::StatusOr<KvTaps> Translator::Translate(const KvTaps& source, Output output,
-                                             const std::vector<int64_t>& ids) const {
-  const TranslatorEndpoint& s = spec_.source;
+namespace {
+
+// InvalidArgument unless source holds float taps [L_s, H_s, T, D_s] of the
+// same T on `device`.
+absl::Status CheckSourceTaps(const KvTaps& source, const TranslatorEndpoint& s,
+                             const at::Device& device) {
   for (const at::Tensor* t : {&source.keys, &source.values}) {
     if (!t->defined() || t->dim() != 4 || t->size(0) != s.n_layer || t->size(1) != s.n_head_kv ||
         t->size(3) != s.head_dim || !t->is_floating_point()) {
@@ -729,11 +744,162 @@ absl::StatusOr<KvTaps> Translator::Translate(const KvTaps& source, Output output
   if (source.keys.size(2) != source.values.size(2)) {
     return absl::InvalidArgumentError("source keys and values cover different token counts");
   }
-  if (source.keys.device() != device_ || source.values.device() != device_) {
+  if (source.keys.device() != device || source.values.device() != device) {
     return absl::InvalidArgumentError(absl::StrCat(
         "source taps on ", source.keys.device().str(), " and ", source.values.device().str(),
-        ", the translator on ", device_.str(), " (Translator::MoveTo)"));
+        ", the translator on ", device.str(), " (Translator::MoveTo)"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Translator::SetResidualMaps(std::vector<ResidualMap> maps, int64_t native_layers,
+                                         std::string basis) {
+  const TranslatorEndpoint &s = spec_.source, &t = spec_.target;
+  const int64_t e_t = maps.empty() ? 0 : maps.front().weight.size(0);
+  std::vector<ResidualMap> merged = residual_;
+  for (ResidualMap& m : maps) {
+    const std::string which = absl::StrCat("residual map of layer ", m.layer);
+    if (m.layer < 1 || m.layer >= t.n_layer) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(which, ": outside [1, ", t.n_layer, ") of the target"));
+    }
+    if (m.source_layers.empty() ||
+        !std::is_sorted(m.source_layers.begin(), m.source_layers.end()) ||
+        std::adjacent_find(m.source_layers.begin(), m.source_layers.end()) !=
+            m.source_layers.end() ||
+        m.source_layers.front() < 0 || m.source_layers.back() >= s.n_layer) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          which, ": source layers must be distinct, ascending and in [0, ", s.n_layer, ")"));
+    }
+    const int64_t in = 2 * static_cast<int64_t>(m.source_layers.size()) * s.n_head_kv * s.head_dim;
+    const bool anchored = spec_.anchor_window > 0;
+    if (!m.weight.defined() || m.weight.dim() != 2 || m.weight.size(1) != in ||
+        m.weight.size(0) != e_t || e_t < 1 || !m.bias.defined() ||
+        m.bias.sizes() != at::IntArrayRef{e_t} || anchored != m.anchor.defined() ||
+        (anchored && m.anchor.sizes() != at::IntArrayRef{e_t, spec_.anchor_window *
+                                                                  anchor_table_.size(1)})) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          which, ": needs weight [E_t, ", in, "], bias [E_t]",
+          anchored ? absl::StrCat(" and anchor [E_t, ", spec_.anchor_window * anchor_table_.size(1),
+                                  "]")
+                   : std::string(" and no anchor weight"),
+          ", one E_t for every map"));
+    }
+    for (at::Tensor* x : {&m.weight, &m.bias, &m.anchor}) {
+      if (x->defined()) *x = x->detach().to(at::kCPU, at::kFloat).contiguous();
+    }
+    merged.erase(std::remove_if(merged.begin(), merged.end(),
+                                [&m](const ResidualMap& o) { return o.layer == m.layer; }),
+                 merged.end());
+    merged.push_back(std::move(m));
+  }
+  if (!merged.empty() && merged.front().weight.size(0) != merged.back().weight.size(0)) {
+    return absl::InvalidArgumentError("residual maps of different widths");
+  }
+  if (native_layers < 0) return absl::InvalidArgumentError("negative native layers");
+  if (native_layers > 0 && native_layers < t.n_layer &&
+      std::none_of(merged.begin(), merged.end(), [&](const ResidualMap& m) {
+        return m.layer == t.n_layer - native_layers;
+      })) {
+    return absl::InvalidArgumentError(absl::StrCat(native_layers,
+                                                   " native layers need the residual map of layer ",
+                                                   t.n_layer - native_layers));
+  }
+  std::sort(merged.begin(), merged.end(),
+            [](const ResidualMap& a, const ResidualMap& b) { return a.layer < b.layer; });
+  residual_ = std::move(merged);
+  spec_.native_layers = native_layers;
+  spec_.native_layers_basis = std::move(basis);
+  try {
+    PrepareResidual(device_);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("preparing residual maps: ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
+
+void Translator::PrepareResidual(const at::Device& device) {
+  const at::ScalarType compute = compute_ == DType::kBFloat16 ? at::kBFloat16 : at::kFloat;
+  std::vector<PreparedResidual> prepared;
+  for (const ResidualMap& m : residual_) {
+    PreparedResidual p;
+    p.weight_t = m.weight.t().to(device, compute).contiguous();
+    p.bias = m.bias.to(device, compute);
+    if (m.anchor.defined()) p.anchor_t = m.anchor.t().to(device).contiguous();
+    prepared.push_back(std::move(p));
+  }
+  at::Tensor rows;
+  if (!residual_.empty() && anchor_table_.defined()) {
+    rows = at::cat({anchor_table_, at::zeros({1, anchor_table_.size(1)}, at::kFloat)}, 0)
+               .to(device)
+               .contiguous();
+  }
+  residual_prepared_ = std::move(prepared);
+  residual_anchor_rows_ = std::move(rows);
+}
+
+const ResidualMap* Translator::ResidualFor(int64_t layer) const {
+  for (const ResidualMap& m : residual_) {
+    if (m.layer == layer) return &m;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<at::Tensor> Translator::PredictResidual(const KvTaps& source, int64_t layer,
+                                                       const std::vector<int64_t>& ids) const {
+  const TranslatorEndpoint& s = spec_.source;
+  size_t i = 0;
+  while (i < residual_.size() && residual_[i].layer != layer) ++i;
+  if (i == residual_.size()) {
+    return absl::NotFoundError(absl::StrCat("the translator has no residual map of layer ", layer));
+  }
+  KVL_RETURN_IF_ERROR(CheckSourceTaps(source, s, device_));
+  const ResidualMap& m = residual_[i];
+  const PreparedResidual& p = residual_prepared_[i];
+  const int64_t n_tokens = source.keys.size(2);
+  std::vector<int64_t> index;
+  if (spec_.anchor_window > 0) {
+    const int64_t w = spec_.anchor_window, vocab = anchor_table_.size(0);
+    absl::StatusOr<std::vector<int64_t>> padded = PaddedAnchorIds(ids, n_tokens, w, vocab);
+    if (!padded.ok()) return padded.status();
+    index.resize(static_cast<size_t>(n_tokens * w));
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      for (int64_t k = 0; k < w; ++k) {
+        const int64_t id = (*padded)[static_cast<size_t>(t + w - 1 - k)];
+        index[static_cast<size_t>(t * w + k)] = id < 0 ? vocab : id;
+      }
+    }
+  }
+  try {
+    c10::InferenceMode guard;
+    const int64_t nu = static_cast<int64_t>(m.source_layers.size());
+    const at::Tensor x = at::empty({n_tokens, 2, nu, s.n_head_kv, s.head_dim},
+                                   p.weight_t.options());
+    for (int64_t j = 0; j < nu; ++j) {
+      const int64_t sl = m.source_layers[static_cast<size_t>(j)];
+      x.select(1, 0).select(1, j).copy_(source.keys[sl].transpose(0, 1));
+      x.select(1, 1).select(1, j).copy_(source.values[sl].transpose(0, 1));
+    }
+    at::Tensor out = at::addmm(p.bias, x.view({n_tokens, -1}), p.weight_t).to(at::kFloat);
+    if (p.anchor_t.defined()) {
+      const at::Tensor rows =
+          SelectRows(residual_anchor_rows_, at::tensor(index, at::kLong).to(device_))
+              .view({n_tokens, -1});
+      out.add_(at::mm(rows, p.anchor_t));
+    }
+    return out;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("residual map: ", e.what_without_backtrace()));
+  }
+}
+
+absl::StatusOr<KvTaps> Translator::Translate(const KvTaps& source, Output output,
+                                             const std::vector<int64_t>& ids) const {
+  const TranslatorEndpoint& s = spec_.source;
+  KVL_RETURN_IF_ERROR(CheckSourceTaps(source, s, device_));
   try {
     c10::InferenceMode guard;
     // The maps' dtype is the compute dtype; a float32 result comes from
@@ -783,7 +949,22 @@ absl::Status Translator::Save(const std::string& path) const {
     meta["training_history"] = std::move(history);
   }
   if (spec_.evaluation) meta["evaluation"] = EvaluationToJson(*spec_.evaluation);
+  // Written only with residual maps, so other files keep their bytes.
+  if (!residual_.empty() || spec_.native_layers > 0) {
+    nlohmann::json maps = nlohmann::json::array();
+    for (const ResidualMap& m : residual_) {
+      maps.push_back({{"layer", m.layer}, {"source_layers", m.source_layers}});
+    }
+    meta["residual"] = {{"maps", std::move(maps)},
+                        {"native_layers", spec_.native_layers},
+                        {"basis", spec_.native_layers_basis}};
+  }
   std::map<std::string, at::Tensor> tensors;
+  for (const ResidualMap& m : residual_) {
+    tensors[absl::StrCat("residual.", m.layer, ".weight")] = m.weight;
+    tensors[absl::StrCat("residual.", m.layer, ".bias")] = m.bias;
+    if (m.anchor.defined()) tensors[absl::StrCat("residual.", m.layer, ".anchor")] = m.anchor;
+  }
   for (const auto& [maps, side] : {std::pair{&keys_, "keys"}, {&values_, "values"}}) {
     for (size_t il = 0; il < maps->weight.size(); ++il) {
       tensors[absl::StrCat(side, ".", il, ".weight")] = maps->weight[il];
@@ -815,6 +996,9 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Load(const std::string& 
   auto it = file->metadata.find(kMetadataKey);
   if (it == file->metadata.end()) return bad("no kvlingo_translator metadata");
   TranslatorSpec spec;
+  std::vector<ResidualMap> residual;
+  int64_t native_layers = 0;
+  std::string basis;
   try {
     const nlohmann::json meta = nlohmann::json::parse(it->second);
     if (meta.at("format").get<std::string>() != kFormatName) return bad("not a kvlingo translator");
@@ -846,6 +1030,17 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Load(const std::string& 
       }
     }
     if (meta.contains("evaluation")) spec.evaluation = EvaluationFromJson(meta.at("evaluation"));
+    if (meta.contains("residual")) {
+      const nlohmann::json& r = meta.at("residual");
+      native_layers = r.at("native_layers").get<int64_t>();
+      basis = r.value("basis", std::string());
+      for (const nlohmann::json& m : r.at("maps")) {
+        ResidualMap map;
+        map.layer = m.at("layer").get<int64_t>();
+        map.source_layers = m.at("source_layers").get<std::vector<int64_t>>();
+        residual.push_back(std::move(map));
+      }
+    }
   } catch (const nlohmann::json::exception& e) {
     return bad(absl::StrCat("malformed metadata: ", e.what()));
   }
@@ -883,9 +1078,25 @@ absl::StatusOr<std::unique_ptr<Translator>> Translator::Load(const std::string& 
     if (t == file->tensors.end()) return bad("missing tensor anchor.table");
     anchor_table = t->second;
   }
+  for (ResidualMap& m : residual) {
+    for (const auto& [part, dst] : {std::pair{"weight", &m.weight}, {"bias", &m.bias},
+                                    {"anchor", &m.anchor}}) {
+      if (std::string_view(part) == "anchor" && spec.anchor_window == 0) continue;
+      const std::string name = absl::StrCat("residual.", m.layer, ".", part);
+      auto t = file->tensors.find(name);
+      if (t == file->tensors.end()) return bad(absl::StrCat("missing tensor ", name));
+      *dst = t->second;
+    }
+  }
   absl::StatusOr<std::unique_ptr<Translator>> t =
       Create(std::move(spec), std::move(keys), std::move(values), compute, anchor_table);
   if (!t.ok()) return bad(std::string(t.status().message()));
+  if (!residual.empty() || native_layers > 0) {
+    if (absl::Status r = (*t)->SetResidualMaps(std::move(residual), native_layers, basis);
+        !r.ok()) {
+      return bad(std::string(r.message()));
+    }
+  }
   return t;
 }
 

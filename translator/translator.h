@@ -125,6 +125,23 @@ struct TranslatorEvaluation {
   std::string measured_by;          // e.g. "kvl eval-translator"
 };
 
+// The native-depth dial (docs/translators.md, "Native layers"): at a switch
+// with k native layers the target computes its top k layers' keys and values
+// itself (Engine::ForwardLayers) from a predicted residual stream at the
+// input of layer L_t - k; the layers below are translated. A residual map
+// predicts that stream for each token from the keys and values of
+// `source_layers` (pre-norm, as Translate reads them) and, with token
+// anchors, the same anchor rows as the K/V maps:
+//   x = [keys of source_layers..., values of source_layers...]  [T, 2*ν*H_s*D_s]
+//   r = x · weightᵀ + bias (+ a · anchorᵀ, a [T, W*E] as translator.h's)
+struct ResidualMap {
+  int64_t layer = 0;                   // the target layer whose input it predicts, 1..L_t-1
+  std::vector<int64_t> source_layers;  // ascending, in [0, L_s)
+  at::Tensor weight;                   // [E_t, 2*ν*H_s*D_s] float32
+  at::Tensor bias;                     // [E_t] float32
+  at::Tensor anchor;                   // [E_t, W*E] float32; undefined without anchors
+};
+
 struct TranslatorSpec {
   TranslatorEndpoint source, target;
   std::string assignment_kind;  // same_index | relative_depth | top_r2 | greedy | custom
@@ -136,6 +153,12 @@ struct TranslatorSpec {
   TranslatorTraining training;       // the stage that produced these maps
   std::vector<TranslatorTraining> history;  // the stages before it, oldest first
   std::optional<TranslatorEvaluation> evaluation;  // unset: never measured
+  // The native-depth dial's default for this pair (0: translate every
+  // layer), and what it was chosen on (`kvl fit-residual --native-layers`,
+  // experiments/native_depth). A k in [1, L_t) needs the residual map of
+  // layer L_t - k; k >= L_t re-computes every layer.
+  int64_t native_layers = 0;
+  std::string native_layers_basis;
 };
 
 // The weights of one side (keys or values), per target layer.
@@ -213,6 +236,24 @@ class Translator {
                                                           DType compute = DType::kFloat32);
   // Writes the file (safetensors, metadata under __metadata__["kvlingo_translator"]).
   absl::Status Save(const std::string& path) const;
+
+  // Adds residual maps (replacing any for the same layers), and sets the
+  // stamped default of native layers. Call before the translator is shared
+  // (it is immutable from then on). InvalidArgument for a layer outside
+  // [1, L_t), source layers out of range, shapes that do not match, anchors
+  // present or absent unlike the K/V maps', or a default k in [1, L_t)
+  // without the map it needs.
+  absl::Status SetResidualMaps(std::vector<ResidualMap> maps, int64_t native_layers,
+                               std::string basis);
+  const std::vector<ResidualMap>& residual_maps() const { return residual_; }
+  // The map predicting target layer `layer`'s input; null when there is none.
+  const ResidualMap* ResidualFor(int64_t layer) const;
+  // The target's predicted residual stream at the input of `layer` for the
+  // span whose taps are `source` (Translate's), [T, E_t] float32 on
+  // device(). ids as Translate's. NotFound without a map for the layer;
+  // InvalidArgument as Translate's.
+  absl::StatusOr<at::Tensor> PredictResidual(const KvTaps& source, int64_t layer,
+                                             const std::vector<int64_t>& ids = {}) const;
 
   // Places what Translate computes with (the maps in the compute dtype and
   // the anchors) on `device` ("cpu", "cuda", "cuda:N", or any device
@@ -310,6 +351,17 @@ class Translator {
   at::Tensor anchor_rows_, anchor_weight_;
   DType compute_ = DType::kFloat32;
   Prepared prepared_keys_, prepared_values_;
+  std::vector<ResidualMap> residual_;  // float32 on the CPU, by layer
+  // Per residual map (same order): weightᵀ and bias in the compute dtype, and
+  // anchorᵀ float32, on device(); and the anchor table with a zero row after
+  // it [V+1, E] float32 on device() (undefined without maps or anchors).
+  struct PreparedResidual {
+    at::Tensor weight_t, bias, anchor_t;
+  };
+  std::vector<PreparedResidual> residual_prepared_;
+  at::Tensor residual_anchor_rows_;
+  // Builds residual_prepared_ and residual_anchor_rows_ on `device`.
+  void PrepareResidual(const at::Device& device);
   at::Device device_ = at::kCPU;
 };
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -257,6 +258,85 @@ TEST(Engine, StopStringsCutTheTextAndHoldBackPrefixes) {
   opts.token_text = nullptr;
   EXPECT_EQ(engine->Generate(*engine->NewCache(), prompt, opts).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The native-depth dial's engine pass: from the residual stream a native
+// prefill had at layer j's input (PrefillResiduals), ForwardLayers rewrites
+// layers j..L-1 of a span exactly as that prefill wrote them, and leaves the
+// layers below it alone; from layer 0 (the embeddings) the whole span is as
+// a prefill's, so the next token's logits match the reference forward.
+TEST(Engine, LayerPassRewritesTheTopLayersAsThePrefillWroteThem) {
+  Checkpoint c;
+  c.config = TinyConfig({"qwen3", true, false, false, 4, 2}, /*n_layer=*/4);
+  c.config.max_position_embeddings = 64;
+  c.weights = RandomWeights(c.config, 5);
+  auto engine = MakeEngine(c, /*chunk=*/5);
+  const std::vector<int64_t> ids = {3, 17, 9, 44, 2, 8, 60, 31, 5, 5, 12, 40, 7, 1};
+  const int64_t n = static_cast<int64_t>(ids.size()), p = 4, m = n - p;
+  const std::vector<int64_t> span(ids.begin() + p, ids.end());
+
+  auto native = engine->NewCache();
+  auto residuals = engine->PrefillResiduals(*native, ids);
+  ASSERT_TRUE(residuals.ok()) << residuals.status();
+  ASSERT_EQ(residuals->sizes(), (at::IntArrayRef{5, n, 32}));
+  EXPECT_EQ(native->Length(), n);
+  // Layer 0's input is the embeddings.
+  EXPECT_LT(MaxAbsDiff((*residuals)[0], c.weights.embed_tokens.index_select(
+                                            0, at::tensor(ids, at::kLong))),
+            1e-6);
+  // The line is the one Prefill writes.
+  auto prefilled = engine->NewCache();
+  ASSERT_TRUE(engine->Prefill(*prefilled, ids).ok());
+  for (int64_t il = 0; il < 4; ++il) {
+    EXPECT_LT(MaxAbsDiff(native->Keys(il), prefilled->Keys(il)), 1e-6);
+  }
+
+  // A line whose span [p, n) holds foreign entries (random), then the pass.
+  const auto foreign_line = [&] {
+    auto line = engine->NewCache();
+    EXPECT_TRUE(engine->Prefill(*line, std::vector<int64_t>(ids.begin(), ids.begin() + p)).ok());
+    at::manual_seed(3);
+    EXPECT_TRUE(line->Accept(at::randn({4, 2, m, 8}), at::randn({4, 2, m, 8})).ok());
+    return line;
+  };
+  for (int64_t first : {2, 3, 0}) {
+    SCOPED_TRACE(absl::StrCat("from layer ", first));
+    auto line = foreign_line();
+    const auto untouched = foreign_line();
+    const at::Tensor hidden =
+        first == 0 ? at::Tensor() : (*residuals)[first].narrow(0, p, m).clone();
+    ASSERT_TRUE(engine->ForwardLayers(*line, p, span, hidden, first).ok());
+    EXPECT_EQ(line->Length(), n);
+    EXPECT_EQ(line->FirstForeignToken(), p);  // spans unchanged
+    for (int64_t il = 0; il < 4; ++il) {
+      const KvCache& expected = il >= first ? *native : *untouched;
+      EXPECT_LT(MaxAbsDiff(line->Keys(il), expected.Keys(il)), 1e-5) << "layer " << il;
+      EXPECT_LT(MaxAbsDiff(line->Values(il), expected.Values(il)), 1e-5) << "layer " << il;
+    }
+    if (first == 0) {
+      auto next = engine->Decode(*line, 6);
+      ASSERT_TRUE(next.ok());
+      std::vector<int64_t> longer = ids;
+      longer.push_back(6);
+      const at::Tensor ref =
+          ReferenceForward(c.config, c.weights, at::tensor(longer).unsqueeze(0)).logits[0][-1];
+      EXPECT_LT(MaxAbsDiff(*next, ref), 1e-4);
+    }
+  }
+
+  auto line = foreign_line();
+  const at::Tensor hidden = (*residuals)[2].narrow(0, p, m);
+  for (const auto& [position, first, h] :
+       {std::tuple{p, int64_t{4}, hidden}, {p, int64_t{-1}, hidden}, {p, int64_t{2}, at::Tensor()},
+        {p + 1, int64_t{2}, hidden}, {p, int64_t{2}, hidden.narrow(0, 0, m - 1)},
+        {int64_t{-1}, int64_t{2}, hidden}}) {
+    EXPECT_EQ(engine->ForwardLayers(*line, position, span, h, first).code(),
+              absl::StatusCode::kInvalidArgument)
+        << position << " " << first;
+  }
+  EXPECT_EQ(engine->ForwardLayers(*line, p, {}, at::Tensor(), 0).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(line->Length(), n);
 }
 
 TEST(Engine, RejectsBadInput) {

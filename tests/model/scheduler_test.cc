@@ -317,6 +317,53 @@ void ExpectSchedulerMatchesEngine(const Checkpoint& c, std::vector<Job> jobs,
   }
 }
 
+// A pass runs on the engine loop's thread, its status comes back, and a
+// cancelled one never runs.
+TEST(BatchScheduler, PassesRunOnTheEngineLoopAndReturnTheirStatus) {
+  const Checkpoint c = TinyCheckpoint();
+  auto engine = MakeEngine(c);
+  BatchScheduler scheduler(*engine, {});
+  const std::thread::id caller = std::this_thread::get_id();
+  std::thread::id ran_on;
+  Engine* seen = nullptr;
+  const absl::Status s = scheduler.RunPass([&](Engine& e) {
+    ran_on = std::this_thread::get_id();
+    seen = &e;
+    return absl::DataLossError("from the pass");
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(ran_on, caller);
+  EXPECT_EQ(seen, engine.get());
+  bool ran = false;
+  BatchScheduler::Hooks hooks;
+  hooks.cancelled = [] { return true; };
+  EXPECT_EQ(scheduler.RunPass(
+                [&](Engine&) {
+                  ran = true;
+                  return absl::OkStatus();
+                },
+                hooks)
+                .code(),
+            absl::StatusCode::kCancelled);
+  EXPECT_FALSE(ran);
+  // Between the steps of a running generation.
+  auto line = engine->NewCache();
+  GenerateOptions g;
+  g.max_tokens = 20;
+  std::thread generating([&] { EXPECT_TRUE(scheduler.Generate(*line, {1, 2, 3}, g).ok()); });
+  int passes = 0;
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_TRUE(scheduler
+                    .RunPass([&](Engine&) {
+                      ++passes;
+                      return absl::OkStatus();
+                    })
+                    .ok());
+  }
+  generating.join();
+  EXPECT_EQ(passes, 5);
+}
+
 TEST(BatchScheduler, GreedyMixOfLengthsAndArrivalsIsTokenIdenticalToTheEngine) {
   const Checkpoint c = TinyCheckpoint();
   std::vector<Job> jobs;

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -53,8 +54,10 @@ class RouterTest : public ::testing::Test {
   }
   static void TearDownTestSuite() { delete dir_; }
 
+  // `adjust`, when given, may change each translator before the router takes it.
   void MakeRouter(RouterConfig routing, int64_t budget = int64_t{1} << 30,
-                  DType translate_dtype = DType::kFloat32, TurnObserver* observer = nullptr) {
+                  DType translate_dtype = DType::kFloat32, TurnObserver* observer = nullptr,
+                  const std::function<void(LoadedTranslator&)>& adjust = nullptr) {
     std::vector<LoadedModel> models;
     std::vector<std::string> identity;
     RuntimeOptions options;
@@ -80,6 +83,7 @@ class RouterTest : public ::testing::Test {
         ASSERT_TRUE(tr.ok()) << tr.status();
         translators.push_back(
             {models[s].name + "->" + models[t].name, path, s, t, *std::move(tr), ""});
+        if (adjust) adjust(translators.back());
       }
     }
     store_ = std::make_unique<CacheStore>(CacheStoreOptions{3, budget, clock_});

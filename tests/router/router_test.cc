@@ -16,6 +16,113 @@ TEST_F(RouterTest, ABfloat16TranslatorTranslatesTheSwitchInBfloat16) {
   ExpectTranslateSwitchEqualsHandDriven(DType::kBFloat16);
 }
 
+// The native-depth dial on small -> large (6 layers): with k native layers
+// the translated span's top k layers are what large computes from the
+// translator's residual map of layer 6 - k (checked against the same steps
+// by hand), the path is "hybrid", and at k = 6 every layer is large's own,
+// so the reply is the re-prefilled twin's. A turn may override the pair's k;
+// one the file has no map for fails naming routing.native_layers and leaves
+// the session as it was.
+TEST_F(RouterTest, NativeLayersComputeTheTopLayersFromThePredictedResidual) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(17);
+  ResidualMap map;
+  map.layer = 4;
+  map.source_layers = {0, 1, 2, 3};
+  map.weight = at::randn({256, 2 * 4 * 2 * 32}, gen) * 0.05;
+  map.bias = at::randn({256}, gen) * 0.1;
+  MakeRouter(Explicit(), int64_t{1} << 30, DType::kFloat32, nullptr, [&](LoadedTranslator& t) {
+    if (t.source != 0 || t.target != 2) return;
+    ASSERT_TRUE(t.translator->SetResidualMaps({map}, 2, "test").ok());
+    t.native_layers = 2;
+  });
+  // A session whose first turn ran on small.
+  const auto start = [&](const std::string& session) {
+    EXPECT_TRUE(store_->Create(session, "", router_->RenderPreamble("Be brief.")).ok());
+    auto t1 = Turn(session, "Hello there, how are you?", 0);
+    EXPECT_TRUE(t1.ok()) << t1.status();
+  };
+  // Its second turn, on large.
+  const auto run = [&](const std::string& session, std::optional<int64_t> k,
+                       Strategy strategy = Strategy::kTranslate) -> absl::StatusOr<TurnResult> {
+    TurnOptions o;
+    o.user_message = "Tell me about caches.";
+    o.policy = Policy::kExplicit;
+    o.explicit_model = 2;
+    o.strategy = strategy;
+    o.native_layers = k;
+    o.max_tokens = 6;
+    return router_->RunTurn(session, o, {});
+  };
+
+  // The pair's own k = 2.
+  start("s");
+  const ConversationState after1 = store_->View("s")->state;
+  auto t2 = run("s", std::nullopt);
+  ASSERT_TRUE(t2.ok()) << t2.status();
+  EXPECT_EQ(t2->routing.path, CachePath::kHybrid);
+  EXPECT_EQ(t2->routing.native_layers, 2);
+  const int64_t n_held = after1.tail_begin;
+  EXPECT_EQ(t2->routing.tokens_translated, n_held);
+  // By hand: translate, predict layer 4's input, run layers 4 and 5.
+  Engine& small = *engines_[0];
+  Engine& large = *engines_[2];
+  auto small_line = small.NewCache();
+  const std::vector<int64_t> held(after1.history.begin(), after1.history.begin() + n_held);
+  ASSERT_TRUE(small.Prefill(*small_line, held).ok());
+  auto taps = small_line->Taps(0, n_held);
+  ASSERT_TRUE(taps.ok());
+  const Translator& translator = *router_->FindTranslator(0, 2);
+  auto moved = translator.Translate(*taps);
+  ASSERT_TRUE(moved.ok());
+  auto translated = large.NewCache();
+  ASSERT_TRUE(translated->Accept(moved->keys, moved->values).ok());
+  auto hybrid = large.NewCache();
+  ASSERT_TRUE(hybrid->Accept(moved->keys, moved->values).ok());
+  auto residual = translator.PredictResidual(*taps, 4);
+  ASSERT_TRUE(residual.ok()) << residual.status();
+  ASSERT_TRUE(large.ForwardLayers(*hybrid, 0, held, *residual, 4).ok());
+  {
+    auto lease = store_->Begin("s");
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    const KvCache* routed = (*lease)->line(2);
+    ASSERT_NE(routed, nullptr);
+    auto rel = [](const at::Tensor& a, const at::Tensor& b) {
+      return ((a - b).norm() / b.norm()).item<double>();
+    };
+    for (int64_t il = 0; il < 6; ++il) {
+      const at::Tensor keys = routed->Keys(il).narrow(1, 0, n_held);
+      EXPECT_LT(rel(keys, hybrid->Keys(il)), 1e-4) << il;
+      EXPECT_LT(rel(routed->Values(il).narrow(1, 0, n_held), hybrid->Values(il)), 1e-4) << il;
+      if (il >= 4) {
+        EXPECT_GT(rel(keys, translated->Keys(il)), 1e-2) << il;
+      }
+    }
+  }
+
+  // k = 6: every layer computed; the reply is the re-prefilled twin's.
+  for (const char* s : {"full", "twin", "plain", "none"}) start(s);
+  auto full = run("full", 6);
+  auto twin = run("twin", std::nullopt, Strategy::kReprefill);
+  ASSERT_TRUE(full.ok() && twin.ok());
+  EXPECT_EQ(full->routing.path, CachePath::kHybrid);
+  EXPECT_EQ(full->routing.native_layers, 6);
+  EXPECT_EQ(twin->routing.path, CachePath::kReprefill);
+  EXPECT_EQ(full->tokens, twin->tokens);
+  // k = 0: the plain translation.
+  auto plain = run("plain", 0);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->routing.path, CachePath::kTranslated);
+  EXPECT_EQ(plain->routing.native_layers, 0);
+  // k = 1 needs layer 5's map, which the file lacks.
+  const size_t before = store_->View("none")->state.history.size();
+  auto missing = run("none", 1);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SettingOf(missing.status()), Setting::kNativeLayers);
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("residual map"));
+  EXPECT_EQ(store_->View("none")->state.history.size(), before);
+  EXPECT_EQ(run("none", -1).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(RouterTest, ANativeTailIsPrefilledByTheTargetAfterTheTranslatedHead) {
   RouterConfig routing = Explicit();
   routing.switching.native_tail_tokens = 6;
@@ -711,10 +818,24 @@ TEST_F(RouterTest, ATranslatorStampedBelowTheMinimumIsRefusedAtLoadAndItsSwitche
   LogCapture capture;
   auto loaded = LoadRouter(
       models,
-      {{"small->large", 0, 2, weak, DType::kFloat32, {}, {}},
-       {"large->small", 2, 0, good, DType::kFloat32, {}, {}}},
+      {{"small->large", 0, 2, weak, DType::kFloat32, {}, {}, {}},
+       {"large->small", 2, 0, good, DType::kFloat32, {}, {}, {}}},
       routing, 2, store_.get(), &log);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
+  // (Native layers the file has no residual map for stop the load, naming
+  // the entry; a k of the target's depth or more needs none.)
+  {
+    CacheStore other(CacheStoreOptions{3, int64_t{1} << 30, nullptr});
+    auto refused = LoadRouter(models, {{"small->large", 0, 2, weak, DType::kFloat32, {}, {}, 3}},
+                              routing, 2, &other, nullptr);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(refused.status().message()),
+                HasSubstr("translators[0] (small->large): 3 native layers need the residual map"));
+    auto all_native =
+        LoadRouter(models, {{"small->large", 0, 2, weak, DType::kFloat32, {}, {}, 6}}, routing, 2,
+                   &other, nullptr);
+    EXPECT_TRUE(all_native.ok()) << all_native.status();
+  }
   router_ = *std::move(loaded);
   absl::Cleanup done = [&] { router_.reset(); };  // the router calls `log`
 

@@ -44,6 +44,7 @@ TEST(ChatRequestTest, ValidRequestGetsServerDefaults) {
   EXPECT_FALSE(t->options.policy.has_value());
   EXPECT_EQ(t->options.explicit_model, -1);
   EXPECT_FALSE(t->options.strategy.has_value());
+  EXPECT_FALSE(t->options.native_layers.has_value());
 }
 
 TEST(ChatRequestTest, OverridesAreCarriedOver) {
@@ -57,6 +58,7 @@ TEST(ChatRequestTest, OverridesAreCarriedOver) {
   r.mutable_routing()->set_policy("explicit");
   r.mutable_routing()->set_model("large");
   r.mutable_routing()->set_strategy(kvlingo::v1::SWITCH_STRATEGY_REPREFILL_MISSING);
+  r.mutable_routing()->set_native_layers(0);  // set, even at 0
   absl::StatusOr<TurnRequest> t = ParseChatRequest(r, {}, kModels);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->options.max_tokens, 5);
@@ -68,6 +70,7 @@ TEST(ChatRequestTest, OverridesAreCarriedOver) {
   EXPECT_EQ(t->options.explicit_model, 1);  // large
   EXPECT_EQ(t->options.stop, std::vector<std::string>{"\n\n"});
   EXPECT_EQ(t->options.strategy, router::Strategy::kReprefillMissing);
+  EXPECT_EQ(t->options.native_layers, 0);
 }
 
 TEST(ChatRequestTest, ASystemPromptIsBoundedInBytesUtf8AndTokens) {

@@ -102,7 +102,7 @@ TEST(ConfigTest, FullConfigWithCommentsAndRelativePaths) {
     "models": [{"name": "small", "path": "models/small"},
                {"name": "large", "path": "models/large", "dtype": "float32"}],
     "translators": [{"source": "small", "target": "large", "path": "translators/s2l.kvlt",
-                     "compute_dtype": "bfloat16", "min_recovered": 0.95}],
+                     "compute_dtype": "bfloat16", "min_recovered": 0.95, "native_layers": 2}],
     "routing": {"policy": "rules", "default_model": "small", "strategy": "reprefill-missing",
                 "models": ["small", "large"],
                 "rules": [{"model": "large", "contains": ["prove", "derive"], "min_bytes": 10}],
@@ -152,6 +152,7 @@ TEST(ConfigTest, FullConfigWithCommentsAndRelativePaths) {
   EXPECT_EQ(c->router.load_gate.max_gap_nats, 0.02);
   EXPECT_EQ(c->translators[0].min_recovered, 0.95);
   EXPECT_FALSE(c->translators[0].max_gap_nats.has_value());
+  EXPECT_EQ(c->translators[0].native_layers, 2);
   EXPECT_EQ(c->sessions.idle_timeout_seconds, 0);
   EXPECT_EQ(c->sessions.memory_budget_bytes, 1048576);
   EXPECT_EQ(c->limits.max_concurrent_streams, 8);

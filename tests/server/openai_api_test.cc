@@ -68,7 +68,7 @@ TEST(OpenAiApiTest, SamplingFieldsAreRead) {
                {"stream", true},
                {"stream_options", {{"include_usage", true}}},
                {"user", "u-1"},
-               {"kvlingo", {{"strategy", "reprefill"}, {"prefix_cache", false}}},
+               {"kvlingo", {{"strategy", "reprefill"}, {"prefix_cache", false}, {"native_layers", 2}}},
                {"metadata", {{"ignored", "yes"}}},
                {"frequency_penalty", 0},
                {"tool_choice", "auto"}});
@@ -84,7 +84,9 @@ TEST(OpenAiApiTest, SamplingFieldsAreRead) {
   EXPECT_EQ(r->user, "u-1");
   EXPECT_EQ(r->strategy, router::Strategy::kReprefill);
   EXPECT_FALSE(r->use_prefix_cache);
+  EXPECT_EQ(r->native_layers, 2);
   EXPECT_TRUE(Parse(Minimal())->use_prefix_cache);
+  EXPECT_FALSE(Parse(Minimal())->native_layers.has_value());
 }
 
 // Each refusal names the field in OpenAI's `param`.
@@ -150,6 +152,8 @@ TEST(OpenAiApiTest, RefusalsNameTheirField) {
       {{{"kvlingo", {{"other", 1}}}}, "kvlingo"},
       {{{"kvlingo", {{"a b: c", 1}}}}, "kvlingo"},
       {{{"kvlingo", {{"prefix_cache", "no"}}}}, "kvlingo.prefix_cache"},
+      {{{"kvlingo", {{"native_layers", -1}}}}, "kvlingo.native_layers"},
+      {{{"kvlingo", {{"native_layers", 1.5}}}}, "kvlingo.native_layers"},
   };
   for (const auto& [extra, param] : fields) {
     Json body = Minimal();

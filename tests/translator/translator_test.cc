@@ -196,6 +196,98 @@ std::unique_ptr<Translator> AnchoredTranslator(TranslatorSpec spec, DType comput
   return std::move(*t);
 }
 
+// A residual map of target layer 1 reading source layers 0 and 2 of
+// MixedSpec (E_t = 6), with anchors when `anchored` (window 3, width 4).
+ResidualMap RandomResidualMap(bool anchored, uint64_t seed) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  ResidualMap m;
+  m.layer = 1;
+  m.source_layers = {0, 2};
+  m.weight = at::randn({6, 2 * 2 * 2 * 4}, gen);
+  m.bias = at::randn({6}, gen);
+  if (anchored) m.anchor = at::randn({6, 3 * 4}, gen);
+  return m;
+}
+
+// The oracle of a residual map, float64, token by token: the bias, each
+// source layer's keys then values head by head through its weight block, and
+// each offset k's anchor block times the table row of token t-k (ids as
+// Translate's, two before the span).
+at::Tensor ResidualOracle(const ResidualMap& m, const KvTaps& src, const at::Tensor& table,
+                          const std::vector<int64_t>& ids) {
+  const int64_t n_tokens = src.keys.size(2), h_s = src.keys.size(1), d_s = src.keys.size(3);
+  const int64_t nu = static_cast<int64_t>(m.source_layers.size());
+  const at::Tensor w = m.weight.to(at::kDouble);
+  at::Tensor out = at::zeros({n_tokens, w.size(0)}, at::kDouble);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    at::Tensor y = m.bias.to(at::kDouble).clone();
+    for (int64_t side = 0; side < 2; ++side) {
+      const at::Tensor& x = side == 0 ? src.keys : src.values;
+      for (int64_t j = 0; j < nu; ++j) {
+        for (int64_t h = 0; h < h_s; ++h) {
+          const int64_t col = ((side * nu + j) * h_s + h) * d_s;
+          y += w.narrow(1, col, d_s).matmul(x[m.source_layers[j]][h][t].to(at::kDouble));
+        }
+      }
+    }
+    if (m.anchor.defined()) {
+      for (int64_t k = 0; k < 3; ++k) {
+        y += m.anchor.to(at::kDouble).narrow(1, k * 4, 4).matmul(table[ids[2 + t - k]].to(at::kDouble));
+      }
+    }
+    out[t].copy_(y);
+  }
+  return out;
+}
+
+TEST(TranslateTest, ResidualMapsPredictFromTheirSourceLayersAndAnchors) {
+  const TranslatorSpec spec = MixedSpec();
+  at::Tensor table;
+  auto tr = AnchoredTranslator(spec, DType::kFloat32, &table);
+  EXPECT_EQ(tr->ResidualFor(1), nullptr);
+  const ResidualMap map = RandomResidualMap(/*anchored=*/true, 4);
+  ASSERT_TRUE(tr->SetResidualMaps({map}, /*native_layers=*/1, "test").ok());
+  EXPECT_EQ(tr->spec().native_layers, 1);
+  ASSERT_NE(tr->ResidualFor(1), nullptr);
+  const KvTaps src = RandomTaps(spec.source, 5, 9);
+  const std::vector<int64_t> ids = {7, 1, 3, 3, 0, 9, 4};
+  auto r = tr->PredictResidual(src, 1, ids);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_LT(MaxAbsDiff(*r, ResidualOracle(map, src, table, ids)), 1e-4);
+  EXPECT_EQ(tr->PredictResidual(src, 0, ids).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(tr->PredictResidual(src, 1, {1, 2}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // What SetResidualMaps refuses, leaving the translator as it was.
+  auto plain = RandomTranslator(spec, 3);
+  ResidualMap bad = RandomResidualMap(false, 5);
+  bad.layer = 2;  // the target has layers 0 and 1
+  EXPECT_EQ(plain->SetResidualMaps({bad}, 0, "").code(), absl::StatusCode::kInvalidArgument);
+  bad = RandomResidualMap(false, 5);
+  bad.source_layers = {2, 0};
+  EXPECT_EQ(plain->SetResidualMaps({bad}, 0, "").code(), absl::StatusCode::kInvalidArgument);
+  bad = RandomResidualMap(false, 5);
+  bad.weight = bad.weight.narrow(1, 0, 31);
+  EXPECT_EQ(plain->SetResidualMaps({bad}, 0, "").code(), absl::StatusCode::kInvalidArgument);
+  // Anchors where the K/V maps have none, and none where they have.
+  EXPECT_EQ(plain->SetResidualMaps({RandomResidualMap(true, 5)}, 0, "").code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(tr->SetResidualMaps({RandomResidualMap(false, 5)}, 1, "").code(),
+            absl::StatusCode::kInvalidArgument);
+  // A default k that needs a map the translator lacks.
+  EXPECT_EQ(plain->SetResidualMaps({}, 1, "").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(plain->residual_maps().empty());
+  EXPECT_EQ(plain->spec().native_layers, 0);
+  // k = L needs no map.
+  EXPECT_TRUE(plain->SetResidualMaps({}, 2, "all native").ok());
+  // Without anchors the map reads the taps alone.
+  const ResidualMap unanchored = RandomResidualMap(false, 6);
+  ASSERT_TRUE(plain->SetResidualMaps({unanchored}, 1, "").ok());
+  auto u = plain->PredictResidual(src, 1);
+  ASSERT_TRUE(u.ok()) << u.status();
+  EXPECT_LT(MaxAbsDiff(*u, ResidualOracle(unanchored, src, at::Tensor(), {})), 1e-4);
+}
+
 TEST(TranslateTest, TokenAnchorsAddTheTableRowsOfTheLastTokensThroughTheirMaps) {
   at::Tensor table;
   const TranslatorSpec spec = MixedSpec();
@@ -949,6 +1041,41 @@ TEST_F(TranslatorFileTest, FilesWithoutInputsHaveSplitMapsAndUnknownInputsAreRef
   auto bad = Translator::Load(path_, expect_);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("split or joint"), std::string::npos) << bad.status();
+}
+
+TEST_F(TranslatorFileTest, ResidualMapsAndTheDefaultNativeLayersRoundTrip) {
+  auto meta = ReadSafetensors(path_);
+  ASSERT_TRUE(meta.ok());
+  EXPECT_EQ(meta->metadata["kvlingo_translator"].find("residual"), std::string::npos);
+  auto plain = Translator::Load(path_, expect_);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE((*plain)->residual_maps().empty());
+  EXPECT_EQ((*plain)->spec().native_layers, 0);
+
+  at::Tensor table;
+  auto anchored = AnchoredTranslator(translator_->spec(), DType::kFloat32, &table);
+  ASSERT_TRUE(anchored->SetResidualMaps({RandomResidualMap(true, 8)}, 1, "measured").ok());
+  ASSERT_TRUE(anchored->Save(path_).ok());
+  auto back = Translator::Load(path_, expect_, DType::kBFloat16);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ((*back)->spec().native_layers, 1);
+  EXPECT_EQ((*back)->spec().native_layers_basis, "measured");
+  ASSERT_NE((*back)->ResidualFor(1), nullptr);
+  EXPECT_TRUE((*back)->ResidualFor(1)->weight.equal(anchored->ResidualFor(1)->weight));
+  EXPECT_TRUE((*back)->ResidualFor(1)->anchor.equal(anchored->ResidualFor(1)->anchor));
+  EXPECT_EQ((*back)->ResidualFor(1)->source_layers, (std::vector<int64_t>{0, 2}));
+  // In bfloat16 the prediction stays near float32's.
+  const KvTaps src = RandomTaps(anchored->spec().source, 4, 2);
+  const std::vector<int64_t> ids = {5, 2, 8, 1, 1};
+  auto a = anchored->PredictResidual(src, 1, ids);
+  auto b = (*back)->PredictResidual(src, 1, ids);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_LT(MaxAbsDiff(*a, *b), 0.05 * a->abs().max().item<double>());
+  // A file that lost a map's tensor is refused, naming it.
+  Rewrite("residual.1.bias", at::Tensor());
+  auto missing = Translator::Load(path_, expect_);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.status().message().find("residual.1.bias"), std::string::npos);
 }
 
 TEST_F(TranslatorFileTest, RefusesOtherModelsAndTokenizers) {
