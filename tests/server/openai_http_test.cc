@@ -281,6 +281,46 @@ TEST_F(OpenAiHttpTest, ErrorsAreOpenAiShaped) {
   expect_error(anonymous.Get("/v1/models"), 401, "");
 }
 
+// The native-depth dial through the API: a switch with native_layers of the
+// target's depth (6: every layer computed, no residual map needed) reports
+// path "hybrid"; a k whose residual map the committed translator lacks is a
+// 400 naming kvlingo.native_layers, and the conversation is left as it was.
+TEST_F(OpenAiHttpTest, NativeLayersReachTheSwitch) {
+  httplib::Client client = Client();
+  const Json first_turn = {{"role", "user"},
+                           {"content", "Remember this: the launch code is 4417. Reply ok."}};
+  auto first = client.Post(
+      "/v1/chat/completions",
+      Json({{"model", "kvl-small"}, {"max_tokens", 4}, {"messages", {first_turn}}}).dump(),
+      "application/json");
+  ASSERT_TRUE(first && first->status == 200) << (first ? first->body : "no reply");
+  const std::string reply =
+      Json::parse(first->body)["choices"][0]["message"]["content"].get<std::string>();
+  const Json messages = {first_turn,
+                         {{"role", "assistant"}, {"content", reply}},
+                         {{"role", "user"}, {"content", "What is the code?"}}};
+  auto ask = [&](int64_t k) {
+    return client.Post("/v1/chat/completions",
+                       Json({{"model", "kvl-large"},
+                             {"max_tokens", 4},
+                             {"messages", messages},
+                             {"kvlingo", {{"native_layers", k}}}})
+                           .dump(),
+                       "application/json");
+  };
+  auto refused = ask(2);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400) << refused->body;
+  EXPECT_EQ(Json::parse(refused->body)["error"]["param"], "kvlingo.native_layers")
+      << refused->body;
+  auto full = ask(6);
+  ASSERT_TRUE(full && full->status == 200) << (full ? full->body : "no reply");
+  const Json k = Json::parse(full->body)["kvlingo"];
+  EXPECT_EQ(k["path"], "hybrid") << full->body;
+  EXPECT_EQ(k["native_layers"], 6) << full->body;
+  EXPECT_GT(k["prompt_tokens_translated"].get<int>(), 0) << full->body;
+}
+
 // A client that goes away stops its turn, streamed or not: the conversation is
 // left as it was, so a retry of the same request finds the cached prefix.
 TEST_F(OpenAiHttpTest, AClosedStreamCancelsItsTurn) {
