@@ -11,6 +11,10 @@ message classes come from `protoc --python_out` into a temporary directory.
 
 usage: /usr/bin/python3 bench/server_bench.py --server BUILD/server/kvl-server
                                               --out docs/results/server_bench.txt [--quick]
+--native-layers K,K,... adds to parts 1 and 1b a "translate k=K" row per K: the
+translate strategy with RoutingHints.native_layers K (the native-depth dial;
+the kvl-small -> kvl-large translator must carry the residual maps they need:
+--small-large-translator FILE, from kvl fit-residual).
 """
 import argparse
 import json
@@ -117,11 +121,14 @@ class MachineShare:
                 f"{os.cpu_count()} CPUs' time{warn}")
 
 
-def write_config(directory, threads, translate_dtype, native_tail, repair):
+def write_config(directory, threads, translate_dtype, native_tail, repair,
+                 small_large_translator=None):
     models = [{"name": m, "path": os.path.join(ROOT, "models", m)} for m in (SMALL, SMALL_B, LARGE)]
     translators = []
     for src, dst in ((SMALL, LARGE), (LARGE, SMALL), (SMALL, SMALL_B), (SMALL_B, SMALL)):
         path = os.path.join(ROOT, "models", "translators", f"{src}__{dst}.safetensors")
+        if (src, dst) == (SMALL, LARGE) and small_large_translator:
+            path = os.path.abspath(small_large_translator)
         translators.append({"source": src, "target": dst, "path": path,
                             "compute_dtype": translate_dtype})
     config = {
@@ -207,7 +214,10 @@ class Client:
     def stream_floor(self, n=50):
         """Median round trip of a Chat stream the server rejects at once
         (unknown session, NOT_FOUND): stream setup and status, no model work."""
-        req = self.pb.ChatRequest(session_id="no-such-session", user_message=b"hi")
+        # A valid turn (the explicit policy needs its model), so that the
+        # session lookup is what refuses it.
+        req = self.pb.ChatRequest(session_id="no-such-session", user_message=b"hi",
+                                  routing=self.pb.RoutingHints(policy="explicit", model=SMALL))
         times = []
         for _ in range(n):
             start = time.perf_counter()
@@ -223,13 +233,16 @@ class Client:
     def create(self, sid):
         return self._create(self.spb.CreateSessionRequest(session_id=sid), timeout=30).session_id
 
-    def chat(self, sid, text, max_tokens, policy, model="", strategy=0):
+    def chat(self, sid, text, max_tokens, policy, model="", strategy=0, native_layers=None):
         """One turn; returns client TTFT (send -> first TokenDelta), the routing
         decision and the summary. Raises grpc.RpcError on a failed turn."""
+        hints = self.pb.RoutingHints(policy=policy, model=model, strategy=strategy)
+        if native_layers is not None:
+            hints.native_layers = native_layers
         req = self.pb.ChatRequest(
             session_id=sid, user_message=text.encode(),
             sampling=self.pb.SamplingParams(max_tokens=max_tokens),  # temperature 0: greedy
-            routing=self.pb.RoutingHints(policy=policy, model=model, strategy=strategy))
+            routing=hints)
         routing = summary = first = last = None
         start = time.perf_counter()
         for ev in self._chat(req, timeout=600, metadata=[("x-kvl-session-id", sid)]):
@@ -270,7 +283,8 @@ def cxx_switch(cxx_client, target, sids, max_tokens, strategy):
 
 
 def cxx_floor(cxx_client, target, n, gap_ms):
-    cmd = [cxx_client, "--target", target, "--floor", str(n), "--gap-ms", str(gap_ms)]
+    cmd = [cxx_client, "--target", target, "--floor", str(n), "--gap-ms", str(gap_ms),
+           "--model", SMALL]
     done = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
     return json.loads(done.stdout)
 
@@ -292,23 +306,26 @@ def second_switch(client, sid, size, turn_words, seed, new_words=180):
 
 
 def part_switch(client, sizes, reps, max_tokens, turn_words, prepare, tag, cxx_client=None,
-                target=None):
+                target=None, native_layers=()):
     """One row per (history size, strategy): `reps` fresh sessions prepared by
-    `prepare`, then one short turn to kvl-large with that strategy."""
+    `prepare`, then one short turn to kvl-large with that strategy (and one
+    per native-layers K: translate with RoutingHints.native_layers K)."""
     rows = []
+    strategies = [(name, strategy, None) for name, strategy in STRATEGIES]
+    strategies += [(f"translate k={k}", STRATEGIES[0][1], k) for k in native_layers]
     for size in sizes:
-        for name, strategy in STRATEGIES:
+        for name, strategy, k in strategies:
             samples = []
             print(f"[{tag}] history {size}, {name}: {2 * reps if cxx_client else reps} sessions",
                   file=sys.stderr, flush=True)
             for rep in range(reps):
-                sid = client.create(f"{tag}-{size}-{name}-{rep}")
+                sid = client.create(f"{tag}-{size}-{name.replace(' k=', '-k')}-{rep}")
                 history = prepare(client, sid, size, turn_words, size + rep)
                 r = client.chat(sid, SWITCH_TURN, max_tokens, "explicit",
-                                LARGE, strategy)
+                                LARGE, strategy, k)
                 samples.append((history, r))
             cxx_over = []
-            if cxx_client:
+            if cxx_client and k is None:
                 sids = []
                 for rep in range(reps):
                     sid = client.create(f"{tag}c-{size}-{name}-{rep}")
@@ -427,6 +444,10 @@ def main():
                     help="routing.repair (default: the server's default, after-turn)")
     ap.add_argument("--native-tail", type=int, default=32,
                     help="routing.native_tail_tokens (default: the server's default, 32)")
+    ap.add_argument("--native-layers", default="",
+                    help="K,K,...: also the translate strategy with RoutingHints.native_layers K")
+    ap.add_argument("--small-large-translator",
+                    help="the kvl-small -> kvl-large translator file (default: the committed one)")
     ap.add_argument("--cxx-client",
                     help="bench/ttft_client binary (default: bench/ttft_client of the server's "
                          "build directory, when it exists)")
@@ -441,6 +462,7 @@ def main():
     if args.quick:
         args.history, args.reps, args.concurrency, args.turns = "256,1024", 2, "1,4", 2
     sizes = [int(x) for x in args.history.split(",") if x]
+    native_layers = [int(x) for x in args.native_layers.split(",") if x]
     levels = [int(x) for x in args.concurrency.split(",") if x]
 
     out = []
@@ -455,7 +477,8 @@ def main():
         subprocess.run(["protoc", f"--proto_path={ROOT}/proto", f"--python_out={stubs}",
                         "kvlingo/v1/chat.proto", "kvlingo/v1/session.proto",
                         "kvlingo/v1/model.proto"], check=True)
-        config = write_config(tmp, args.threads, args.translate_dtype, args.native_tail, args.repair)
+        config = write_config(tmp, args.threads, args.translate_dtype, args.native_tail, args.repair,
+                              args.small_large_translator)
         proc, target, log_path = start_server(os.path.abspath(args.server), config, tmp)
         wall_start = time.perf_counter()
         try:
@@ -488,7 +511,7 @@ def main():
                 emit("c++ ovh: nan, no C++ client (build the ttft_client target or pass "
                      "--cxx-client).")
             rows = part_switch(client, sizes, args.reps, args.max_tokens, args.turn_words,
-                               first_switch, "sw", cxx_client, target)
+                               first_switch, "sw", cxx_client, target, native_layers)
             for line in switch_lines(rows):
                 emit(line)
             emit()
@@ -498,7 +521,7 @@ def main():
             emit(f"{LARGE} lacks only the last span: translate translates it, reprefill-missing "
                  "prefills it, reprefill prefills the whole history.")
             rows_b = part_switch(client, sizes, args.reps, args.max_tokens, args.turn_words,
-                                 second_switch, "sw2", cxx_client, target)
+                                 second_switch, "sw2", cxx_client, target, native_layers)
             for line in switch_lines(rows_b):
                 emit(line)
             overhead = median_of(rows + rows_b, "overhead")

@@ -45,8 +45,11 @@ double Median(std::vector<double> v) {
   return v.size() % 2 == 1 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
-// Round trips that fail at once with NOT_FOUND: a unary call and a Chat stream.
-int Floor(const std::shared_ptr<grpc::Channel>& channel, int n, int gap_ms) {
+// Round trips that fail at once with NOT_FOUND: a unary call and a Chat stream
+// (naming `model` under the explicit policy when given, so that the turn is
+// valid and the unknown session is what refuses it).
+int Floor(const std::shared_ptr<grpc::Channel>& channel, int n, int gap_ms,
+          const std::string& model) {
   auto idle = [gap_ms] {
     if (gap_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
   };
@@ -75,6 +78,10 @@ int Floor(const std::shared_ptr<grpc::Channel>& channel, int n, int gap_ms) {
       kvlingo::v1::ChatRequest request;
       request.set_session_id("no-such-session");
       request.set_user_message("hi");
+      if (!model.empty()) {
+        request.mutable_routing()->set_policy("explicit");
+        request.mutable_routing()->set_model(model);
+      }
       const Clock::time_point start = Clock::now();
       std::unique_ptr<grpc::ClientReader<kvlingo::v1::ChatResponse>> reader =
           chat->Chat(&context, request);
@@ -108,7 +115,8 @@ int main(int argc, char** argv) {
                      "the first token as JSON lines; with --floor N, times N unary and N rejected\n"
                      "streaming calls instead (the gRPC floor; bench/server_bench.py).");
   flags.Required("target", &target, "HOST:PORT", "the server");
-  flags.Add("model", &model, "NAME", "the explicit model of every turn (turn mode)");
+  flags.Add("model", &model, "NAME",
+            "the explicit model of every turn (turn mode; floor mode: of the rejected turns)");
   flags.Add("strategy", &strategy, "N", "a kvlingo.v1.SwitchStrategy value");
   flags.Add("max-tokens", &max_tokens, "K", "tokens to generate per turn, >= 1");
   flags.Add("message", &message, "TEXT", "the user turn");
@@ -133,7 +141,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ttft_client: could not connect to %s\n", target.c_str());
     return 1;
   }
-  if (floor_mode) return Floor(channel, floor, gap_ms);
+  if (floor_mode) return Floor(channel, floor, gap_ms, model);
   auto chat = kvlingo::v1::ChatService::NewStub(channel);
   {
     auto session_stub = kvlingo::v1::SessionService::NewStub(channel);

@@ -138,25 +138,40 @@ absl::Status Engine::CheckIds(const KvCache& cache, const std::vector<int64_t>& 
   return absl::OkStatus();
 }
 
-absl::StatusOr<at::Tensor> Engine::Prefill(KvCache& cache, const std::vector<int64_t>& ids,
-                                           bool all_logits) {
-  KVL_RETURN_IF_ERROR(CheckIds(cache, ids));
+namespace {
+
+// A prefill's frame: ids through `chunk_forward` one chunk of at most
+// `chunk` tokens at a time under InferenceMode, the per-chunk results
+// combined by `combine`; LibTorch errors caught and the line rolled back.
+template <class Forward, class Combine>
+absl::StatusOr<at::Tensor> InChunks(KvCache& cache, const std::vector<int64_t>& ids,
+                                    int64_t chunk, Forward&& chunk_forward, Combine&& combine) {
   const int64_t n_start = cache.Length();
   absl::StatusOr<at::Tensor> result = Guarded("prefill", [&]() -> absl::StatusOr<at::Tensor> {
     c10::InferenceMode inference;
     const int64_t n = static_cast<int64_t>(ids.size());
     const at::Tensor all = at::from_blob(const_cast<int64_t*>(ids.data()), {n}, at::kLong);
-    std::vector<at::Tensor> rows;
-    at::Tensor logits;
-    for (int64_t i0 = 0; i0 < n; i0 += options_.prefill_chunk) {
-      const int64_t nc = std::min(options_.prefill_chunk, n - i0);
-      logits = decoder_->Forward(cache, all.narrow(0, i0, nc), all_logits);
-      if (all_logits) rows.push_back(logits);
+    std::vector<at::Tensor> parts;
+    for (int64_t i0 = 0; i0 < n; i0 += chunk) {
+      parts.push_back(chunk_forward(all.narrow(0, i0, std::min(chunk, n - i0))));
     }
-    return all_logits ? at::cat(rows, 0) : logits.squeeze(0);
+    return combine(parts);
   });
   if (!result.ok()) (void)cache.Rollback(n_start);
   return result;
+}
+
+}  // namespace
+
+absl::StatusOr<at::Tensor> Engine::Prefill(KvCache& cache, const std::vector<int64_t>& ids,
+                                           bool all_logits) {
+  KVL_RETURN_IF_ERROR(CheckIds(cache, ids));
+  return InChunks(
+      cache, ids, options_.prefill_chunk,
+      [&](const at::Tensor& chunk) { return decoder_->Forward(cache, chunk, all_logits); },
+      [&](const std::vector<at::Tensor>& logits) {
+        return all_logits ? at::cat(logits, 0) : logits.back().squeeze(0);
+      });
 }
 
 absl::Status Engine::ForwardLayers(KvCache& cache, int64_t position,
@@ -204,20 +219,10 @@ absl::Status Engine::ForwardLayers(KvCache& cache, int64_t position,
 absl::StatusOr<at::Tensor> Engine::PrefillResiduals(KvCache& cache,
                                                     const std::vector<int64_t>& ids) {
   KVL_RETURN_IF_ERROR(CheckIds(cache, ids));
-  const int64_t n_start = cache.Length();
-  absl::StatusOr<at::Tensor> result = Guarded("prefill", [&]() -> absl::StatusOr<at::Tensor> {
-    c10::InferenceMode inference;
-    const int64_t n = static_cast<int64_t>(ids.size());
-    const at::Tensor all = at::from_blob(const_cast<int64_t*>(ids.data()), {n}, at::kLong);
-    std::vector<at::Tensor> parts;
-    for (int64_t i0 = 0; i0 < n; i0 += options_.prefill_chunk) {
-      const int64_t nc = std::min(options_.prefill_chunk, n - i0);
-      parts.push_back(decoder_->ForwardResiduals(cache, all.narrow(0, i0, nc)).cpu());
-    }
-    return at::cat(parts, 1);
-  });
-  if (!result.ok()) (void)cache.Rollback(n_start);
-  return result;
+  return InChunks(
+      cache, ids, options_.prefill_chunk,
+      [&](const at::Tensor& chunk) { return decoder_->ForwardResiduals(cache, chunk).cpu(); },
+      [](const std::vector<at::Tensor>& parts) { return at::cat(parts, 1); });
 }
 
 absl::StatusOr<at::Tensor> Engine::Decode(KvCache& cache, int64_t id) {

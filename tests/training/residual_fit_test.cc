@@ -20,24 +20,41 @@
 namespace kvl::training {
 namespace {
 
-TEST(ResidualFitTest, TheFitIsTheLeastSquaresSolutionAndReportsItsR2) {
-  testing::TempDir dir("residual_fit");
-  const std::string s = testing::WriteRandomModel(dir, "s", 2, 2, 1);
-  const std::string t = testing::WriteRandomModel(dir, "t", 3, 2, 2);
-  const std::string corpus = dir.WriteFile("corpus.txt", testing::TinyChatCorpus(1000, 30));
-  RuntimeOptions runtime;
-  runtime.n_threads = 1;
-  runtime.prefill_chunk = 48;
-  auto pair = LoadTranslatorPair(s, t, runtime);
-  ASSERT_TRUE(pair.ok()) << pair.status();
-  std::unique_ptr<Translator> translator = testing::MakeTranslator(s, t, false, 3);
+// Two random models over the house tokenizer (2 source layers, 3 target
+// layers, 2 KV heads of 8, width 32), a random translator between them and a
+// short chat corpus; fits read 10 sequences of 48 tokens.
+class ResidualFitTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    source_ = testing::WriteRandomModel(dir_, "s", 2, 2, 1);
+    target_ = testing::WriteRandomModel(dir_, "t", 3, 2, 2);
+    corpus_ = dir_.WriteFile("corpus.txt", testing::TinyChatCorpus(1000, 30));
+    RuntimeOptions runtime;
+    runtime.n_threads = 1;
+    runtime.prefill_chunk = 48;
+    auto pair = LoadTranslatorPair(source_, target_, runtime);
+    ASSERT_TRUE(pair.ok()) << pair.status();
+    pair_ = std::make_unique<TranslatorPair>(*std::move(pair));
+    translator_ = testing::MakeTranslator(source_, target_, false, 3);
+    options_.data_path = corpus_;
+    options_.seq_len = 48;
+    options_.max_sequences = 10;
+    options_.progress = false;
+  }
 
-  ResidualFitOptions o;
-  o.data_path = corpus;
-  o.seq_len = 48;
-  o.max_sequences = 10;
+  testing::TempDir dir_{"residual_fit"};
+  std::string source_, target_, corpus_;
+  std::unique_ptr<TranslatorPair> pair_;
+  std::unique_ptr<Translator> translator_;
+  ResidualFitOptions options_;
+};
+
+TEST_F(ResidualFitTest, TheFitIsTheLeastSquaresSolutionAndReportsItsR2) {
+  TranslatorPair* pair = pair_.get();
+  Translator* translator = translator_.get();
+  const std::string& corpus = corpus_;
+  ResidualFitOptions o = options_;
   o.ridge = 0;
-  o.progress = false;
   auto fit = FitResidualMaps(o, *pair, *translator);
   ASSERT_TRUE(fit.ok()) << fit.status();
   ASSERT_EQ(fit->maps.size(), 2u);  // layers 1 and 2 of 3
@@ -94,27 +111,15 @@ TEST(ResidualFitTest, TheFitIsTheLeastSquaresSolutionAndReportsItsR2) {
   }
 }
 
-TEST(ResidualFitTest, AnchorsAddInputsAndErrorsNameWhatIsWrong) {
-  testing::TempDir dir("residual_fit_anchors");
-  const std::string s = testing::WriteRandomModel(dir, "s", 2, 2, 1);
-  const std::string t = testing::WriteRandomModel(dir, "t", 3, 2, 2);
-  const std::string corpus = dir.WriteFile("corpus.txt", testing::TinyChatCorpus(1000, 30));
-  RuntimeOptions runtime;
-  runtime.n_threads = 1;
-  runtime.prefill_chunk = 48;
-  auto pair = LoadTranslatorPair(s, t, runtime);
-  ASSERT_TRUE(pair.ok()) << pair.status();
-  std::unique_ptr<Translator> plain = testing::MakeTranslator(s, t, false, 3);
+TEST_F(ResidualFitTest, AnchorsAddInputsAndErrorsNameWhatIsWrong) {
+  TranslatorPair* pair = pair_.get();
+  const Translator* plain = translator_.get();
   const at::Tensor table =
       AnchorTable(pair->target.checkpoint.weights.embed_tokens, pair->target.config().rms_norm_eps);
   std::unique_ptr<Translator> anchored = testing::WithAnchors(*plain, table, 2, 0.0);
 
-  ResidualFitOptions o;
-  o.data_path = corpus;
-  o.seq_len = 48;
-  o.max_sequences = 10;
+  ResidualFitOptions o = options_;
   o.ridge = 1e-6;
-  o.progress = false;
   o.layers = {2};
   o.source_layers = {1};
   auto without = FitResidualMaps(o, *pair, *plain);
@@ -137,7 +142,7 @@ TEST(ResidualFitTest, AnchorsAddInputsAndErrorsNameWhatIsWrong) {
   EXPECT_EQ(FitResidualMaps(o, *pair, *plain).status().code(), absl::StatusCode::kInvalidArgument);
   o.source_layers = {};
   // A translator built for other models.
-  std::unique_ptr<Translator> reverse = testing::MakeTranslator(t, s, false, 3);
+  std::unique_ptr<Translator> reverse = testing::MakeTranslator(target_, source_, false, 3);
   EXPECT_EQ(FitResidualMaps(o, *pair, *reverse).status().code(),
             absl::StatusCode::kFailedPrecondition);
 }
