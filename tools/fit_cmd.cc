@@ -32,9 +32,9 @@ int RunFit(const Args& args) {
   bool quiet = false, no_bias = false;
   FlagSet flags(
       "kvl fit",
-      "Prefills every sequence of the corpus with both models (which must share a\n"
-      "tokenizer), accumulates float64 second moments of their pre-norm keys and\n"
-      "values, and solves each target layer's maps in closed form (ridge relative to\n"
+      "Prefills every sequence of the corpus with both models, accumulates float64\n"
+      "second moments of their pre-norm keys and values, and solves each target\n"
+      "layer's maps in closed form (ridge relative to\n"
       "the mean input second moment). .jsonl: one chat per line ({\"messages\": [...]}),\n"
       "rendered as ChatML and cut to --seq-len tokens; .txt: consecutive windows of\n"
       "--seq-len tokens. Writes the translator to --out and the per-layer R² (and the\n"
@@ -42,6 +42,11 @@ int RunFit(const Args& args) {
       "--assignment defaults to same_index when the depths match (and --band is not\n"
       "all), else relative_depth. --band all: every target layer reads every source\n"
       "layer (the band is the source's depth).\n"
+      "Models with different tokenizers: each sequence (cut by the source's tokenizer)\n"
+      "is decoded to text that both encode with their own tokenizers; each source token\n"
+      "is regressed onto the mean target keys and values of its minimal matching group\n"
+      "(KV-Lingo appendix K; uniform weights, no token anchors), and the share of\n"
+      "groups that pair one token with one token is printed.\n"
       "--inputs joint: both maps of a target layer read the keys and the values of its\n"
       "assigned source layers (split: key maps read keys, value maps values; the\n"
       "assignment is chosen by split R² either way).\n"
@@ -113,6 +118,11 @@ int RunFit(const Args& args) {
   }
   std::printf("mean   %-14s %-8.4f %-14s %-8.4f\n", "", report["mean_r2_keys"].get<double>(), "",
               report["mean_r2_values"].get<double>());
+  if (fit->n_groups > 0) {
+    std::printf("across tokenizers: %lld minimal matching groups, %.1f%% one token to one token\n",
+                static_cast<long long>(fit->n_groups),
+                100.0 * static_cast<double>(fit->n_one_to_one) / static_cast<double>(fit->n_groups));
+  }
   const std::string json_path =
       std::filesystem::path(out_path).replace_extension(".r2.json").string();
   if (absl::Status s = WriteTextFile(json_path, report.dump(2) + "\n"); !s.ok()) {

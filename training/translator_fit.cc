@@ -14,6 +14,7 @@
 #include "base/status_macros.h"
 #include "model/engine.h"
 #include "model/model_dir.h"
+#include "model/token_alignment.h"
 #include "training/attention.h"
 #include "training/progress.h"
 #include "training/translator_data.h"
@@ -327,6 +328,64 @@ absl::Status AccumulateSequence(Engine& source, Engine& target, const std::vecto
   return moments.Add(*s, *t, {}, ids);
 }
 
+absl::StatusOr<AlignedTaps> AlignTaps(Engine& source, const Tokenizer& source_tokenizer,
+                                      Engine& target, const Tokenizer& target_tokenizer,
+                                      std::string_view text) {
+  const std::vector<int32_t> s32 = source_tokenizer.Encode(text);
+  const std::vector<int32_t> t32 = target_tokenizer.Encode(text);
+  if (s32.empty() || t32.empty()) return absl::InvalidArgumentError("no tokens to align");
+  absl::StatusOr<std::vector<int64_t>> s_bytes = TokenByteLengths(source_tokenizer, s32, text);
+  if (!s_bytes.ok()) return s_bytes.status();
+  absl::StatusOr<std::vector<int64_t>> t_bytes = TokenByteLengths(target_tokenizer, t32, text);
+  if (!t_bytes.ok()) return t_bytes.status();
+  absl::StatusOr<std::vector<AlignedGroup>> groups = AlignByBytes(*s_bytes, *t_bytes);
+  if (!groups.ok()) return groups.status();
+  const std::vector<int64_t> s_ids(s32.begin(), s32.end()), t_ids(t32.begin(), t32.end());
+  std::unique_ptr<KvCache> source_line = source.NewCache();
+  std::unique_ptr<KvCache> target_line = target.NewCache();
+  if (absl::StatusOr<at::Tensor> r = source.Prefill(*source_line, s_ids); !r.ok()) {
+    return r.status();
+  }
+  if (absl::StatusOr<at::Tensor> r = target.Prefill(*target_line, t_ids); !r.ok()) {
+    return r.status();
+  }
+  const int64_t n_s = static_cast<int64_t>(s_ids.size());
+  const int64_t n_t = static_cast<int64_t>(t_ids.size());
+  absl::StatusOr<KvTaps> s = source_line->Taps(0, n_s);
+  if (!s.ok()) return s.status();
+  absl::StatusOr<KvTaps> t = target_line->Taps(0, n_t);
+  if (!t.ok()) return t.status();
+  AlignedTaps out;
+  out.source = *std::move(s);
+  out.n_groups = static_cast<int64_t>(groups->size());
+  // Each target token's group, and each source token's; the group means of
+  // the target's taps gathered in source token order.
+  std::vector<int64_t> group_of_target(static_cast<size_t>(n_t)),
+      group_of_source(static_cast<size_t>(n_s));
+  std::vector<double> size(groups->size());
+  for (size_t g = 0; g < groups->size(); ++g) {
+    const AlignedGroup& a = (*groups)[g];
+    if (a.one_to_one()) ++out.n_one_to_one;
+    for (int64_t i = a.a_begin; i < a.a_end; ++i) group_of_source[static_cast<size_t>(i)] = g;
+    for (int64_t j = a.b_begin; j < a.b_end; ++j) group_of_target[static_cast<size_t>(j)] = g;
+    size[g] = static_cast<double>(a.b_end - a.b_begin);
+  }
+  c10::InferenceMode guard;
+  const at::Tensor target_index = at::tensor(group_of_target, at::kLong);
+  const at::Tensor source_index = at::tensor(group_of_source, at::kLong);
+  const at::Tensor counts = at::tensor(size, at::kDouble);
+  for (const auto& [from, to] : {std::pair{&t->keys, &out.target.keys},
+                                 std::pair{&t->values, &out.target.values}}) {
+    // [L, H, n_t, D] summed per group in float64 -> [L, H, groups, D].
+    const at::Tensor x = from->to(at::kDouble);
+    at::Tensor sums = at::zeros({x.size(0), x.size(1), out.n_groups, x.size(3)}, x.options());
+    sums.index_add_(2, target_index, x);
+    sums.div_(counts.view({1, 1, -1, 1}));
+    *to = sums.index_select(2, source_index).to(from->scalar_type()).contiguous();
+  }
+  return out;
+}
+
 namespace {
 
 // Moments are accumulated in float64 from float32 caches.
@@ -384,9 +443,13 @@ absl::StatusOr<CorpusFit> FitFromCorpus(const CorpusFitOptions& o) {
   if (!source.ok()) return source.status();
   absl::StatusOr<ModelDir> target = LoadForFit(o.target_dir, o.n_threads, o.seq_len);
   if (!target.ok()) return target.status();
-  if (source->tokenizer->content_hash() != target->tokenizer->content_hash()) {
-    return absl::FailedPreconditionError(
-        "source and target tokenizers differ; cross-tokenizer fitting is not supported");
+  // Across tokenizers each sequence is text that both models encode with
+  // their own tokenizers, aligned by bytes (AlignTaps).
+  const bool cross = source->tokenizer->content_hash() != target->tokenizer->content_hash();
+  if (cross && (o.anchor_window > 0 || o.weighting != "uniform")) {
+    return absl::InvalidArgumentError(
+        "across tokenizers the fit takes uniform weights and no token anchors (the source "
+        "and target tokenizers differ)");
   }
   const ModelConfig& sc = source->config();
   const ModelConfig& tc = target->config();
@@ -428,12 +491,24 @@ absl::StatusOr<CorpusFit> FitFromCorpus(const CorpusFitOptions& o) {
     const ModelWeights target_weights32 = target->checkpoint.weights.To(at::kFloat, "cpu");
     for (size_t i = 0; i < sequences->size(); ++i) {
       const std::vector<int64_t>& ids = (*sequences)[i];
-      absl::Status s =
-          o.weighting == "uniform"
-              ? AccumulateSequence(*source->engine, *target->engine, ids, **moments)
-              : AccumulateAttentionWeighted(*source->engine, *target->engine, tc,
-                                            target_weights32, ids, o.attention_queries,
-                                            **moments);
+      absl::Status s;
+      if (cross) {
+        const std::vector<int32_t> ids32(ids.begin(), ids.end());
+        absl::StatusOr<AlignedTaps> aligned =
+            AlignTaps(*source->engine, *source->tokenizer, *target->engine, *target->tokenizer,
+                      source->tokenizer->Decode(ids32));
+        s = aligned.ok() ? (*moments)->Add(aligned->source, aligned->target) : aligned.status();
+        if (aligned.ok()) {
+          out.n_groups += aligned->n_groups;
+          out.n_one_to_one += aligned->n_one_to_one;
+        }
+      } else {
+        s = o.weighting == "uniform"
+                ? AccumulateSequence(*source->engine, *target->engine, ids, **moments)
+                : AccumulateAttentionWeighted(*source->engine, *target->engine, tc,
+                                              target_weights32, ids, o.attention_queries,
+                                              **moments);
+      }
       if (!s.ok()) return absl::Status(s.code(), absl::StrCat("sequence ", i, ": ", s.message()));
       if (bar) {
         bar->Update(static_cast<int64_t>(i) + 1,
@@ -471,7 +546,7 @@ nlohmann::json CorpusFitReport(const CorpusFitOptions& o, const CorpusFit& f,
     mean_k += f.fit.r2_keys[il] / static_cast<double>(n_layer);
     mean_v += f.fit.r2_values[il] / static_cast<double>(n_layer);
   }
-  return {
+  nlohmann::json report = {
       {"translator", translator_path},
       {"source", o.source_dir},
       {"target", o.target_dir},
@@ -495,6 +570,10 @@ nlohmann::json CorpusFitReport(const CorpusFitOptions& o, const CorpusFit& f,
       {"single_layer_r2_keys", TableJson(f.single.keys)},
       {"single_layer_r2_values", TableJson(f.single.values)},
   };
+  if (f.n_groups > 0) {
+    report["alignment"] = {{"groups", f.n_groups}, {"one_to_one", f.n_one_to_one}};
+  }
+  return report;
 }
 
 }  // namespace kvl::training

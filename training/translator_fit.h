@@ -15,11 +15,13 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "model/kv_cache.h"
+#include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "translator/translator.h"
 
@@ -117,6 +119,24 @@ class MomentAccumulator {
 absl::Status AccumulateSequence(Engine& source, Engine& target, const std::vector<int64_t>& ids,
                                 MomentAccumulator& moments);
 
+// Across tokenizers (issue 54; KV-Lingo appendix K): `text` encoded by each
+// model's own tokenizer (special tokens parsed), the two tokenizations
+// aligned into minimal matching groups (model/token_alignment.h), both
+// models prefilled with their own ids. `source`: the source's taps of all
+// its tokens; `target`: in the same token order, the mean of the target's
+// taps over each source token's group, what the paper's stage 1 regresses
+// each source token onto. Identical tokenizations give the target's own
+// taps. Errors: the engines', and InvalidArgument from TokenByteLengths /
+// AlignByBytes when a tokenizer does not spell the text back (a normalizer
+// that rewrites it).
+struct AlignedTaps {
+  KvTaps source, target;  // [L_s, H_s, n, D_s] and [L_t, H_t, n, D_t], n source tokens
+  int64_t n_groups = 0, n_one_to_one = 0;
+};
+absl::StatusOr<AlignedTaps> AlignTaps(Engine& source, const Tokenizer& source_tokenizer,
+                                      Engine& target, const Tokenizer& target_tokenizer,
+                                      std::string_view text);
+
 // Stage 1 from a corpus, as `kvl fit` runs it: both models prefill every
 // sequence of `data_path` (ReadSequences), their taps are accumulated (each
 // token weighted uniformly, or by the attention the target's continuation
@@ -154,11 +174,18 @@ struct CorpusFit {
   FitResult fit;
   SingleLayerR2Table single;
   int64_t n_sequences = 0, n_tokens = 0;
+  // Across tokenizers (AlignTaps): the minimal matching groups of all
+  // sequences, and how many paired one token with one token.
+  int64_t n_groups = 0, n_one_to_one = 0;
 };
 
-// Errors: the loaders' (LoadModelDir), ReadSequences', FailedPrecondition for
-// models with different tokenizers, InvalidArgument for an assignment the
-// depths or band do not allow, the accumulator's.
+// Models with different tokenizers are fitted across them: each sequence is
+// decoded to text, which both encode with their own tokenizers, and each
+// source token is regressed onto its group's mean target keys and values
+// (AlignTaps; uniform weights, no token anchors).
+// Errors: the loaders' (LoadModelDir), ReadSequences', InvalidArgument for an
+// assignment the depths or band do not allow or for anchors or attention
+// weights across tokenizers, the accumulator's.
 absl::StatusOr<CorpusFit> FitFromCorpus(const CorpusFitOptions& options);
 
 // The .r2.json report of a fit written to translator_path: the options, the

