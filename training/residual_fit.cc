@@ -33,17 +33,9 @@ at::Tensor InputRows(const KvTaps& taps, const std::vector<int64_t>& source_laye
     }
   }
   if (window > 0) {
-    const int64_t vocab = anchor_table.size(0);
-    const at::Tensor rows =
-        at::cat({anchor_table.to(at::kDouble), at::zeros({1, anchor_table.size(1)}, at::kDouble)});
-    std::vector<int64_t> index(static_cast<size_t>(n * window));
-    for (int64_t t = 0; t < n; ++t) {
-      for (int64_t k = 0; k < window; ++k) {
-        index[static_cast<size_t>(t * window + k)] =
-            t - k >= 0 ? ids[static_cast<size_t>(t - k)] : vocab;
-      }
-    }
-    parts.push_back(rows.index_select(0, at::tensor(index, at::kLong)).view({n, -1}));
+    parts.push_back(
+        AnchorBatch(anchor_table, at::tensor(ids, at::kLong).unsqueeze(0), window)[0].to(
+            at::kDouble));
   }
   parts.push_back(at::ones({n, 1}, at::kDouble));
   return at::cat(parts, 1);

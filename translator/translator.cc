@@ -672,6 +672,21 @@ absl::StatusOr<std::vector<int64_t>> PaddedAnchorIds(const std::vector<int64_t>&
   return padded;
 }
 
+// The anchor table rows of tokens [t0, t0 + n) of a span, W per token (ids
+// t, t-1, ..., t-W+1; `vocab`, the zero row, before the conversation's
+// start), from PaddedAnchorIds' padding: [n * W] row indices.
+std::vector<int64_t> AnchorIndex(const std::vector<int64_t>& padded, int64_t t0, int64_t n,
+                                 int64_t w, int64_t vocab) {
+  std::vector<int64_t> index(static_cast<size_t>(n * w));
+  for (int64_t p = 0; p < n; ++p) {
+    for (int64_t k = 0; k < w; ++k) {
+      const int64_t id = padded[static_cast<size_t>(t0 + p + w - 1 - k)];
+      index[static_cast<size_t>(p * w + k)] = id < 0 ? vocab : id;
+    }
+  }
+  return index;
+}
+
 // Tokens per chunk of AddAnchors: its float32 buffer (1.5 MB for kvl-small
 // -> kvl-large) stays in cache and is reused, where a whole span's sum was a
 // fresh allocation of 23 MB at 3.8k tokens whose page faults, in the server,
@@ -695,15 +710,8 @@ absl::Status Translator::AddAnchors(const std::vector<int64_t>& ids, KvTaps* out
     const int64_t n = std::min(kAnchorChunkTokens, n_tokens - t0);
     at::Tensor sum = buffer.narrow(0, 0, n);  // [n, 2*L_t*H_t*D_t]
     if (!anchor_lookup_.defined()) {
-      // Token p's row: table rows of ids p, p-1, ..., p-W+1 (the zero row
-      // before the conversation's start), times the anchor weights.
-      std::vector<int64_t> index(static_cast<size_t>(n * w));
-      for (int64_t p = 0; p < n; ++p) {
-        for (int64_t k = 0; k < w; ++k) {
-          const int64_t id = padded[static_cast<size_t>(t0 + p + w - 1 - k)];
-          index[static_cast<size_t>(p * w + k)] = id < 0 ? vocab : id;
-        }
-      }
+      // Token p's table rows times the anchor weights.
+      const std::vector<int64_t> index = AnchorIndex(padded, t0, n, w, vocab);
       const at::Tensor rows =
           SelectRows(anchor_rows_, at::tensor(index, at::kLong).to(device_)).view({n, -1});
       sum.copy_(at::mm(rows, anchor_weight_));
@@ -865,13 +873,7 @@ absl::StatusOr<at::Tensor> Translator::PredictResidual(const KvTaps& source, int
     const int64_t w = spec_.anchor_window, vocab = anchor_table_.size(0);
     absl::StatusOr<std::vector<int64_t>> padded = PaddedAnchorIds(ids, n_tokens, w, vocab);
     if (!padded.ok()) return padded.status();
-    index.resize(static_cast<size_t>(n_tokens * w));
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      for (int64_t k = 0; k < w; ++k) {
-        const int64_t id = (*padded)[static_cast<size_t>(t + w - 1 - k)];
-        index[static_cast<size_t>(t * w + k)] = id < 0 ? vocab : id;
-      }
-    }
+    index = AnchorIndex(*padded, 0, n_tokens, w, vocab);
   }
   try {
     c10::InferenceMode guard;
