@@ -68,11 +68,17 @@ at::Tensor GatedMlp(const ModelConfig& config, const at::Tensor& h, const at::Te
 // Qwen3-MoE block: router softmax in float32, the top k experts per token
 // (renormalized with norm_topk_prob), weights cast to h's dtype, each
 // expert's output times its weight added in ascending expert order.
-at::Tensor Mlp(const ModelConfig& config, const LayerWeights& w, const at::Tensor& h) {
+// `router_out`, when given, receives the router's probabilities and choices.
+at::Tensor Mlp(const ModelConfig& config, const LayerWeights& w, const at::Tensor& h,
+               ReferenceOutput* router_out) {
   if (!w.router.defined()) return GatedMlp(config, h, w.gate_proj, w.up_proj, w.down_proj);
   const at::Tensor flat = h.reshape({-1, h.size(-1)});  // [B*T, E]
   const at::Tensor probs = at::softmax(at::linear(flat, w.router), -1, at::kFloat);
   auto [weights, experts] = probs.topk(config.n_expert_used, -1);  // [B*T, k]
+  if (router_out != nullptr) {
+    router_out->router_probs.push_back(probs);
+    router_out->router_experts.push_back(experts);
+  }
   if (config.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
   weights = weights.to(h.scalar_type());
   at::Tensor out = at::zeros_like(flat);
@@ -128,6 +134,7 @@ ReferenceOutput ReferenceForward(const ModelConfig& config, const ModelWeights& 
                                                        : static_cast<double>(d));
 
   ReferenceOutput out;
+  ReferenceOutput* const router_out = options.capture_router ? &out : nullptr;
   TORCH_CHECK(options.first_layer == 0 || (options.hidden.defined() && !has_prefix),
               "a forward from layer ", options.first_layer, " needs its hidden input, no prefix");
   if (options.hidden.defined()) {
@@ -189,10 +196,10 @@ ReferenceOutput ReferenceForward(const ModelConfig& config, const ModelWeights& 
     if (config.sandwich_norms) {
       x = x + RmsNorm(config, attn_out, w.post_attention_layernorm);
       const at::Tensor h2 = RmsNorm(config, x, w.pre_feedforward_layernorm);
-      x = x + RmsNorm(config, Mlp(config, w, h2), w.post_feedforward_layernorm);
+      x = x + RmsNorm(config, Mlp(config, w, h2, router_out), w.post_feedforward_layernorm);
     } else {
       x = x + attn_out;
-      x = x + Mlp(config, w, RmsNorm(config, x, w.post_attention_layernorm));
+      x = x + Mlp(config, w, RmsNorm(config, x, w.post_attention_layernorm), router_out);
     }
   }
   if (options.no_logits) return out;

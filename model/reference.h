@@ -60,12 +60,20 @@ struct ReferenceOptions {
   at::Tensor hidden;
   // Stop after the layers (no final norm or logits: `logits` undefined).
   bool no_logits = false;
+  // Keep each mixture-of-experts layer's router probabilities (what a
+  // load-balancing loss reads: training/train_lm.h).
+  bool capture_router = false;
 };
 
 struct ReferenceOutput {
   at::Tensor logits;                     // [B, T, V] in float32 ([B, 1, V] if last only)
   std::vector<at::Tensor> keys_prenorm;  // L x [B, H, T, D] when capture_kv
   std::vector<at::Tensor> values;        // L x [B, H, T, D] when capture_kv
+  // With capture_router, per sparse layer in order: the router's float32
+  // softmax [B*T, n_expert] (gradients flow through it) and the chosen
+  // experts [B*T, n_expert_used] int64.
+  std::vector<at::Tensor> router_probs;
+  std::vector<at::Tensor> router_experts;
 };
 
 // ids: [B, T] int64. Weights in any one dtype/device; computation follows them.

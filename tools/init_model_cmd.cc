@@ -26,7 +26,8 @@ int RunInitModel(const Args& args) {
   flags.Choice("dtype", &dtype_name, {"float32", "bfloat16", "float16"},
                "dtype of the written weights");
   flags.Add("tokenizer", &tokenizer_json, "tokenizer.json",
-            "copied into DIR (with tokenizer_config.json from the same directory, if present)");
+            "copied into DIR (with tokenizer_config.json from the same directory, if present); "
+            "a directory stands for its tokenizer.json");
   if (std::optional<int> exit = flags.ParseOrExit(args)) return *exit;
   uint64_t seed = 0;
   if (!absl::SimpleAtoi(seed_text, &seed)) {
@@ -40,6 +41,10 @@ int RunInitModel(const Args& args) {
     return 1;
   }
   std::string tokenizer_config_json;
+  // A directory (a model's, or models/tokenizer) stands for its tokenizer.json.
+  if (!tokenizer_json.empty() && std::filesystem::is_directory(tokenizer_json)) {
+    tokenizer_json = (std::filesystem::path(tokenizer_json) / "tokenizer.json").string();
+  }
   if (!tokenizer_json.empty()) {
     const std::filesystem::path sibling =
         std::filesystem::path(tokenizer_json).parent_path() / "tokenizer_config.json";

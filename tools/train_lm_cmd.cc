@@ -65,6 +65,8 @@ int RunTrainLm(const Args& args) {
   flags.Choice("windows", &windows, {"conversation", "anywhere"}, "where training windows start");
   flags.Add("assistant-weight", &o.assistant_weight, "W",
             "loss weight of assistant-written tokens relative to the rest");
+  flags.Add("router-aux-loss", &o.router_aux_loss, "W",
+            "weight of the mixture-of-experts load-balancing loss, 0: none");
   flags.Choice("attention", &attention, {"grouped", "eager"},
                "the training forward's attention");
   flags.Switch("no-plot", &no_plot, "do not write loss.png (which needs gnuplot)");

@@ -90,23 +90,26 @@ absl::StatusOr<std::vector<int32_t>> TokenizeFile(const Tokenizer& tokenizer,
 // that changes the batches, the schedule or the update rule.
 json RunIdentity(const TrainOptions& o, const ModelConfig& config, const std::string& tokenizer_hash,
                  int64_t n_train_tokens, const std::string& init_hash) {
-  return json{{"seed", o.seed},
-              {"init_from_sha256", init_hash},
-              {"steps", o.n_steps},
-              {"batch", o.batch},
-              {"seq_len", o.seq_len},
-              {"align_to_conversations", o.align_to_conversations},
-              {"assistant_weight", o.assistant_weight},
-              {"lr", o.lr},
-              {"warmup", o.warmup},
-              {"min_lr_ratio", o.min_lr_ratio},
-              {"weight_decay", o.weight_decay},
-              {"betas", {o.beta1, o.beta2}},
-              {"eps", o.eps},
-              {"clip", o.clip},
-              {"model_config", config.ToJson()},
-              {"tokenizer_sha256", tokenizer_hash},
-              {"train_tokens", n_train_tokens}};
+  json identity{{"seed", o.seed},
+                {"init_from_sha256", init_hash},
+                {"steps", o.n_steps},
+                {"batch", o.batch},
+                {"seq_len", o.seq_len},
+                {"align_to_conversations", o.align_to_conversations},
+                {"assistant_weight", o.assistant_weight},
+                {"lr", o.lr},
+                {"warmup", o.warmup},
+                {"min_lr_ratio", o.min_lr_ratio},
+                {"weight_decay", o.weight_decay},
+                {"betas", {o.beta1, o.beta2}},
+                {"eps", o.eps},
+                {"clip", o.clip},
+                {"model_config", config.ToJson()},
+                {"tokenizer_sha256", tokenizer_hash},
+                {"train_tokens", n_train_tokens}};
+  // Only when set, so that runs from before the option keep their identity.
+  if (o.router_aux_loss > 0) identity["router_aux_loss"] = o.router_aux_loss;
+  return identity;
 }
 
 struct Param {
@@ -116,6 +119,20 @@ struct Param {
   at::Tensor exp_avg_sq;  // AdamW second moment
   bool decay = false;     // matrices only
 };
+
+}  // namespace
+
+at::Tensor LoadBalancingLoss(const std::vector<at::Tensor>& probs,
+                             const std::vector<at::Tensor>& experts, int64_t n_expert) {
+  const at::Tensor all_probs = at::cat(probs, 0);      // [L*N, E]
+  const at::Tensor all_experts = at::cat(experts, 0);  // [L*N, k]
+  const at::Tensor chosen = at::one_hot(all_experts, n_expert).to(at::kFloat);  // [L*N, k, E]
+  const at::Tensor tokens_per_expert = chosen.mean(0);  // [k, E]
+  const at::Tensor prob_per_expert = all_probs.mean(0);  // [E]
+  return (tokens_per_expert * prob_per_expert.unsqueeze(0)).sum() * static_cast<double>(n_expert);
+}
+
+namespace {
 
 double StepLossMean(const std::vector<StepRecord>& log, size_t last_n) {
   if (log.empty()) return 0;
@@ -129,6 +146,7 @@ json StepJson(const StepRecord& r) {
   json j = {{"step", r.step}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
             {"tokens_per_s", r.tokens_per_s}};
   if (r.valid_loss >= 0) j["valid_loss"] = r.valid_loss;
+  if (r.router_aux >= 0) j["router_aux"] = r.router_aux;
   return j;
 }
 
@@ -313,6 +331,7 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
         "and non-negative eval-every, checkpoint-every, stop-after");
   }
   if (o.out_dir.empty()) return absl::InvalidArgumentError("an output directory is required");
+  if (o.router_aux_loss < 0) return absl::InvalidArgumentError("router-aux-loss must be >= 0");
 
   absl::StatusOr<ModelConfig> loaded_config = ModelConfig::FromFile(o.config_path);
   if (!loaded_config.ok()) return loaded_config.status();
@@ -321,6 +340,10 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("seq-len ", o.seq_len, " exceeds max_position_embeddings ",
                      config.max_position_embeddings, " of ", o.config_path));
+  }
+  if (o.router_aux_loss > 0 && config.n_expert == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "router-aux-loss needs a mixture of experts; ", o.config_path, " has no num_experts"));
   }
 
   const TokenizerFiles tok_files = ResolveTokenizer(o.tokenizer_path);
@@ -576,10 +599,11 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
 
     ReferenceOptions forward;
     if (o.grouped_attention) forward.attention = GroupedAttention();
+    forward.capture_router = o.router_aux_loss > 0;
     std::optional<Bf16AutocastScope> autocast;
     if (o.bf16) autocast.emplace();
-    const at::Tensor logits =
-        ReferenceForward(config, weights, inputs, forward).logits;  // [B, T, V]
+    ReferenceOutput out = ReferenceForward(config, weights, inputs, forward);
+    const at::Tensor& logits = out.logits;  // [B, T, V]
     autocast.reset();  // the loss, backward and update run without autocast
     at::Tensor loss;
     if (train_weights.defined()) {
@@ -594,7 +618,13 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
     } else {
       loss = at::cross_entropy_loss(logits.reshape({-1, config.vocab_size}), targets.reshape({-1}));
     }
-    loss.backward();
+    at::Tensor router_aux;
+    if (o.router_aux_loss > 0) {
+      router_aux = LoadBalancingLoss(out.router_probs, out.router_experts, config.n_expert);
+      (loss + o.router_aux_loss * router_aux).backward();
+    } else {
+      loss.backward();
+    }
 
     const double lr = LearningRate(o, step);
     double grad_norm = 0;
@@ -602,7 +632,13 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
       c10::AutoGradMode no_grad(false);
       std::vector<at::Tensor> norms;
       norms.reserve(params.size());
-      for (const Param& p : params) norms.push_back(p.value.grad().norm().pow(2));
+      // A parameter no token reached this step (an expert the router chose for
+      // none of the batch's tokens) has no gradient; as PyTorch's AdamW does
+      // with a None gradient, it is left as it is, moments included (its later
+      // bias correction counts the run's steps, where PyTorch counts its own).
+      for (const Param& p : params) {
+        if (p.value.grad().defined()) norms.push_back(p.value.grad().norm().pow(2));
+      }
       grad_norm = std::sqrt(at::stack(norms).sum().item<double>());
       const double clip_scale =
           (o.clip > 0 && grad_norm > o.clip) ? o.clip / (grad_norm + 1e-6) : 1.0;
@@ -611,6 +647,7 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
       const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(step));
       for (Param& p : params) {
         at::Tensor g = p.value.grad();
+        if (!g.defined()) continue;
         if (clip_scale != 1.0) g.mul_(clip_scale);
         if (p.decay && o.weight_decay > 0) p.value.mul_(1.0 - lr * o.weight_decay);
         p.exp_avg.mul_(o.beta1).add_(g, 1.0 - o.beta1);
@@ -623,6 +660,7 @@ absl::StatusOr<TrainResult> TrainLm(const TrainOptions& o) {
     StepRecord rec;
     rec.step = step;
     rec.loss = loss.item<double>();
+    if (router_aux.defined()) rec.router_aux = router_aux.item<double>();
     rec.lr = lr;
     rec.grad_norm = grad_norm;
     const double dt = Seconds(t0, Clock::now());

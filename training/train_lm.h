@@ -13,6 +13,7 @@
 // and autocast state; run one training per process.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
@@ -45,6 +46,9 @@ struct TrainOptions {
   // assistant message and its <|im_end|>) relative to every other token: the
   // step loss is sum(w * nll) / sum(w). 1 is the plain language-model loss.
   double assistant_weight = 1.0;
+  // Weight of the mixture-of-experts load-balancing loss (LoadBalancingLoss)
+  // added to the step loss; 0: none. Only for a model with experts.
+  double router_aux_loss = 0;
   double lr = 3e-3;            // peak learning rate
   int64_t warmup = 50;         // linear warm-up steps (from lr/warmup)
   double min_lr_ratio = 0.1;   // cosine decays to min_lr_ratio * lr at n_steps
@@ -77,6 +81,7 @@ struct StepRecord {
   double grad_norm = 0;  // before clipping
   double tokens_per_s = 0;
   double valid_loss = -1;  // at evaluation steps, else -1
+  double router_aux = -1;  // the batch's load-balancing loss when one is trained, else -1
 };
 
 struct TrainResult {
@@ -150,6 +155,16 @@ std::vector<uint8_t> AssistantTokenMask(const Tokenizer& tokenizer,
 // room for a window of seq_len + 1 tokens.
 std::vector<int64_t> ConversationStarts(const Tokenizer& tokenizer,
                                         const std::vector<int32_t>& tokens, int64_t seq_len);
+
+// Hugging Face's load-balancing loss of a mixture of experts (transformers'
+// load_balancing_loss_func, from Switch Transformers), over every sparse
+// layer's tokens together: n_expert * sum over top-k slots s and experts e of
+// (share of tokens whose slot s chose e) * (mean router probability of e).
+// It is n_expert_used when routing is uniform and balanced, n_expert when
+// every token goes to the same experts with all the probability. probs: per
+// layer [N, n_expert] float32; experts: per layer [N, k] int64.
+at::Tensor LoadBalancingLoss(const std::vector<at::Tensor>& probs,
+                             const std::vector<at::Tensor>& experts, int64_t n_expert);
 
 // Runs (or resumes) training. Writes, in out_dir: the model (config.json,
 // model.safetensors, generation_config.json, tokenizer files) at every

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "base/files.h"
 #include "model/chat_template.h"
 #include "model/checkpoint.h"
 #include "model/reference.h"
@@ -174,6 +175,25 @@ TEST_F(ModelCliTest, LogitsOnAWeightsOnlyDirectoryNeedNoTokenizer) {
   ASSERT_TRUE(generate.ok()) << generate.status();
   EXPECT_NE(generate->exit_code, 0);
   EXPECT_NE(generate->err.find("tokenizer.json"), std::string::npos) << generate->err;
+}
+
+// --tokenizer may name the directory that holds tokenizer.json (as train-lm's
+// does): both tokenizer files are copied.
+TEST_F(ModelCliTest, InitModelTakesATokenizerDirectory) {
+  const std::string tokenizer_dir = std::string(KVL_SOURCE_DIR) + "/models/tokenizer";
+  const std::string out = dir_.Path("from-dir");
+  absl::StatusOr<RunResult> init =
+      RunProcess({KVL_CLI_BIN, "init-model", "--config", dir_.Path("config.json"), "--out", out,
+                  "--seed", "7", "--tokenizer", tokenizer_dir},
+                 kTimeout);
+  ASSERT_TRUE(init.ok()) << init.status();
+  ASSERT_EQ(init->exit_code, 0) << init->err;
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
+    absl::StatusOr<std::string> copied = ReadTextFile(out + "/" + file);
+    absl::StatusOr<std::string> original = ReadTextFile(tokenizer_dir + "/" + file);
+    ASSERT_TRUE(copied.ok() && original.ok()) << file;
+    EXPECT_EQ(*copied, *original) << file;
+  }
 }
 
 // A result file that cannot be written (a full disk, a missing directory) is

@@ -489,6 +489,94 @@ TEST_F(TrainLmTest, AssistantWeightChangesTheLossAndIsPartOfTheRun) {
   EXPECT_EQ(TrainLm(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The balancing loss against its definition, written as loops in float64:
+// n_expert * sum_s sum_e (share of tokens whose slot s chose e) * (mean
+// probability of e), over all layers' tokens together. Uniform, balanced
+// routing gives k; every token on the same experts with all the mass gives
+// n_expert.
+TEST(LoadBalancingLossTest, MatchesItsDefinitionAndItsTwoLimits) {
+  constexpr int64_t kExperts = 4, kTopK = 2, kTokens = 8;
+  const at::Tensor uniform = at::full({kTokens, kExperts}, 1.0 / kExperts);
+  at::Tensor balanced = at::empty({kTokens, kTopK}, at::kLong);
+  for (int64_t t = 0; t < kTokens; ++t) {
+    balanced[t][0] = t % kExperts;
+    balanced[t][1] = (t + 1) % kExperts;
+  }
+  EXPECT_NEAR(LoadBalancingLoss({uniform}, {balanced}, kExperts).item<double>(), kTopK, 1e-6);
+  at::Tensor collapsed_probs = at::zeros({kTokens, kExperts});
+  collapsed_probs.narrow(1, 0, 2).fill_(0.5);
+  at::Tensor collapsed = at::empty({kTokens, kTopK}, at::kLong);
+  collapsed.select(1, 0).fill_(0);
+  collapsed.select(1, 1).fill_(1);
+  EXPECT_NEAR(LoadBalancingLoss({collapsed_probs}, {collapsed}, kExperts).item<double>(),
+              kExperts, 1e-6);
+
+  // Two layers of random routing.
+  at::manual_seed(3);
+  std::vector<at::Tensor> probs, experts;
+  for (int layer = 0; layer < 2; ++layer) {
+    probs.push_back(at::softmax(at::randn({kTokens, kExperts}), -1));
+    experts.push_back(std::get<1>(probs.back().topk(kTopK, -1)));
+  }
+  double mean_prob[kExperts] = {}, share[kTopK][kExperts] = {};
+  const double n = 2.0 * kTokens;
+  for (int layer = 0; layer < 2; ++layer) {
+    for (int64_t t = 0; t < kTokens; ++t) {
+      for (int64_t e = 0; e < kExperts; ++e) {
+        mean_prob[e] += probs[layer][t][e].item<double>() / n;
+      }
+      for (int64_t s = 0; s < kTopK; ++s) share[s][experts[layer][t][s].item<int64_t>()] += 1 / n;
+    }
+  }
+  double expected = 0;
+  for (int64_t s = 0; s < kTopK; ++s) {
+    for (int64_t e = 0; e < kExperts; ++e) expected += share[s][e] * mean_prob[e];
+  }
+  expected *= kExperts;
+  EXPECT_NEAR(LoadBalancingLoss(probs, experts, kExperts).item<double>(), expected, 1e-6);
+}
+
+// A mixture of experts trains, with or without the balancing loss. The
+// logged loss stays the language model's (the first step's, taken before
+// any update, is the same with and without it), the balancing loss is
+// logged beside it and changes the updates; a dense model refuses it.
+TEST_F(TrainLmTest, AMixtureOfExpertsTrainsWithItsBalancingLossLoggedApart) {
+  nlohmann::json config = nlohmann::json::parse(ReadAll(files_->config));
+  config["architectures"] = {"Qwen3MoeForCausalLM"};
+  config["model_type"] = "qwen3_moe";
+  config["num_experts"] = 8;
+  config["num_experts_per_tok"] = 2;
+  config["moe_intermediate_size"] = 16;
+  config["norm_topk_prob"] = true;
+  TrainOptions o = TinyOptions(*files_, dir_->Path("moe_plain"), 12);
+  o.valid_path = "";
+  o.config_path = dir_->WriteFile("moe.json", config.dump());
+  absl::StatusOr<TrainResult> plain = TrainLm(o);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  o.out_dir = dir_->Path("moe_aux");
+  o.router_aux_loss = 0.5;
+  absl::StatusOr<TrainResult> balanced = TrainLm(o);
+  ASSERT_TRUE(balanced.ok()) << balanced.status();
+  ASSERT_EQ(plain->log.size(), 12u);
+  ASSERT_EQ(balanced->log.size(), 12u);
+  EXPECT_EQ(plain->log[0].loss, balanced->log[0].loss);
+  EXPECT_NE(plain->log.back().loss, balanced->log.back().loss);
+  EXPECT_LT(balanced->log.back().loss, balanced->log[0].loss);
+  for (const StepRecord& r : plain->log) EXPECT_EQ(r.router_aux, -1);
+  for (const StepRecord& r : balanced->log) {
+    EXPECT_GT(r.router_aux, 0);
+    EXPECT_LE(r.router_aux, 8 + 1e-4);  // n_expert: all on the same experts
+  }
+  EXPECT_NE(ReadAll(dir_->Path("moe_aux/train_log.jsonl")).find("\"router_aux\""),
+            std::string::npos);
+
+  o = TinyOptions(*files_, dir_->Path("dense_aux"), 2);
+  o.router_aux_loss = 0.5;
+  const absl::Status dense = TrainLm(o).status();
+  EXPECT_EQ(dense.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(dense.message()).find("num_experts"), std::string::npos) << dense;
+}
+
 TEST_F(TrainLmTest, Bf16AutocastChangesTheArithmeticButNotTheLoss) {
   // One step each: the first loss is computed before any update.
   TrainOptions o = TinyOptions(*files_, dir_->Path("ac32"), 1);
