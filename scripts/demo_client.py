@@ -4,7 +4,10 @@ Uses only Debian's python3-grpcio and python3-protobuf: message classes come
 from `protoc --python_out` (scripts/run_demo.sh generates them into
 build/python), and each method is called by its full name.
 
-usage: /usr/bin/python3 scripts/demo_client.py TARGET STUBS_DIR METRICS_URL
+usage: /usr/bin/python3 scripts/demo_client.py TARGET STUBS_DIR METRICS_URL [POLICY]
+
+POLICY names the routing policy of every turn: cascade (the default) or
+alternate (scripts/run_demo.sh --families: each turn goes to the next model).
 """
 import json
 import pathlib
@@ -62,6 +65,7 @@ def house_models_note(served):
 
 def main():
     target, stubs_dir, metrics_url = sys.argv[1], sys.argv[2], sys.argv[3]
+    policy = sys.argv[4] if len(sys.argv) > 4 else "cascade"
     sys.path.insert(0, stubs_dir)
     from kvlingo.v1 import chat_pb2, model_pb2, session_pb2  # noqa: E402
 
@@ -107,14 +111,15 @@ def main():
 
     system = "You are a helpful assistant."
     main_session = create(session_pb2.CreateSessionRequest(system_prompt=system), timeout=5)
-    # The twin hears the same turns under the same cascade (so the same model
+    # The twin hears the same turns under the same policy (so the same model
     # answers), but every hand-over re-prefills: what the switch would cost
     # without translation.
     twin = create(session_pb2.CreateSessionRequest(system_prompt=system), timeout=5)
     # In the corpus's register (docs/data.md): facts and a running total that
     # kvl-small handles, an out-of-domain request that it is unsure about
     # (the cascade escalates there), then questions whose answers only the
-    # history holds, answered by kvl-large from the translated cache; where
+    # history holds, answered by kvl-large from the translated cache (under
+    # "alternate", every turn by the next model); where
     # an answer differs from the re-prefilled twin's, both are printed.
     script = [
         "My sister Nora lives in Lisbon.",
@@ -128,8 +133,8 @@ def main():
     print(f"\n{'turn':>4}  {'model':<12} {'path':<11} {'switch':<7} {'TTFT ms':>8}  "
           f"{'reprefill TTFT ms':>17}  {'translated':>10}  reason")
     for i, text in enumerate(script, 1):
-        d, answer, s = turn(main_session.session_id, text, policy="cascade")
-        td, twin_answer, ts = turn(twin.session_id, text, policy="cascade",
+        d, answer, s = turn(main_session.session_id, text, policy=policy)
+        td, twin_answer, ts = turn(twin.session_id, text, policy=policy,
                                    strategy=chat_pb2.SWITCH_STRATEGY_REPREFILL)
         path = chat_pb2.CachePath.Name(d.path).replace("CACHE_PATH_", "").lower()
         print(f"{i:>4}  {d.model:<12} {path:<11} {'yes' if d.switched else 'no':<7} "

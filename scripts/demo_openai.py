@@ -1,10 +1,11 @@
 """The demo's second part (scripts/run_demo.sh): a stateless client of the
 OpenAI API (docs/openai-api.md) that sends the whole conversation with every
-request and alternates kvl-small and kvl-large. Per request it prints the
+request and changes model at every request (kvl-small, kvl-large, kvl-small,
+kvl-large unless given). Per request it prints the
 model that answered, the cache path, the prompt tokens the answering model
 found in its own cache, got translated or prefilled, and the server's TTFT.
 
-Standard library only (urllib); usage: demo_openai.py HOST:PORT
+Standard library only (urllib); usage: demo_openai.py HOST:PORT [MODEL,MODEL,...]
 """
 import json
 import sys
@@ -22,6 +23,7 @@ def complete(base, model, messages):
 
 def main():
     base = f"http://{sys.argv[1]}"
+    models = (sys.argv[2] if len(sys.argv) > 2 else "kvl-small,kvl-large,kvl-small,kvl-large").split(",")
     facts = " ".join(f"Shelf {i} holds {3 + 2 * i} blue folders." for i in range(12))
     messages = [{"role": "system", "content": "You are a careful office assistant."},
                 {"role": "user", "content": f"Please remember this inventory. {facts}"}]
@@ -31,7 +33,7 @@ def main():
           "alternating models")
     print(f"{'turn':>4}  {'model':<10} {'path':<11} {'own cache':>9} {'translated':>10} "
           f"{'prefilled':>9} {'TTFT ms':>8}  reply")
-    for turn, model in enumerate(["kvl-small", "kvl-large", "kvl-small", "kvl-large"]):
+    for turn, model in enumerate(models):
         out = complete(base, model, messages)
         k = out["kvlingo"]
         reply = out["choices"][0]["message"]["content"]

@@ -11,21 +11,39 @@
 # SIGTERM. KVL_SKIP_SETUP=1 skips scripts/setup.sh; KVL_BUILD_DIR, KVL_CONFIG,
 # KVL_LISTEN, KVL_METRICS and KVL_HTTP override the defaults below
 # (tests/tools/demo_test.cc).
+#   scripts/run_demo.sh              # the Qwen3 house models (configs/server.json)
+#   scripts/run_demo.sh --families   # three architectures: kvl-small (Qwen3),
+#                                    # kvl-gemma (Gemma-3), kvl-moe (Qwen3-MoE),
+#                                    # every turn switching (configs/families.json)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+DEFAULT_CONFIG=configs/server.json
+HOUSE_MODELS="kvl-small kvl-small-b kvl-large"
+OPENAI_MODELS=kvl-small,kvl-large,kvl-small,kvl-large
+POLICY=cascade
+case "${1:-}" in
+  "") ;;
+  --families)
+    DEFAULT_CONFIG=configs/families.json
+    HOUSE_MODELS="kvl-small kvl-gemma kvl-moe"
+    OPENAI_MODELS=kvl-small,kvl-gemma,kvl-moe,kvl-small
+    POLICY=alternate ;;
+  *) echo "usage: scripts/run_demo.sh [--families]" >&2; exit 2 ;;
+esac
 [ "${KVL_SKIP_SETUP:-0}" = 1 ] || scripts/setup.sh
 BUILD_DIR=${KVL_BUILD_DIR:-build}
-CONFIG=${KVL_CONFIG:-configs/server.json}
+CONFIG=${KVL_CONFIG:-$DEFAULT_CONFIG}
 LISTEN=${KVL_LISTEN:-127.0.0.1:50051}
 METRICS=${KVL_METRICS:-127.0.0.1:9464}
 HTTP=${KVL_HTTP:-127.0.0.1:8000}
 
-# The embedded default serves the house models; they are trained by
-# scripts/train/train_house_models.sh (and the translators by `kvl fit`).
-for m in kvl-small kvl-small-b kvl-large; do
-  if [ ! -f "models/$m/config.json" ] && [ "$CONFIG" = configs/server.json ]; then
-    echo "models/$m is missing: train the house models first (scripts/train/train_house_models.sh)," >&2
-    echo "fit the translators listed in configs/server.json, or set KVL_CONFIG." >&2
+# The default configurations serve the house models; they are trained by
+# scripts/train/train_house_models.sh and train_family_models.sh (and the
+# translators by scripts/train/train_translators.sh).
+for m in $HOUSE_MODELS; do
+  if [ ! -f "models/$m/config.json" ] && [ "$CONFIG" = "$DEFAULT_CONFIG" ]; then
+    echo "models/$m is missing: train the house models first (scripts/train/train_house_models.sh," >&2
+    echo "train_family_models.sh), fit the translators listed in $CONFIG, or set KVL_CONFIG." >&2
     exit 1
   fi
 done
@@ -45,8 +63,8 @@ for _ in $(seq 1 300); do
   sleep 0.1
 done
 cat "$log"
-/usr/bin/python3 scripts/demo_client.py "$LISTEN" "$BUILD_DIR/python" "http://$METRICS/metrics"
-/usr/bin/python3 scripts/demo_openai.py "$HTTP"
+/usr/bin/python3 scripts/demo_client.py "$LISTEN" "$BUILD_DIR/python" "http://$METRICS/metrics" "$POLICY"
+/usr/bin/python3 scripts/demo_openai.py "$HTTP" "$OPENAI_MODELS"
 kill -TERM "$server_pid"
 wait "$server_pid" && status=0 || status=$?
 echo "kvl-server exited with status $status after SIGTERM"

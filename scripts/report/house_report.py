@@ -17,6 +17,11 @@ drawn uniformly among those that are the expected answer of some item of the
 suite (it knows the answer's type and that it was stated: for retrieval tasks
 it is well above chance).
 
+The table holds every house model whose eval_test.json is there (the Qwen3
+models of train_house_models.sh, then the other architectures of
+train_family_models.sh); cards are written for the named models (default:
+all of them).
+
 usage: scripts/report/house_report.py WORK_DIR [MODEL ...]
 """
 import collections
@@ -78,6 +83,15 @@ STAGE_DATA = {
     "mix": "the task corpus plus the 16,082 level-1-2 kv conversations, from kvdocs' weights",
 }
 LATER_STAGES = ["tasks", "kvdocs"]  # summary_<stage>.json before the last stage's summary.json
+HOUSE_MODELS = ["kvl-small", "kvl-small-b", "kvl-large", "kvl-gemma", "kvl-moe"]
+# The script that trains each architecture's house models, and how a card names it.
+ARCHITECTURES = {
+    "Qwen3ForCausalLM": ("a Qwen3-architecture decoder", "scripts/train/train_house_models.sh"),
+    "Gemma3ForCausalLM": ("a Gemma-3-architecture decoder (Gemma3ForCausalLM)",
+                          "scripts/train/train_family_models.sh"),
+    "Qwen3MoeForCausalLM": ("a Qwen3-MoE-architecture decoder (Qwen3MoeForCausalLM, a mixture "
+                            "of experts)", "scripts/train/train_family_models.sh"),
+}
 
 
 def stages_of(name, summary):
@@ -91,7 +105,7 @@ def stages_of(name, summary):
                 if os.path.exists(os.path.join(d, f"summary_{s}.json"))]
     if not earlier:
         return [("training", summary)]
-    last = "mix" if earlier[-1][0] == "kvdocs" else "tasks"
+    last = "mix" if any(stage == "tasks" for stage, _ in earlier) else "tasks"
     return earlier + [(last, summary)]
 
 
@@ -100,23 +114,67 @@ def weighted(run):
     return f", assistant tokens weighted {w:g}x" if w != 1 else ""
 
 
+def final_router_aux(name):
+    """Mean load-balancing loss of the last 20 logged steps of a model's last
+    stage (docs/results/training/<name>/train_log.jsonl); None without one."""
+    path = os.path.join(LOGS, name, "train_log.jsonl")
+    if not os.path.exists(path):
+        return None
+    values = [r["router_aux"] for r in map(json.loads, open(path)) if "router_aux" in r]
+    return sum(values[-20:]) / len(values[-20:]) if values else None
+
+
+def all_sparse(cfg):
+    """Whether every layer of a mixture of experts is sparse (no dense MLP)."""
+    return bool(cfg.get("num_experts")) and not cfg.get("mlp_only_layers") and \
+        cfg.get("decoder_sparse_step", 1) == 1
+
+
+def architecture_rows(name, cfg):
+    """Card rows for what an architecture adds to Qwen3's."""
+    rows = []
+    types = cfg.get("layer_types")
+    if cfg["architectures"][0] == "Gemma3ForCausalLM" and types:
+        n_sliding = sum(1 for x in types if x == "sliding_attention")
+        rows.append(f"| attention | {n_sliding} sliding-window layers (window "
+                    f"{cfg['sliding_window']}, RoPE base {cfg['rope_local_base_freq']:g}) and "
+                    f"{len(types) - n_sliding} global (RoPE base {cfg['rope_theta']:g}): "
+                    f"{', '.join('sliding' if x == 'sliding_attention' else 'global' for x in types)}; "
+                    f"scale query_pre_attn_scalar^-1/2 = {cfg['query_pre_attn_scalar']:g}^-1/2 |")
+        rows.append("| norms, activation | four (1 + w) RMSNorms per layer, GELU-tanh, embeddings "
+                    "scaled by sqrt(hidden) |")
+    if cfg.get("num_experts"):
+        rows.append(f"| experts | {cfg['num_experts']} per layer of width "
+                    f"{cfg['moe_intermediate_size']}, {cfg['num_experts_per_tok']} per token"
+                    + (", weights renormalised" if cfg.get("norm_topk_prob") else "") + " |")
+        aux = final_router_aux(name)
+        if aux is not None:
+            rows.append(f"| expert balance | load-balancing loss {aux:.3f} over the last 20 steps "
+                        f"({cfg['num_experts_per_tok']} when the router spreads tokens evenly, "
+                        f"{cfg['num_experts']} when every token goes to the same experts) |")
+    return rows
+
+
 def card(name, summary, stages, ev, t, chances, picks):
     run = summary["run"]
     cfg = run["model_config"]
+    what, script = ARCHITECTURES[cfg["architectures"][0]]
     lines = [
         f"# {name}",
         "",
-        "A house model of kvlingo: a Qwen3-architecture decoder trained from scratch on",
-        "the generated chat corpus (docs/data.md) by `scripts/train/train_house_models.sh`.",
+        f"A house model of kvlingo: {what} trained from scratch on",
+        f"the generated chat corpus (docs/data.md) by `{script}`.",
         "Hugging Face layout (`config.json`, bf16 `model.safetensors`, tokenizer files: links to "
         "the shared `../tokenizer/`).",
         "",
         "| | |",
         "|---|---|",
         f"| layers / hidden / ffn | {cfg['num_hidden_layers']} / {cfg['hidden_size']} / "
-        f"{cfg['intermediate_size']} |",
+        + ("experts in every layer (below)" if all_sparse(cfg) else f"{cfg['intermediate_size']}")
+        + " |",
         f"| query / kv heads, head_dim | {cfg['num_attention_heads']} / "
         f"{cfg['num_key_value_heads']}, {cfg['head_dim']} |",
+        *architecture_rows(name, cfg),
         f"| parameters | {summary['parameters'] / 1e6:.2f} M (tied embeddings, vocabulary "
         f"{cfg['vocab_size']}) |",
     ]
@@ -127,9 +185,15 @@ def card(name, summary, stages, ev, t, chances, picks):
         r = st["run"]
         what = STAGE_DATA.get(stage) or (f"retrieval drills, from drills{int(stage[6:]) - 1}'s weights"
                                          if stage.startswith("drills") else "the task corpus")
+        if stage == "mix" and not any(s == "kvdocs" for s, _ in stages):
+            what = what.replace("from kvdocs' weights", "from the task stage's weights")
+        arithmetic = "bf16 autocast" if st.get("bf16_autocast", True) else "float32"
         lines.append(f"| {stage} | {r['steps']} steps x {r['batch']} x {r['seq_len']} tokens of "
                      f"{what}{weighted(r)}; AdamW lr {r['lr']:g} (warm-up {r['warmup']}, cosine to "
-                     f"{r['min_lr_ratio']:g}x), bf16 autocast; "
+                     f"{r['min_lr_ratio']:g}x)"
+                     + (f", load-balancing loss x {r['router_aux_loss']:g}"
+                        if r.get("router_aux_loss") else "")
+                     + f", {arithmetic}; "
                      f"{st['mean_step_s']:.2f} s/step x {r['steps']} = "
                      f"{st['mean_step_s'] * r['steps']:.0f} s with {st.get('threads', 1)} thread(s) "
                      f"({st.get('wall_s_total', 0):.0f} s wall) |")
@@ -171,7 +235,7 @@ def card(name, summary, stages, ev, t, chances, picks):
         "",
         f"Training logs and plots (loss curve `loss.png`, `train_log.jsonl`, each stage's "
         f"`summary*.json`, `eval_test.json`): [docs/results/training/{name}/]"
-        f"(../../docs/results/training/{name}/). Reproduce: `scripts/train/train_house_models.sh` "
+        f"(../../docs/results/training/{name}/). Reproduce: `{script}` "
         "(docs/results/house_models.md).",
         "",
     ]
@@ -183,27 +247,30 @@ def main():
         print(__doc__, file=sys.stderr)
         return 2
     work = sys.argv[1]
-    names = sys.argv[2:] or ["kvl-small", "kvl-small-b", "kvl-large"]
+    present = [n for n in HOUSE_MODELS if os.path.exists(os.path.join(LOGS, n, "eval_test.json"))]
+    names = sys.argv[2:] or present
     chances, picks, sizes = {}, {}, {}
     for task in TASKS:
         chances[task], picks[task], sizes[task] = chance(os.path.join(work, "data", "suites", f"test_{task}.jsonl"))
     t = times(work)
     rows = []
-    for name in names:
+    for name in present + [n for n in names if n not in present]:
         logs = os.path.join(LOGS, name)
         summary = load(os.path.join(logs, "summary.json"))
         ev = load(os.path.join(logs, "eval_test.json"))
         stages = stages_of(name, summary)
-        with open(os.path.join(ROOT, "models", name, "README.md"), "w") as f:
-            f.write(card(name, summary, stages, ev, t, chances, picks))
+        if name in names:
+            with open(os.path.join(ROOT, "models", name, "README.md"), "w") as f:
+                f.write(card(name, summary, stages, ev, t, chances, picks))
         rows.append((name, summary, stages, ev))
 
     out = {"chance": chances, "pick": picks, "items": sizes, "models": {}}
     md = [
         "# House models: test-split results",
         "",
-        "Produced by `scripts/train/train_house_models.sh` (which runs `kvl eval` on each model and",
-        "then `scripts/report/house_report.py`). Accuracy: greedy decoding, exact match after the",
+        "Produced by `scripts/train/train_house_models.sh` and, for the other architectures",
+        "(kvl-gemma, kvl-moe), `scripts/train/train_family_models.sh` (which run `kvl eval` on each",
+        "model), then `scripts/report/house_report.py`. Accuracy: greedy decoding, exact match after the",
         "suite's normalisation. Chance: always giving the suite's most frequent answer; pick: a",
         "stronger heuristic that answers with a random prompt word of the answer's type",
         "(definitions in scripts/report/house_report.py).",

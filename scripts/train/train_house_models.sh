@@ -59,31 +59,10 @@ train() {  # train NAME CONFIG SEED DRILL_ROUNDS DRILL_STEPS TASK_STEPS TASK_LR
     "$WORK/kvextra/kv1.txt" "$WORK/data/valid.txt" "$c/kvdocs" "$c/tasks"
   ASSISTANT_WEIGHT=10 SAVE_DTYPE=bfloat16 stage "$name" mix "$config" 24 1500 "$task_lr" \
     "$WORK/kvextra/tasks+kv12.txt" "$WORK/data/valid.txt" "$c/mix" "$c/kvdocs"
-  # The deliverable: the final weights (bf16) in models/NAME, the tokenizer
-  # files as links to models/tokenizer's (the same bytes), and the logs of
-  # every stage in docs/results/training/NAME.
-  local logs="docs/results/training/$name"
-  mkdir -p "models/$name" "$logs"
-  for f in config.json generation_config.json model.safetensors; do
-    cp "$c/mix/$f" "models/$name/$f"
-  done
-  for f in tokenizer.json tokenizer_config.json; do
-    cmp -s "$c/mix/$f" "models/tokenizer/$f" ||
-      { echo "$c/mix/$f differs from models/tokenizer/$f" >&2; exit 1; }
-    ln -sfn "../tokenizer/$f" "models/$name/$f"
-  done
-  for f in summary.json train_log.jsonl loss.png loss.dat loss.gp; do
-    cp "$c/mix/$f" "$logs/$f"
-  done
-  rm -f "$logs"/summary_*.json
-  for r in $(seq "$rounds"); do
-    cp "$c/drills$r/summary.json" "$logs/summary_drills$r.json"
-  done
-  cp "$c/tasks/summary.json" "$logs/summary_tasks.json"
-  cp "$c/kvdocs/summary.json" "$logs/summary_kvdocs.json"
-  timed "eval $name" "$KVL" eval --model "models/$name" \
-    $(for t in facts kv arith lists strings; do echo --suite "$WORK/data/suites/test_$t.jsonl"; done) \
-    --text "$WORK/data/test.txt" --threads "$THREADS" --json "$logs/eval_test.json"
+  # The deliverable (house_stage.sh): the final weights (bf16) in models/NAME,
+  # the tokenizer links, every stage's logs and the test evaluation.
+  publish_model "$name" "$c/mix" $(for r in $(seq "$rounds"); do echo "$c/drills$r"; done) \
+    "$c/tasks" "$c/kvdocs"
 }
 
 ONLY=${KVL_HOUSE_ONLY:-kvl-small kvl-small-b kvl-large}
