@@ -47,6 +47,13 @@ bool SameShape(const TranslatorEndpoint& a, const TranslatorEndpoint& b) {
   return a.n_layer == b.n_layer && a.n_head_kv == b.n_head_kv && a.head_dim == b.head_dim;
 }
 
+// The taps of every position of ids, prefilled by `engine` into a new line.
+absl::StatusOr<KvTaps> PrefillTaps(Engine& engine, const std::vector<int64_t>& ids) {
+  std::unique_ptr<KvCache> line = engine.NewCache();
+  if (absl::StatusOr<at::Tensor> r = engine.Prefill(*line, ids); !r.ok()) return r.status();
+  return line->Taps(0, static_cast<int64_t>(ids.size()));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MomentAccumulator>> MomentAccumulator::Create(
@@ -312,18 +319,9 @@ absl::StatusOr<LayerAssignment> MomentAccumulator::GreedyAssignment(int64_t band
 
 absl::Status AccumulateSequence(Engine& source, Engine& target, const std::vector<int64_t>& ids,
                                 MomentAccumulator& moments) {
-  std::unique_ptr<KvCache> source_cache = source.NewCache();
-  std::unique_ptr<KvCache> target_cache = target.NewCache();
-  if (absl::StatusOr<at::Tensor> r = source.Prefill(*source_cache, ids); !r.ok()) {
-    return r.status();
-  }
-  if (absl::StatusOr<at::Tensor> r = target.Prefill(*target_cache, ids); !r.ok()) {
-    return r.status();
-  }
-  const int64_t n = static_cast<int64_t>(ids.size());
-  absl::StatusOr<KvTaps> s = source_cache->Taps(0, n);
+  absl::StatusOr<KvTaps> s = PrefillTaps(source, ids);
   if (!s.ok()) return s.status();
-  absl::StatusOr<KvTaps> t = target_cache->Taps(0, n);
+  absl::StatusOr<KvTaps> t = PrefillTaps(target, ids);
   if (!t.ok()) return t.status();
   return moments.Add(*s, *t, {}, ids);
 }
@@ -341,19 +339,11 @@ absl::StatusOr<AlignedTaps> AlignTaps(Engine& source, const Tokenizer& source_to
   absl::StatusOr<std::vector<AlignedGroup>> groups = AlignByBytes(*s_bytes, *t_bytes);
   if (!groups.ok()) return groups.status();
   const std::vector<int64_t> s_ids(s32.begin(), s32.end()), t_ids(t32.begin(), t32.end());
-  std::unique_ptr<KvCache> source_line = source.NewCache();
-  std::unique_ptr<KvCache> target_line = target.NewCache();
-  if (absl::StatusOr<at::Tensor> r = source.Prefill(*source_line, s_ids); !r.ok()) {
-    return r.status();
-  }
-  if (absl::StatusOr<at::Tensor> r = target.Prefill(*target_line, t_ids); !r.ok()) {
-    return r.status();
-  }
   const int64_t n_s = static_cast<int64_t>(s_ids.size());
   const int64_t n_t = static_cast<int64_t>(t_ids.size());
-  absl::StatusOr<KvTaps> s = source_line->Taps(0, n_s);
+  absl::StatusOr<KvTaps> s = PrefillTaps(source, s_ids);
   if (!s.ok()) return s.status();
-  absl::StatusOr<KvTaps> t = target_line->Taps(0, n_t);
+  absl::StatusOr<KvTaps> t = PrefillTaps(target, t_ids);
   if (!t.ok()) return t.status();
   AlignedTaps out;
   out.source = *std::move(s);
@@ -408,18 +398,10 @@ absl::Status AccumulateAttentionWeighted(Engine& source, Engine& target,
   const int64_t n = static_cast<int64_t>(ids.size());
   const int64_t n_prefix = n > 2 * n_queries ? n - n_queries : std::max<int64_t>(n / 2, 1);
   const AttentionMass mass = PrefixAttentionMass(target_config, target_weights, ids, n_prefix);
-  std::unique_ptr<KvCache> source_cache = source.NewCache();
-  std::unique_ptr<KvCache> target_cache = target.NewCache();
   const std::vector<int64_t> prefix(ids.begin(), ids.begin() + n_prefix);
-  if (absl::StatusOr<at::Tensor> r = source.Prefill(*source_cache, prefix); !r.ok()) {
-    return r.status();
-  }
-  if (absl::StatusOr<at::Tensor> r = target.Prefill(*target_cache, prefix); !r.ok()) {
-    return r.status();
-  }
-  absl::StatusOr<KvTaps> s = source_cache->Taps(0, n_prefix);
+  absl::StatusOr<KvTaps> s = PrefillTaps(source, prefix);
   if (!s.ok()) return s.status();
-  absl::StatusOr<KvTaps> t = target_cache->Taps(0, n_prefix);
+  absl::StatusOr<KvTaps> t = PrefillTaps(target, prefix);
   if (!t.ok()) return t.status();
   const double mean = mass.received.mean().item<double>();
   if (!(mean > 0)) return absl::InternalError("attention mass is zero");
