@@ -45,6 +45,7 @@
 //                    [--native-tail W] [--anchor-window W] [--anchor-rank R]
 //                    [--switch-only] [--direction both|small-large|large-small]
 //                    [--device cpu|cuda[:N]] [--model-dtype float32|bfloat16]
+//                    [--whole-spans]
 // --switch-only: the first table alone, without (a)'s parts, the hybrid and the
 // translation-by-what-runs-before tables (what real shapes at 4k-8k tokens
 // have time for on this machine).
@@ -65,6 +66,9 @@
 // each time taken to the end of the device's work, the GEMM rate the
 // device's; "auto" then translates in bfloat16, as the server does there.
 // --model-dtype: the models' weights and caches (default float32).
+// --whole-spans: a target with sliding layers gets every entry of a span
+// translated and stored, as before thin spans (ModelConfig::UnreadTokens);
+// by default only what its sliding layers will read, as the router does.
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
@@ -158,18 +162,22 @@ std::unique_ptr<kvl::Translator> RandomTranslator(const kvl::ModelConfig& s,
 }
 
 // FLOPs of translating T tokens: keys and values, 2 * in * out per map and
-// token, and 2 * W*E * out for its anchors when they are a product (a real
-// vocabulary's); anchors that are a lookup (W rows summed per token) are not
-// counted.
-double TranslateFlops(const kvl::Translator& tr, double t) {
-  double per_token = 0;
+// token it computes (a target layer's unread tokens are not: `unread`, as
+// Translate's), and 2 * W*E * out for its anchors when they are a product (a
+// real vocabulary's); anchors that are a lookup (W rows summed per token)
+// are not counted.
+double TranslateFlops(const kvl::Translator& tr, int64_t t, const std::vector<int64_t>& unread) {
+  double flops = 0;
   for (const kvl::TranslatorMaps* m : {&tr.key_maps(), &tr.value_maps()}) {
-    for (const at::Tensor& w : m->weight) per_token += 2.0 * w.size(0) * w.size(1);
-    if (!tr.anchor_lookup()) {
-      for (const at::Tensor& a : m->anchor) per_token += 2.0 * a.size(0) * a.size(1);
+    for (size_t il = 0; il < m->weight.size(); ++il) {
+      const double rows = static_cast<double>(t - (unread.empty() ? 0 : unread[il]));
+      flops += rows * 2.0 * m->weight[il].size(0) * m->weight[il].size(1);
+      if (!tr.anchor_lookup() && !m->anchor.empty()) {
+        flops += rows * 2.0 * m->anchor[il].size(0) * m->anchor[il].size(1);
+      }
     }
   }
-  return per_token * t;
+  return flops;
 }
 
 }  // namespace
@@ -178,6 +186,7 @@ int main(int argc, char** argv) {
   kvl::ReexecWithPassiveOpenMpWait(argv);
   int n_threads = 2, repeat = 1;
   bool switch_only = false;
+  bool whole_spans = false;
   std::string direction = "both";
   int64_t band = 0;  // all
   // small->large, large->small
@@ -228,6 +237,8 @@ int main(int argc, char** argv) {
   flags.Choice("direction", &direction, {"both", "small-large", "large-small"},
                "the switch directions timed");
   flags.Switch("switch-only", &switch_only, "only the first table (real shapes, long contexts)");
+  flags.Switch("whole-spans", &whole_spans,
+               "translate every entry of a span, also those no sliding layer reads");
   flags.Add("repeat", &repeat, "K", "runs per cell, the best kept (>= 1)");
   flags.Custom("band", "N|all", "source layers per target layer (default: all)",
                [&](const std::string& v) -> absl::Status {
@@ -475,14 +486,20 @@ int main(int argc, char** argv) {
       // alone; the moments the taps and the translation ended into *marks if
       // given. Returns after the taps and products are released.
       using Clock = std::chrono::steady_clock;
+      // A target with sliding layers computes and stores only what they
+      // will read of the span (ModelConfig::UnreadTokens), as the router does.
+      auto unread = [&](int64_t t0, int64_t t1) {
+        return whole_spans ? std::vector<int64_t>{} : dir.target->config().UnreadTokens(t0, t1);
+      };
       auto move_span = [&](int64_t t0, int64_t t1, kvl::KvCache& cache,
                            std::array<Clock::time_point, 2>* marks) {
         kvl::SerialIntraOpScope serial;
         kvl::KvTaps taps = Check(source_cache->Taps(t0, t1));
         if (marks != nullptr) (*marks)[0] = Clock::now();
-        kvl::KvTaps out = Check(tr->Translate(taps, kProduct, span_ids(t0, t1)));
+        const std::vector<int64_t> skip = unread(t0, t1);
+        kvl::KvTaps out = Check(tr->Translate(taps, kProduct, span_ids(t0, t1), skip));
         if (marks != nullptr) (*marks)[1] = Clock::now();
-        Check(cache.Accept(out.keys, out.values));
+        Check(cache.Accept(out.keys, out.values, skip));
       };
       // (a), as move_span and a decode step, its phases timed inside the run
       // when `phases` is given.
@@ -534,24 +551,26 @@ int main(int argc, char** argv) {
           f();
         };
       };
-      const double tr_s =
-          best(runs + 2, serial([&] { (void)Check(tr->Translate(taps, kProduct, ids_t)); }));
+      const std::vector<int64_t> unread_t = unread(0, t), unread_a = unread(0, t - 1);
+      const double tr_s = best(
+          runs + 2, serial([&] { (void)Check(tr->Translate(taps, kProduct, ids_t, unread_t)); }));
       if (!switch_only) {
         // (a) part by part, each the best of its own runs.
         const double taps_s =
             best(runs + 2, serial([&] { (void)Check(source_cache->Taps(0, t - 1)); }));
         const kvl::KvTaps taps_a = Check(source_cache->Taps(0, t - 1));
-        const double translate_s =
-            best(runs + 2, serial([&] { (void)Check(tr->Translate(taps_a, kProduct, ids_a)); }));
-        const kvl::KvTaps out_a = Check(tr->Translate(taps_a, kProduct, ids_a));
+        const double translate_s = best(runs + 2, serial([&] {
+          (void)Check(tr->Translate(taps_a, kProduct, ids_a, unread_a));
+        }));
+        const kvl::KvTaps out_a = Check(tr->Translate(taps_a, kProduct, ids_a, unread_a));
         const double accept_s = best(runs + 2, [&] {
           std::unique_ptr<kvl::KvCache> cache = dir.target->NewCache();
           Check(cache->Reserve(t));
-          serial([&] { Check(cache->Accept(out_a.keys, out_a.values)); })();
+          serial([&] { Check(cache->Accept(out_a.keys, out_a.values, unread_a)); })();
         });
         std::unique_ptr<kvl::KvCache> accepted = dir.target->NewCache();
         Check(accepted->Reserve(t));
-        Check(accepted->Accept(out_a.keys, out_a.values));
+        Check(accepted->Accept(out_a.keys, out_a.values, unread_a));
         const double decode_s = best(runs + 2, [&] {
           Check(dir.target->Decode(*accepted, ids[t - 1]).status());
           Check(accepted->Rollback(t - 1));
@@ -580,7 +599,8 @@ int main(int argc, char** argv) {
         auto translate_after = [&](const std::function<void()>& before) {
           return min_median([&] {
             before();
-            return seconds(serial([&] { (void)Check(tr->Translate(taps_a, kProduct, ids_a)); }));
+            return seconds(
+                serial([&] { (void)Check(tr->Translate(taps_a, kProduct, ids_a, unread_a)); }));
           });
         };
         // (a) run as a whole, each phase timed inside it.
@@ -617,8 +637,9 @@ int main(int argc, char** argv) {
           {
             kvl::SerialIntraOpScope serial;
             const kvl::KvTaps src = Check(source_cache->Taps(0, t - 1));
-            const kvl::KvTaps out = Check(tr->Translate(src, kProduct, span_ids(0, t - 1)));
-            Check(cache->Accept(out.keys, out.values));
+            const kvl::KvTaps out =
+                Check(tr->Translate(src, kProduct, span_ids(0, t - 1), unread_a));
+            Check(cache->Accept(out.keys, out.values, unread_a));
             if (k > 0 && first > 0) {
               hidden = Check(tr->PredictResidual(src, first, span_ids(0, t - 1)));
             }
@@ -631,7 +652,7 @@ int main(int argc, char** argv) {
                                        static_cast<double>(std::min(k, n_layer)) / n_layer));
       }
       const double gemm = gemm_rate();
-      const double tr_gflops = TranslateFlops(*tr, static_cast<double>(t)) / tr_s / 1e9;
+      const double tr_gflops = TranslateFlops(*tr, t, unread_t) / tr_s / 1e9;
       std::snprintf(
           buf, sizeof buf,
           "| %lld | %.2f | %.2f | %.1fx | %.2f | %.2f | %.1fx | %.2f | %.0f%% | %.1f | %.1f | %.1f%% |",
@@ -677,8 +698,9 @@ int main(int argc, char** argv) {
        "columns time it back to back on one set of taps; inside (a) = the Translate call timed "
        "within (a)'s sequence, right after fresh taps; the phase-by-phase table times each "
        "part of (a) inside the same runs of (a) as a whole, its columns' minima and medians "
-       "taken separately; translate FLOPs = 2 * T * sum over "
-       "key and value maps of in*out (token anchors: 2 * T * W*E*out per map when they are a "
+       "taken separately; translate FLOPs = 2 * sum over "
+       "key and value maps of in*out times the tokens each computes (T, less a sliding "
+       "target layer's unread ones; token anchors: 2 * T * W*E*out per map when they are a "
        "product, with a table too large for their lookup; a lookup of W rows per token is not "
        "counted: its time is in the translate columns, not in the FLOPs); GEMM = square 2048 torch::mm in the translation's dtype "
        "on one intra-op thread, as the translation runs, measured right after each row.");

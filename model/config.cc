@@ -585,6 +585,19 @@ json ModelConfig::ToJson() const {
   return j;
 }
 
+std::vector<int64_t> ModelConfig::UnreadTokens(int64_t begin, int64_t end) const {
+  if (sliding_window <= 0) return {};
+  std::vector<int64_t> unread(static_cast<size_t>(n_layer), 0);
+  const int64_t n = std::max<int64_t>(0, end - begin);
+  for (int64_t il = 0; il < n_layer; ++il) {
+    // The query at `end` sees keys end - W < k <= end: the span's last W - 1.
+    if (const int64_t w = AttentionWindow(il); w > 0) {
+      unread[static_cast<size_t>(il)] = std::max<int64_t>(0, n - (w - 1));
+    }
+  }
+  return unread;
+}
+
 bool ModelConfig::IsMoeLayer(int64_t il) const {
   return n_expert > 0 && (il + 1) % decoder_sparse_step == 0 &&
          std::find(mlp_only_layers.begin(), mlp_only_layers.end(), il) == mlp_only_layers.end();

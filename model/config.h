@@ -105,6 +105,12 @@ struct ModelConfig {
   bool UsesLocalRope(int64_t il) const { return rope_local_theta > 0 && IsSlidingLayer(il); }
   double RopeTheta(int64_t il) const { return UsesLocalRope(il) ? rope_local_theta : rope_theta; }
   double RopeFactor(int64_t il) const { return UsesLocalRope(il) ? 1.0 : rope_scaling_factor; }
+  // Per layer, how many leading tokens of a span [begin, end) no later query
+  // reads, when every query after it is at `end` or later: a sliding layer's
+  // first query there reads the span's last W - 1 tokens only; a global
+  // layer reads them all (0). Empty when no layer has a window. What a
+  // translation may leave uncomputed (KvCache::Accept's unread).
+  std::vector<int64_t> UnreadTokens(int64_t begin, int64_t end) const;
   // Whether layer il's MLP is the mixture of experts.
   bool IsMoeLayer(int64_t il) const;
   // The factor scores are multiplied by: 1/sqrt(query_pre_attn_scalar or head_dim).

@@ -78,6 +78,10 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::ClonePrefix(int64_t n_tokens,
     return absl::OutOfRangeError(
         absl::StrCat("ClonePrefix of ", n_tokens, " tokens: the line holds ", n_tokens_));
   }
+  if (const int64_t start = ExtendablePrefix(n_tokens); start != n_tokens) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ClonePrefix of ", n_tokens, " tokens cuts the thin translated span from ", start));
+  }
   std::unique_ptr<KvCache> copy(
       new KvCache(transform_, n_layer_, n_head_kv_, head_dim_, options_, tap_mode_));
   try {
@@ -99,7 +103,9 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::ClonePrefix(int64_t n_tokens,
   copy->n_tokens_ = n_tokens;
   for (const KvSpan& span : spans_) {
     if (span.t0 >= n_tokens) break;
-    copy->spans_.push_back({span.t0, std::min(span.t1, n_tokens), span.native, span.repaired});
+    KvSpan kept = span;
+    kept.t1 = std::min(span.t1, n_tokens);
+    copy->spans_.push_back(kept);
   }
   return copy;
 }
@@ -112,11 +118,18 @@ void KvCache::MarkRepaired(int64_t from) {
     } else if (span.t0 >= from) {
       spans.push_back({span.t0, span.t1, true, true});
     } else {
-      spans.push_back({span.t0, from, true, span.repaired});
+      spans.push_back({span.t0, from, true, span.repaired});  // native: never thin
       spans.push_back({from, span.t1, true, true});
     }
   }
   spans_ = std::move(spans);
+}
+
+int64_t KvCache::ExtendablePrefix(int64_t n) const {
+  for (const KvSpan& span : spans_) {
+    if (span.thin && span.t0 < n && n < span.t1) return span.t0;
+  }
+  return n;
 }
 
 int64_t KvCache::FirstForeignToken() const {
@@ -131,19 +144,28 @@ absl::Status KvCache::Rollback(int64_t n_tokens) {
     return absl::OutOfRangeError(
         absl::StrCat("Rollback to ", n_tokens, " tokens: the line holds ", n_tokens_));
   }
+  if (const int64_t start = ExtendablePrefix(n_tokens); start != n_tokens) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Rollback to ", n_tokens, " tokens cuts the thin translated span from ", start));
+  }
   n_tokens_ = n_tokens;
   while (!spans_.empty() && spans_.back().t0 >= n_tokens) spans_.pop_back();
   if (!spans_.empty()) spans_.back().t1 = std::min(spans_.back().t1, n_tokens);
   return absl::OkStatus();
 }
 
-void KvCache::Commit(int64_t n, bool native) {
+void KvCache::Commit(int64_t n, bool native, bool thin) {
   if (n == 0) return;
   // Only newly computed tokens come here: they never extend a repaired span.
-  if (!spans_.empty() && spans_.back().native == native && !spans_.back().repaired) {
+  // A thin span stays apart from its foreign neighbours, so that the line
+  // may still be cut where it ends or where the next one starts.
+  if (!spans_.empty() && spans_.back().native == native && !spans_.back().repaired &&
+      !spans_.back().thin && !thin) {
     spans_.back().t1 += n;
   } else {
-    spans_.push_back(KvSpan{n_tokens_, n_tokens_ + n, native});
+    KvSpan span{n_tokens_, n_tokens_ + n, native};
+    span.thin = thin;
+    spans_.push_back(span);
   }
   n_tokens_ += n;
 }
@@ -190,7 +212,8 @@ KvTaps KvCache::TapsUnchecked(int64_t t0, int64_t t1) const {
   return taps;
 }
 
-absl::Status KvCache::Accept(const at::Tensor& keys, const at::Tensor& values) {
+absl::Status KvCache::Accept(const at::Tensor& keys, const at::Tensor& values,
+                             const std::vector<int64_t>& unread) {
   auto check = [&](const at::Tensor& t, const char* what) -> absl::Status {
     if (!t.defined() || t.dim() != 4 || t.size(0) != n_layer_ || t.size(1) != n_head_kv_ ||
         t.size(3) != head_dim_ || !at::isFloatingType(t.scalar_type())) {
@@ -212,6 +235,18 @@ absl::Status KvCache::Accept(const at::Tensor& keys, const at::Tensor& values) {
         ", the line on ", options_.device().str()));
   }
   const int64_t n = keys.size(2), t0 = n_tokens_;
+  if (!unread.empty() && static_cast<int64_t>(unread.size()) != n_layer_) {
+    return absl::InvalidArgumentError(absl::StrCat("Accept: ", unread.size(),
+                                                   " unread counts for ", n_layer_, " layers"));
+  }
+  bool thin = false;
+  for (int64_t u : unread) {
+    if (u < 0 || u > n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Accept: unread count ", u, " outside [0, ", n, "]"));
+    }
+    thin = thin || u > 0;
+  }
   try {
     c10::InferenceMode inference;
     EnsureCapacity(t0 + n);
@@ -219,14 +254,22 @@ absl::Status KvCache::Accept(const at::Tensor& keys, const at::Tensor& values) {
     // a translator's product, a float32 line reads as they are).
     const LayerRope rope = transform_->Rope(t0, n);
     for (int64_t il = 0; il < n_layer_; ++il) {
-      transform_->Apply(il, keys[il].transpose(0, 1), rope.For(il),
-                        keys_[il].narrow(1, t0, n).transpose(0, 1), at::Tensor());
+      const int64_t u = unread.empty() ? 0 : unread[static_cast<size_t>(il)], m = n - u;
+      if (u > 0) {
+        keys_[il].narrow(1, t0, u).zero_();
+        values_[il].narrow(1, t0, u).zero_();
+      }
+      if (m == 0) continue;
+      const ops::RopeTable& table = rope.For(il);
+      transform_->Apply(il, keys[il].narrow(1, u, m).transpose(0, 1),
+                        {table.cos.narrow(0, u, m), table.sin.narrow(0, u, m)},
+                        keys_[il].narrow(1, t0 + u, m).transpose(0, 1), at::Tensor());
+      values_[il].narrow(1, t0 + u, m).copy_(values[il].narrow(1, u, m));  // converts
     }
-    values_.narrow(2, t0, n).copy_(values);  // converts
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("accept: ", e.what_without_backtrace()));
   }
-  Commit(n, /*native=*/false);
+  Commit(n, /*native=*/false, thin);
   return absl::OkStatus();
 }
 

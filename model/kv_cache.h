@@ -48,6 +48,11 @@ struct KvSpan {
   // Native, computed by background repair where the line held a translation
   // (KvCache::MarkRepaired): provenance only, read as native everywhere.
   bool repaired = false;
+  // Foreign, accepted with unread tokens (KvCache::Accept): some sliding
+  // layers hold only the entries a query after the span reads (its last
+  // W - 1 tokens), zeros before them. The line goes on only from the span's
+  // end, never from inside it (KvCache::ExtendablePrefix).
+  bool thin = false;
 };
 
 struct KvTaps {
@@ -69,13 +74,15 @@ class KvCache {
   int64_t Bytes() const;
   // Bytes each additional token of capacity costs.
   int64_t BytesPerToken() const;
-  // Spans in order, covering [0, Length()), adjacent spans of equal kind merged.
+  // Spans in order, covering [0, Length()), adjacent spans of equal kind
+  // merged (a thin span is never merged).
   const std::vector<KvSpan>& Spans() const { return spans_; }
 
   // Makes room for n_tokens in total without further growth.
   absl::Status Reserve(int64_t n_tokens);
-  // Shortens the line to n_tokens (OutOfRange if longer than Length()).
-  // Capacity is kept.
+  // Shortens the line to n_tokens (OutOfRange if longer than Length();
+  // FailedPrecondition, the line unchanged, if n_tokens cuts a thin span,
+  // which could not go on from there). Capacity is kept.
   absl::Status Rollback(int64_t n_tokens);
 
   // A new line holding a copy of this line's first n_tokens (their keys,
@@ -83,10 +90,16 @@ class KvCache {
   // `capacity` tokens (at least n_tokens). The background repair
   // (router/repair.h) recomputes a line's translated tail on such a copy
   // while the session goes on using the original. OutOfRange when n_tokens
-  // exceeds Length(); ResourceExhausted when the memory cannot be allocated.
+  // exceeds Length(); FailedPrecondition when it cuts a thin span (as
+  // Rollback); ResourceExhausted when the memory cannot be allocated.
   absl::StatusOr<std::unique_ptr<KvCache>> ClonePrefix(int64_t n_tokens, int64_t capacity) const;
   // The first token of the first foreign span; -1 when the line is all native.
   int64_t FirstForeignToken() const;
+  // The longest prefix of at most n tokens (n <= Length()) that the model can
+  // go on from: n, or the start of a thin span (KvSpan::thin) that n cuts,
+  // since a query after n would read the zeros that span holds in place of
+  // entries nobody was to read. Where a fork's copy of a prefix stops.
+  int64_t ExtendablePrefix(int64_t n) const;
   // Marks the native tokens [from, Length()) as repaired (KvSpan::repaired),
   // splitting the span that holds `from`. The repair's copy, once it has
   // recomputed them.
@@ -103,7 +116,12 @@ class KvCache {
   // dtype is converted; any strides are read as they are (Translator::Translate's
   // Output::kProduct views). InvalidArgument on shape mismatch, or for tensors
   // on another device than the line's (nothing crosses devices silently).
-  absl::Status Accept(const at::Tensor& keys, const at::Tensor& values);
+  // unread (empty, or one count per layer, UnreadTokens): layer il's first
+  // unread[il] tokens are stored as zeros, neither read nor transformed, and
+  // the span is thin when any count is positive (InvalidArgument for a count
+  // outside [0, T] or a list of another length).
+  absl::Status Accept(const at::Tensor& keys, const at::Tensor& values,
+                      const std::vector<int64_t>& unread = {});
 
   // Attention views of layer il for the decoder, [H, Length(), D].
   at::Tensor Keys(int64_t il) const;
@@ -118,7 +136,7 @@ class KvCache {
   void EnsureCapacity(int64_t n_tokens);
   KvTaps TapsUnchecked(int64_t t0, int64_t t1) const;
   // Records [Length(), Length() + n) as written and of the given kind.
-  void Commit(int64_t n, bool native);
+  void Commit(int64_t n, bool native, bool thin = false);
 
   std::shared_ptr<const KeyTransform> transform_;
   int64_t n_layer_, n_head_kv_, head_dim_;

@@ -389,9 +389,14 @@ absl::Status Router::Handover(Work& work, int model, int64_t upto, int64_t extra
       if (taps->keys.device() != translator.device()) {
         *taps = KvTaps{taps->keys.to(translator.device()), taps->values.to(translator.device())};
       }
-      absl::StatusOr<KvTaps> moved = translator.Translate(*taps, Translator::Output::kProduct, ids);
+      // A sliding layer's entries that no query after the span reads are
+      // neither computed nor stored (the line's span is thin).
+      const std::vector<int64_t> unread =
+          engine.config().UnreadTokens(step.begin, step.end);
+      absl::StatusOr<KvTaps> moved =
+          translator.Translate(*taps, Translator::Output::kProduct, ids, unread);
       if (!moved.ok()) return moved.status();
-      KVL_RETURN_IF_ERROR(line->Accept(moved->keys, moved->values));
+      KVL_RETURN_IF_ERROR(line->Accept(moved->keys, moved->values, unread));
       if (native_layers > 0) {
         // The native-depth dial: the top layers computed by the target from
         // the predicted residual stream (k >= L: from its embeddings), on

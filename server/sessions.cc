@@ -133,7 +133,9 @@ Sessions::Populate Sessions::ForkOf(const std::string& source_id, int64_t turns)
       for (int m = 0; m < static_cast<int>(model_names_.size()); ++m) {
         const KvCache* line = (*source)->line(m);
         if (line == nullptr || line->Length() == 0) continue;
-        const int64_t keep = std::min(line->Length(), n);
+        // Not from inside a thin translated span: the fork's next turn
+        // fills in what its copy lacks.
+        const int64_t keep = line->ExtendablePrefix(std::min(line->Length(), n));
         absl::StatusOr<std::unique_ptr<KvCache>> copy = line->ClonePrefix(keep, keep);
         if (!copy.ok()) return copy.status();
         KVL_RETURN_IF_ERROR((*staged)->Reserve((*copy)->Bytes()));

@@ -531,11 +531,18 @@ absl::Status Translator::MoveTo(const std::string& device_name) {
 
 at::Tensor Translator::Apply(const at::Tensor& x,
                              const std::vector<std::vector<int64_t>>& lists,
-                             const Prepared& prepared, Output output) const {
+                             const Prepared& prepared, Output output,
+                             const std::vector<int64_t>& unread) const {
   const TranslatorMaps& maps = prepared.maps;
   const Stacked& stacked = prepared.stacked;
-  const int64_t n_tokens = x.size(1), in_per_layer = x.size(2);
+  const int64_t n_rows = x.size(1), in_per_layer = x.size(2);
+  const int64_t first = unread.empty() ? 0 : *std::min_element(unread.begin(), unread.end());
+  const int64_t n_tokens = first + n_rows;
   const int64_t n_layer_target = spec_.target.n_layer;
+  const int64_t width = spec_.target.n_head_kv * spec_.target.head_dim;
+  const bool all_read = first == 0 && std::all_of(unread.begin(), unread.end(),
+                                                  [](int64_t u) { return u == 0; });
+  auto skip = [&unread](int64_t il) { return unread.empty() ? 0 : unread[il]; };
   // A permuted view of the product, [L_t, H_t, T, D_t]: as it is, or copied
   // in that order as float32 (one copy that also converts).
   auto to_output = [output](const at::Tensor& view) {
@@ -545,30 +552,58 @@ at::Tensor Translator::Apply(const at::Tensor& x,
   if (stacked.shared) {
     std::vector<at::Tensor> parts;
     for (int64_t s : lists.front()) parts.push_back(x[s]);
-    const at::Tensor xs = parts.size() == 1 ? parts[0] : at::cat(parts, 1);  // [T, ν*in]
+    const at::Tensor xs = parts.size() == 1 ? parts[0] : at::cat(parts, 1);  // [T', ν*in]
+    at::Tensor y;  // [T, L_t*H_t*D_t]
+    if (all_read) {
+      y = at::addmm(stacked.shared_bias, xs, stacked.shared_weight_t);
+    } else {
+      // One product per run of consecutive layers with equal unread counts,
+      // over the rows they read, into their columns of the product; the
+      // unread rows zeroed only for a float32 result (Translate).
+      y = at::empty({n_tokens, n_layer_target * width}, x.options());
+      for (int64_t l0 = 0, l1 = 0; l0 < n_layer_target; l0 = l1) {
+        const int64_t u = skip(l0);
+        for (l1 = l0 + 1; l1 < n_layer_target && skip(l1) == u;) ++l1;
+        const at::Tensor columns = y.narrow(1, l0 * width, (l1 - l0) * width);
+        if (u > 0 && output != Output::kProduct) columns.narrow(0, 0, u).zero_();
+        if (u == n_tokens) continue;
+        at::Tensor read = columns.narrow(0, u, n_tokens - u);
+        at::addmm_out(read, stacked.shared_bias.narrow(0, l0 * width, (l1 - l0) * width),
+                      xs.narrow(0, u - first, n_tokens - u),
+                      stacked.shared_weight_t.narrow(1, l0 * width, (l1 - l0) * width));
+      }
+    }
     // [T, L_t*H_t*D_t] -> [L_t, H_t, T, D_t]
     return to_output(
-        at::addmm(stacked.shared_bias, xs, stacked.shared_weight_t)
-            .view({n_tokens, n_layer_target, spec_.target.n_head_kv, spec_.target.head_dim})
+        y.view({n_tokens, n_layer_target, spec_.target.n_head_kv, spec_.target.head_dim})
             .permute({1, 2, 0, 3}));
   }
   at::Tensor y;  // [L_t, T, H_t*D_t]
-  if (stacked.uniform && n_tokens <= kBatchedMaxTokens) {
+  if (stacked.uniform && n_rows <= kBatchedMaxTokens) {
     const int64_t band = static_cast<int64_t>(lists.front().size());
-    // [L_t*ν, T, in] -> [L_t, T, ν*in] with the ν blocks in list order.
+    // [L_t*ν, T', in] -> [L_t, T', ν*in] with the ν blocks in list order.
     const at::Tensor xs = SelectRows(x, stacked.index)
-                              .view({n_layer_target, band, n_tokens, in_per_layer})
+                              .view({n_layer_target, band, n_rows, in_per_layer})
                               .permute({0, 2, 1, 3})
-                              .reshape({n_layer_target, n_tokens, band * in_per_layer});
+                              .reshape({n_layer_target, n_rows, band * in_per_layer});
     y = at::baddbmm(stacked.bias, xs, stacked.weight_t);
+    if (!all_read) {
+      // A short span: every layer's rows computed, the unread ones zeroed.
+      at::Tensor full = at::zeros({n_layer_target, n_tokens, width}, x.options());
+      full.narrow(1, first, n_rows).copy_(y);
+      for (int64_t il = 0; il < n_layer_target; ++il) full[il].narrow(0, 0, skip(il)).zero_();
+      y = full;
+    }
   } else {
-    y = at::empty({n_layer_target, n_tokens, spec_.target.n_head_kv * spec_.target.head_dim},
-                  x.options());
+    y = at::empty({n_layer_target, n_tokens, width}, x.options());
     for (int64_t il = 0; il < n_layer_target; ++il) {
+      const int64_t u = skip(il);
+      if (u > 0 && output != Output::kProduct) y[il].narrow(0, 0, u).zero_();
+      if (u == n_tokens) continue;
       std::vector<at::Tensor> parts;
-      for (int64_t s : lists[il]) parts.push_back(x[s]);
+      for (int64_t s : lists[il]) parts.push_back(x[s].narrow(0, u - first, n_tokens - u));
       const at::Tensor xi = parts.size() == 1 ? parts[0] : at::cat(parts, 1);
-      at::Tensor yl = y[il];
+      at::Tensor yl = y[il].narrow(0, u, n_tokens - u);
       if (maps.bias.empty()) {
         at::mm_out(yl, xi, maps.weight[il].t());
       } else {
@@ -625,26 +660,34 @@ KVL_ANCHOR_CLONES void AddRow(const uint16_t* __restrict row, float* __restrict 
 
 // Rows [t0, t1) of a span's [T, D] anchor sum += for each position j of the
 // span (j < 0: the W-1 tokens before it) and offset k, lookup[id_j, k] into
-// row j + k: the anchors' contribution of token j to the tokens that read it.
-// out holds rows t0..t1-1. Each token's W rows are read as one contiguous
-// block.
+// row j + k: the anchors' contribution of token j to the tokens that read it,
+// in the columns [c, c + n) of `columns` only (the layers some of these rows
+// are read in). out holds rows t0..t1-1. Each token's W rows are read as one
+// contiguous block when the columns are all of them.
 template <typename Element>
 void AddAnchorRows(const Element* table, int64_t d, const std::vector<int64_t>& padded, int64_t w,
-                   int64_t t0, int64_t t1, float* out) {
-  const int64_t block_bytes = w * d * static_cast<int64_t>(sizeof(Element));
+                   int64_t t0, int64_t t1, const std::vector<std::pair<int64_t, int64_t>>& columns,
+                   float* out) {
+  const int64_t element = static_cast<int64_t>(sizeof(Element));
   for (int64_t j = t0 - (w - 1); j < t1; ++j) {
     // The blocks are scattered: fetch the next token's ahead, since the
     // hardware's prefetchers stop at each page boundary.
     if (j + 1 < t1 && padded[static_cast<size_t>(j + w)] >= 0) {
       const char* next =
           reinterpret_cast<const char*>(table + padded[static_cast<size_t>(j + w)] * w * d);
-      for (int64_t b = 0; b < block_bytes; b += 64) __builtin_prefetch(next + b);
+      for (int64_t k = 0; k < w; ++k) {
+        for (const auto& [c, n] : columns) {
+          for (int64_t b = (k * d + c) * element; b < (k * d + c + n) * element; b += 64) {
+            __builtin_prefetch(next + b);
+          }
+        }
+      }
     }
     const int64_t id = padded[static_cast<size_t>(j + w - 1)];
     if (id < 0) continue;  // before the conversation's start
     const Element* block = table + id * w * d;
     for (int64_t k = std::max<int64_t>(0, t0 - j); k < w && j + k < t1; ++k) {
-      AddRow(block + k * d, out + (j + k - t0) * d, d);
+      for (const auto& [c, n] : columns) AddRow(block + k * d + c, out + (j + k - t0) * d + c, n);
     }
   }
 }
@@ -695,7 +738,8 @@ constexpr int64_t kAnchorChunkTokens = 256;
 
 }  // namespace
 
-absl::Status Translator::AddAnchors(const std::vector<int64_t>& ids, KvTaps* out) const {
+absl::Status Translator::AddAnchors(const std::vector<int64_t>& ids,
+                                    const std::vector<int64_t>& unread, KvTaps* out) const {
   const int64_t n_tokens = out->keys.size(2);
   const int64_t w = spec_.anchor_window;
   const int64_t vocab = anchor_table_.size(0);
@@ -703,33 +747,58 @@ absl::Status Translator::AddAnchors(const std::vector<int64_t>& ids, KvTaps* out
   if (!padded_ids.ok()) return padded_ids.status();
   const std::vector<int64_t>& padded = *padded_ids;
   const TranslatorEndpoint& t = spec_.target;
-  const int64_t width = t.n_layer * t.n_head_kv * t.head_dim, d = 2 * width;
-  const at::Tensor buffer = at::empty({std::min(n_tokens, kAnchorChunkTokens), d},
+  const int64_t layer_width = t.n_head_kv * t.head_dim;
+  const int64_t width = t.n_layer * layer_width, d = 2 * width;
+  const int64_t first = unread.empty() ? 0 : *std::min_element(unread.begin(), unread.end());
+  const at::Tensor buffer = at::empty({std::min(n_tokens - first, kAnchorChunkTokens), d},
                                       at::dtype(at::kFloat).device(device_));
-  for (int64_t t0 = 0; t0 < n_tokens; t0 += kAnchorChunkTokens) {
+  for (int64_t t0 = first; t0 < n_tokens; t0 += kAnchorChunkTokens) {
     const int64_t n = std::min(kAnchorChunkTokens, n_tokens - t0);
+    // The runs of consecutive layers that read some row of the chunk, and
+    // their columns of the sum (keys' then values'); rows of those layers
+    // before their unread count are summed too, and zeroed by Translate.
+    std::vector<std::pair<int64_t, int64_t>> layers, columns;
+    for (int64_t il = 0; il < t.n_layer; ++il) {
+      if (!unread.empty() && unread[static_cast<size_t>(il)] >= t0 + n) continue;
+      if (!layers.empty() && layers.back().first + layers.back().second == il) {
+        ++layers.back().second;
+      } else {
+        layers.push_back({il, 1});
+      }
+    }
+    for (int64_t side : {int64_t{0}, width}) {
+      for (const auto& [l0, nl] : layers) {
+        columns.push_back({side + l0 * layer_width, nl * layer_width});
+      }
+    }
     at::Tensor sum = buffer.narrow(0, 0, n);  // [n, 2*L_t*H_t*D_t]
     if (!anchor_lookup_.defined()) {
       // Token p's table rows times the anchor weights.
       const std::vector<int64_t> index = AnchorIndex(padded, t0, n, w, vocab);
       const at::Tensor rows =
           SelectRows(anchor_rows_, at::tensor(index, at::kLong).to(device_)).view({n, -1});
-      sum.copy_(at::mm(rows, anchor_weight_));
-    } else if (anchor_lookup_.scalar_type() == at::kBFloat16) {
-      sum.zero_();
-      AddAnchorRows(reinterpret_cast<const uint16_t*>(anchor_lookup_.data_ptr<at::BFloat16>()), d,
-                    padded, w, t0, t0 + n, sum.data_ptr<float>());
+      for (const auto& [c, nc] : columns) {
+        sum.narrow(1, c, nc).copy_(at::mm(rows, anchor_weight_.narrow(1, c, nc)));  // converts
+      }
     } else {
-      sum.zero_();
-      AddAnchorRows(anchor_lookup_.data_ptr<float>(), d, padded, w, t0, t0 + n,
-                    sum.data_ptr<float>());
+      for (const auto& [c, nc] : columns) sum.narrow(1, c, nc).zero_();
+      if (anchor_lookup_.scalar_type() == at::kBFloat16) {
+        AddAnchorRows(reinterpret_cast<const uint16_t*>(anchor_lookup_.data_ptr<at::BFloat16>()),
+                      d, padded, w, t0, t0 + n, columns, sum.data_ptr<float>());
+      } else {
+        AddAnchorRows(anchor_lookup_.data_ptr<float>(), d, padded, w, t0, t0 + n, columns,
+                      sum.data_ptr<float>());
+      }
     }
-    for (const auto& [result, column] : {std::pair{&out->keys, int64_t{0}}, {&out->values, width}}) {
-      // [n, L_t*H_t*D_t] -> [L_t, H_t, n, D_t], added into Apply's result
-      // (a fresh tensor, a permuted view of its product or a float32 copy).
-      result->narrow(2, t0, n).add_(sum.narrow(1, column, width)
-                                        .view({n, t.n_layer, t.n_head_kv, t.head_dim})
-                                        .permute({1, 2, 0, 3}));
+    for (const auto& [result, side] : {std::pair{&out->keys, int64_t{0}}, {&out->values, width}}) {
+      for (const auto& [l0, nl] : layers) {
+        // [n, nl*H_t*D_t] -> [nl, H_t, n, D_t], added into Apply's result
+        // (a fresh tensor, a permuted view of its product or a float32 copy).
+        result->narrow(0, l0, nl).narrow(2, t0, n).add_(
+            sum.narrow(1, side + l0 * layer_width, nl * layer_width)
+                .view({n, nl, t.n_head_kv, t.head_dim})
+                .permute({1, 2, 0, 3}));
+      }
     }
   }
   return absl::OkStatus();
@@ -899,9 +968,26 @@ absl::StatusOr<at::Tensor> Translator::PredictResidual(const KvTaps& source, int
 }
 
 absl::StatusOr<KvTaps> Translator::Translate(const KvTaps& source, Output output,
-                                             const std::vector<int64_t>& ids) const {
+                                             const std::vector<int64_t>& ids,
+                                             const std::vector<int64_t>& unread) const {
   const TranslatorEndpoint& s = spec_.source;
+  const TranslatorEndpoint& t = spec_.target;
   KVL_RETURN_IF_ERROR(CheckSourceTaps(source, s, device_));
+  const int64_t n_tokens = source.keys.size(2);
+  if (!unread.empty()) {
+    if (static_cast<int64_t>(unread.size()) != t.n_layer) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "translate: ", unread.size(), " unread counts for ", t.n_layer, " target layers"));
+    }
+    for (int64_t u : unread) {
+      if (u < 0 || u > n_tokens) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("translate: unread count ", u, " outside [0, ", n_tokens, "]"));
+      }
+    }
+  }
+  // Tokens before `first` are unread in every target layer: not even copied.
+  const int64_t first = unread.empty() ? 0 : *std::min_element(unread.begin(), unread.end());
   try {
     c10::InferenceMode guard;
     // The maps' dtype is the compute dtype; a float32 result comes from
@@ -910,17 +996,26 @@ absl::StatusOr<KvTaps> Translator::Translate(const KvTaps& source, Output output
     // [L_s, H_s, T, D_s] keys and values -> rows [2*L_s, T, H_s*D_s], the
     // blocks of InputBlocks: head-major rows, as the maps expect; one copy per
     // side that also converts to the compute dtype.
-    const int64_t n_tokens = source.keys.size(2);
-    const at::Tensor rows = at::empty({2, s.n_layer, n_tokens, s.n_head_kv, s.head_dim},
+    const int64_t n_rows = n_tokens - first;
+    const at::Tensor rows = at::empty({2, s.n_layer, n_rows, s.n_head_kv, s.head_dim},
                                       at::dtype(compute).device(device_));
-    rows[0].copy_(source.keys.permute({0, 2, 1, 3}));
-    rows[1].copy_(source.values.permute({0, 2, 1, 3}));
-    const at::Tensor x = rows.view({2 * s.n_layer, n_tokens, s.n_head_kv * s.head_dim});
+    rows[0].copy_(source.keys.narrow(2, first, n_rows).permute({0, 2, 1, 3}));
+    rows[1].copy_(source.values.narrow(2, first, n_rows).permute({0, 2, 1, 3}));
+    const at::Tensor x = rows.view({2 * s.n_layer, n_rows, s.n_head_kv * s.head_dim});
     KvTaps out;
-    out.keys = Apply(x, blocks_.keys, prepared_keys_, output);
-    out.values = Apply(x, blocks_.values, prepared_values_, output);
+    out.keys = Apply(x, blocks_.keys, prepared_keys_, output, unread);
+    out.values = Apply(x, blocks_.values, prepared_values_, output, unread);
     if (spec_.anchor_window > 0) {
-      KVL_RETURN_IF_ERROR(AddAnchors(ids, &out));
+      KVL_RETURN_IF_ERROR(AddAnchors(ids, unread, &out));
+      // The anchors' sum covers a layer's rows chunk by chunk: those before
+      // its unread count are zeroed again (not in the router's views).
+      for (int64_t il = 0; il < t.n_layer && !unread.empty(); ++il) {
+        const int64_t u = unread[static_cast<size_t>(il)];
+        if (u > first && output != Output::kProduct) {
+          out.keys[il].narrow(1, first, u - first).zero_();
+          out.values[il].narrow(1, first, u - first).zero_();
+        }
+      }
     }
     return out;
   } catch (const c10::Error& e) {

@@ -295,10 +295,19 @@ class Translator {
   // says. Runs under c10::InferenceMode (the result is an inference tensor).
   // ids: with token anchors, the span's T token ids preceded by up to W-1 of
   // the ids before it (fewer only at the conversation's start); ignored
-  // without. InvalidArgument on shape mismatch, taps on another device than
-  // device(), missing ids or an id outside the table.
+  // without. unread (empty, or one count per target layer: the target's
+  // ModelConfig::UnreadTokens of the span): layer il's first unread[il]
+  // tokens are not computed, nor the source rows that only they would read
+  // (a sliding target layer's translation costs its window, not the span);
+  // they are zeros in kFloat32 output and left unwritten in kProduct views,
+  // which KvCache::Accept with the same counts never reads (writing them
+  // cost about a third of a thin switch's first token at 4k tokens:
+  // experiments/thin_spans). InvalidArgument on shape mismatch, taps on
+  // another device than device(), missing ids, an id outside the table, or
+  // unread counts of another length or outside [0, T].
   absl::StatusOr<KvTaps> Translate(const KvTaps& source, Output output = Output::kFloat32,
-                                   const std::vector<int64_t>& ids = {}) const;
+                                   const std::vector<int64_t>& ids = {},
+                                   const std::vector<int64_t>& unread = {}) const;
 
  private:
   // Maps stacked for one batched product when every target layer reads the
@@ -322,15 +331,21 @@ class Translator {
     Stacked stacked;
   };
   Translator() = default;
-  // rows: the source as [2*L_s, T, H_s*D_s] blocks (InputBlocks), in the
-  // compute dtype; lists: one side's blocks. [L_t, H_t, T, D_t] as `output` says.
+  // rows: the source's tokens [first, T) as [2*L_s, T - first, H_s*D_s]
+  // blocks (InputBlocks), in the compute dtype, first = the least of
+  // `unread` (0 when empty); lists: one side's blocks. [L_t, H_t, T, D_t] as
+  // `output` says, layer il's first unread[il] tokens zeros.
   at::Tensor Apply(const at::Tensor& rows, const std::vector<std::vector<int64_t>>& lists,
-                   const Prepared& prepared, Output output) const;
+                   const Prepared& prepared, Output output,
+                   const std::vector<int64_t>& unread) const;
 
   // Adds the anchors' contribution to a span's tokens, from Translate's ids,
   // into out's keys and values ([L_t, H_t, T, D_t], as Apply returned them),
-  // a chunk of tokens at a time through one small float32 buffer.
-  absl::Status AddAnchors(const std::vector<int64_t>& ids, KvTaps* out) const;
+  // a chunk of tokens at a time through one small float32 buffer; in each
+  // chunk, only to the layers that read some of its tokens (`unread`, as
+  // Translate's).
+  absl::Status AddAnchors(const std::vector<int64_t>& ids, const std::vector<int64_t>& unread,
+                          KvTaps* out) const;
   // Both sides' anchor weights [W*E, 2*L_t*H_t*D_t] (keys' columns first),
   // float32 on the CPU; and the table with a zero row after it [V+1, E] in
   // `element`: what the anchors' product reads.

@@ -231,6 +231,22 @@ TEST(ModelConfigTest, ParsesTheTextHalfOfAMultimodalGemma3) {
 
 // Qwen3-30B-A3B's config.json (the paper's App. N pair): 128 experts of
 // which 8 run per token on every layer, renormalized.
+// A span's tokens no later query reads: a sliding layer reads its last W - 1
+// from the span's end on, a global layer all of them; a model without
+// windows none to skip (an empty list).
+TEST(ModelConfigTest, UnreadTokensAreASlidingLayersTokensBeforeItsWindow) {
+  ModelConfig c;
+  c.n_layer = 3;
+  EXPECT_TRUE(c.UnreadTokens(0, 100).empty());
+  c.sliding_window = 8;  // Mistral: every layer
+  EXPECT_EQ(c.UnreadTokens(10, 110), (std::vector<int64_t>{93, 93, 93}));
+  EXPECT_EQ(c.UnreadTokens(10, 17), (std::vector<int64_t>{0, 0, 0}));
+  EXPECT_EQ(c.UnreadTokens(10, 18), (std::vector<int64_t>{1, 1, 1}));
+  c.sliding_layers = {true, false, true};  // Gemma-3: some layers global
+  EXPECT_EQ(c.UnreadTokens(0, 20), (std::vector<int64_t>{13, 0, 13}));
+  EXPECT_EQ(c.UnreadTokens(5, 5), (std::vector<int64_t>{0, 0, 0}));
+}
+
 TEST(ModelConfigTest, ParsesQwen3MoeAndItsExperts) {
   const json real = ReadJson(kData + "qwen3_30b_a3b_config.json");
   absl::StatusOr<ModelConfig> c = ModelConfig::FromJson(real);

@@ -623,6 +623,91 @@ TEST(DecoderTaps, AcceptedSpanDecodesLikeNative) {
   }
 }
 
+// A span accepted thin (ModelConfig::UnreadTokens: a sliding layer keeps its
+// last W - 1 tokens, zeros before) decodes exactly as the whole span does;
+// one token fewer kept in any sliding layer changes what the next query
+// reads, so the counts are the least that decodes unchanged.
+TEST(DecoderTaps, AThinSpanDecodesExactlyLikeTheWholeOne) {
+  for (const ModelConfig& config : {MistralConfig(5), GemmaConfig()}) {
+    SCOPED_TRACE(config.model_type);
+    const ModelWeights w = RandomWeights(config, 6);
+    auto decoder = Decoder::Create(config, w, {});
+    ASSERT_TRUE(decoder.ok());
+    const at::Tensor ids = RandomIds(config.vocab_size, {32}, 105);
+    c10::InferenceMode guard;
+    auto native = (*decoder)->NewCache();
+    RunCached(**decoder, *native, ids, 24, 24);
+    auto taps = native->Taps(4, 24);  // a span after a native start
+    ASSERT_TRUE(taps.ok());
+    auto continued = [&](const std::vector<int64_t>& unread) {
+      auto line = (*decoder)->NewCache();
+      RunCached(**decoder, *line, ids.narrow(0, 0, 4), 4, 4);
+      EXPECT_TRUE(line->Accept(taps->keys, taps->values, unread).ok());
+      // A prefill chunk then single decoded tokens.
+      std::vector<at::Tensor> rows = {
+          (*decoder)->Forward(*line, ids.narrow(0, 24, 3), /*all_logits=*/true)};
+      for (int64_t t = 27; t < 32; ++t)
+        rows.push_back((*decoder)->Forward(*line, ids.narrow(0, t, 1), false));
+      return std::pair{at::cat(rows, 0), std::move(line)};
+    };
+    const auto [whole, whole_line] = continued({});
+    const std::vector<int64_t> unread = config.UnreadTokens(4, 24);
+    ASSERT_EQ(static_cast<int64_t>(unread.size()), config.n_layer);
+    for (int64_t il = 0; il < config.n_layer; ++il) {
+      EXPECT_EQ(unread[il], config.IsSlidingLayer(il) ? 20 - (config.sliding_window - 1) : 0);
+    }
+    const auto [thin, thin_line] = continued(unread);
+    EXPECT_TRUE(at::equal(thin, whole));
+    ASSERT_EQ(thin_line->Spans().size(), 3u);
+    EXPECT_TRUE(thin_line->Spans()[1].thin);
+    EXPECT_FALSE(whole_line->Spans()[1].thin);
+    // The unread entries are zeros, the read ones the whole span's.
+    for (int64_t il = 0; il < config.n_layer; ++il) {
+      const int64_t u = unread[il];
+      if (u > 0) {
+        EXPECT_EQ(thin_line->Keys(il).narrow(1, 4, u).abs().max().item<float>(), 0.0f);
+        EXPECT_EQ(thin_line->Values(il).narrow(1, 4, u).abs().max().item<float>(), 0.0f);
+      }
+      EXPECT_TRUE(at::equal(thin_line->Keys(il).narrow(1, 4 + u, 20 - u),
+                            whole_line->Keys(il).narrow(1, 4 + u, 20 - u)));
+    }
+    // One more token unread in the first sliding layer: the query at 24 reads
+    // a zero there, and the logits change.
+    std::vector<int64_t> more = unread;
+    for (int64_t il = 0; il < config.n_layer; ++il) {
+      if (config.IsSlidingLayer(il)) {
+        ++more[il];
+        break;
+      }
+    }
+    EXPECT_FALSE(at::allclose(continued(more).first, whole, 1e-4, 1e-4));
+    // Nothing goes on from inside the thin span; from its ends it may.
+    EXPECT_EQ(thin_line->ExtendablePrefix(30), 30);
+    EXPECT_EQ(thin_line->ExtendablePrefix(24), 24);
+    EXPECT_EQ(thin_line->ExtendablePrefix(23), 4);
+    EXPECT_EQ(thin_line->ExtendablePrefix(4), 4);
+    EXPECT_EQ(whole_line->ExtendablePrefix(23), 23);
+    // Neither a copy nor a rollback may end inside it either.
+    EXPECT_EQ(thin_line->ClonePrefix(23, 23).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(thin_line->Rollback(23).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(thin_line->Length(), 32);
+    auto copy = thin_line->ClonePrefix(24, 24);
+    ASSERT_TRUE(copy.ok());
+    EXPECT_TRUE((*copy)->Spans().back().thin);
+    // A second translated span after it stays apart: the line may be cut
+    // back to where it starts.
+    ASSERT_TRUE(thin_line->Rollback(24).ok());
+    ASSERT_TRUE(thin_line->Accept(taps->keys, taps->values).ok());
+    ASSERT_EQ(thin_line->Spans().size(), 3u);
+    EXPECT_FALSE(thin_line->Spans()[2].native);
+    EXPECT_FALSE(thin_line->Spans()[2].thin);
+    EXPECT_TRUE(thin_line->Rollback(24).ok());
+    EXPECT_TRUE(thin_line->Rollback(4).ok());
+    EXPECT_EQ(thin_line->Spans().size(), 1u);
+  }
+}
+
 TEST(DecoderRollback, RedecodeEqualsStraightRun) {
   const ModelConfig config = TinyConfig({"qwen3", true, false, false, 4, 2});
   const ModelWeights w = RandomWeights(config, 9);

@@ -168,6 +168,13 @@ TEST(KvCache, TapAndAcceptErrors) {
   EXPECT_EQ(elsewhere.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(elsewhere.message().find("meta"), std::string::npos) << elsewhere;
   EXPECT_EQ(cache->Length(), 8);
+  // Unread counts: one per layer, each within the span.
+  for (const std::vector<int64_t>& bad : {std::vector<int64_t>{0}, std::vector<int64_t>{0, 9},
+                                          std::vector<int64_t>{-1, 0}}) {
+    EXPECT_EQ(cache->Accept(taps.keys, taps.values, bad).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(cache->Length(), 8);
   // Float64 input (e.g. from a translator) is converted.
   ASSERT_TRUE(cache->Accept(taps.keys.to(at::kDouble), taps.values.to(at::kDouble)).ok());
   EXPECT_EQ(cache->Length(), 16);

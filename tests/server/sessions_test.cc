@@ -11,6 +11,11 @@
 #include <string>
 #include <vector>
 
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include "model/decoder.h"
+#include "tests/model/test_models.h"
 #include "tests/testing/redis.h"
 
 namespace kvl::server {
@@ -148,6 +153,62 @@ TEST(SessionsTest, AForkHoldsTheSourcesFirstTurnsAndLeavesTheSource) {
   EXPECT_EQ(sessions.Create("f3", "p", {9}, sessions.ForkOf("nothing", 1)).status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_EQ(sessions.View("f2").status().code(), absl::StatusCode::kNotFound);
+}
+
+// A fork never copies a line up to a point inside a thin translated span
+// (its sliding layers hold only the span's last entries): the copy stops at
+// the span's start, and the fork's next turn on that model fills in the rest.
+TEST(SessionsTest, AForkStopsItsLineCopyBeforeAThinSpanItWouldCut) {
+  CacheStoreOptions options;
+  options.n_models = 1;
+  CacheStore cache(options);
+  Sessions sessions(&cache, *OpenSessionStore({}), {"m"});
+  auto two_turns = [](const std::string&, std::vector<TurnRecord>* turns) {
+    turns->resize(2);
+    (*turns)[0].user_message = "one";
+    (*turns)[0].model = "m";
+    (*turns)[0].tokens = {1, 2, 3};
+    (*turns)[0].ledger = {{0, 3, "m"}};
+    (*turns)[1].user_message = "two";
+    (*turns)[1].model = "m";
+    (*turns)[1].history_begin = 3;
+    (*turns)[1].tokens = {4, 5, 6, 7};
+    (*turns)[1].ledger = {{0, 7, "m"}};
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE(sessions.Create("src", "p", {9}, two_turns).ok());
+  // The source's line: token 0 native, tokens 1..6 accepted thin (window 3:
+  // the sliding layers keep the last two).
+  const ModelConfig config = kvl::testing::GemmaConfig();
+  absl::StatusOr<std::unique_ptr<Decoder>> decoder =
+      Decoder::Create(config, kvl::testing::RandomWeights(config, 3), {});
+  ASSERT_TRUE(decoder.ok()) << decoder.status();
+  std::unique_ptr<KvCache> line = (*decoder)->NewCache();
+  {
+    c10::InferenceMode guard;
+    (*decoder)->Forward(*line, at::tensor({1, 2, 3, 4, 5, 6, 7}, at::kLong), false);
+  }
+  absl::StatusOr<KvTaps> taps = line->Taps(1, 7);
+  ASSERT_TRUE(taps.ok()) << taps.status();
+  ASSERT_TRUE(line->Rollback(1).ok());
+  ASSERT_TRUE(line->Accept(taps->keys, taps->values, config.UnreadTokens(1, 7)).ok());
+  ASSERT_TRUE(line->Spans().back().thin);
+  {
+    absl::StatusOr<std::unique_ptr<TurnLease>> lease = cache.Begin("src");
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    (*lease)->ReplaceLine(0, std::move(line));
+    ConversationState state = (*lease)->state();
+    state.history = {1, 2, 3, 4, 5, 6, 7};  // what the line holds
+    (*lease)->Commit(std::move(state));
+  }
+  // The first turn ends at 3, inside the thin span [1, 7): one token copied.
+  absl::StatusOr<SessionView> fork = sessions.Create("fork", "p", {9}, sessions.ForkOf("src", 1));
+  ASSERT_TRUE(fork.ok()) << fork.status();
+  EXPECT_THAT(fork->state.history, ElementsAre(1, 2, 3));
+  absl::StatusOr<std::unique_ptr<TurnLease>> forked = cache.Begin("fork");
+  ASSERT_TRUE(forked.ok()) << forked.status();
+  ASSERT_NE((*forked)->line(0), nullptr);
+  EXPECT_EQ((*forked)->line(0)->Length(), 1);
 }
 
 // Two replicas: two registries, one Redis.

@@ -608,6 +608,83 @@ TEST(TranslateTest, MatchesTheOracleWhenEveryLayerReadsTheSameSourceLayers) {
   }
 }
 
+// Unread counts (a sliding target layer's tokens no later query reads):
+// those rows are zeros (float32 output; the router's product views leave
+// them unwritten), every other row as the whole translation's, on every
+// Apply path, with anchors (lookup and product) and without, in both output
+// forms; counts of another length or out of range are refused.
+TEST(TranslateTest, UnreadRowsAreZerosAndTheRestAsTheWholeTranslation) {
+  struct Case {
+    Lists keys, values;
+  };
+  const Case cases[] = {
+      {{{2, 0}, {1, 2}}, {{1}, {0}}},             // batched (short spans) / per layer
+      {{{2}, {0, 1, 2}}, {{1}, {0}}},             // per layer
+      {{{0, 1, 2}, {0, 1, 2}}, {{2}, {2}}},       // one product (keys)
+  };
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(41);
+  for (const Case& c : cases) {
+    TranslatorSpec spec = MixedSpec();
+    spec.assignment.keys = c.keys;
+    spec.assignment.values = c.values;
+    at::Tensor table;
+    std::vector<std::unique_ptr<Translator>> translators;
+    translators.push_back(RandomTranslator(spec, 42));
+    translators.push_back(AnchoredTranslator(spec, DType::kFloat32, &table));
+    auto product = Translator::Create(translators[1]->spec(), translators[1]->key_maps(),
+                                      translators[1]->value_maps(), DType::kFloat32, table,
+                                      /*max_anchor_lookup_bytes=*/0);
+    ASSERT_TRUE(product.ok()) << product.status();
+    ASSERT_FALSE((*product)->anchor_lookup());
+    translators.push_back(*std::move(product));
+    for (const auto& tr : translators) {
+      for (int64_t n : {6, 300}) {
+        const KvTaps src = RandomTaps(spec.source, n, 43);
+        std::vector<int64_t> ids;
+        if (tr->spec().anchor_window > 0) {
+          const at::Tensor r = at::randint(10, {n + 2}, gen);
+          ids.assign(r.data_ptr<int64_t>(), r.data_ptr<int64_t>() + n + 2);
+        }
+        auto whole = tr->Translate(src, Translator::Output::kFloat32, ids);
+        ASSERT_TRUE(whole.ok()) << whole.status();
+        const std::vector<std::vector<int64_t>> unreads = {
+            {n - 2, 0}, {0, n - 3}, {n - 4, n - 2}, {n, 1}, {n, n}, {0, 0}};
+        for (const std::vector<int64_t>& unread : unreads) {
+          for (Translator::Output output :
+               {Translator::Output::kFloat32, Translator::Output::kProduct}) {
+            SCOPED_TRACE(::testing::Message()
+                         << "anchors " << tr->spec().anchor_window << ", " << n
+                         << " tokens, unread {" << unread[0] << ", " << unread[1] << "}");
+            auto thin = tr->Translate(src, output, ids, unread);
+            ASSERT_TRUE(thin.ok()) << thin.status();
+            ASSERT_EQ(thin->keys.sizes(), whole->keys.sizes());
+            for (const auto& [got, want] :
+                 {std::pair{&thin->keys, &whole->keys}, {&thin->values, &whole->values}}) {
+              for (int64_t il = 0; il < 2; ++il) {
+                const int64_t u = unread[static_cast<size_t>(il)];
+                if (u > 0 && output == Translator::Output::kFloat32) {
+                  EXPECT_EQ((*got)[il].narrow(1, 0, u).abs().max().item<float>(), 0.0f);
+                }
+                if (u < n) {
+                  EXPECT_LT(MaxAbsDiff((*got)[il].narrow(1, u, n - u),
+                                       (*want)[il].narrow(1, u, n - u)),
+                            1e-5);
+                }
+              }
+            }
+          }
+        }
+        for (const std::vector<int64_t>& bad :
+             {std::vector<int64_t>{0}, std::vector<int64_t>{0, 0, 0},
+              std::vector<int64_t>{-1, 0}, std::vector<int64_t>{0, n + 1}}) {
+          EXPECT_EQ(tr->Translate(src, Translator::Output::kFloat32, ids, bad).status().code(),
+                    absl::StatusCode::kInvalidArgument);
+        }
+      }
+    }
+  }
+}
+
 TEST(TranslateTest, JointMapsReadKeysThenValuesOnEveryApplyPath) {
   // Rows of the oracle's source: keys of layers 0-2, then values of layers 0-2.
   // The blocks each joint map reads, written out by hand from the assignment.
@@ -808,6 +885,64 @@ TEST(TranslateTest, ProductViewsFillATargetLineWithTheSameBitsAsFloat32Output) {
           ASSERT_TRUE(want.ok() && got.ok()) << where;
           EXPECT_TRUE(at::equal(*got, *want)) << where;
         }
+      }
+    }
+  }
+}
+
+// The router's thin switch into a model with sliding layers (Gemma-3-style:
+// layers 0, 1 and 3 see the last 3 tokens): product views of only what
+// those layers read, accepted with the same unread counts, decode as the
+// whole translation accepted whole, on every Apply path, with and without
+// token anchors.
+TEST(TranslateTest, AThinTranslationDecodesLikeTheWholeOne) {
+  Checkpoint c;
+  c.config = testing::GemmaConfig();
+  c.weights = testing::RandomWeights(c.config, 45);
+  RuntimeOptions o;
+  o.n_threads = 1;
+  auto engine = Engine::Create(c, o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const LayerAssignment band1 = *RelativeDepthAssignment(3, 4, 1);
+  const LayerAssignment band2 = *RelativeDepthAssignment(3, 4, 2);
+  const Lists all = {{0, 1, 2}, {0, 1, 2}, {0, 1, 2}, {0, 1, 2}};
+  const std::vector<std::pair<Lists, Lists>> assignments = {
+      {band2.keys, band1.values},  // batched (short) / per layer (long)
+      {all, all}};                 // one product
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(46);
+  for (const auto& [key_lists, value_lists] : assignments) {
+    for (bool anchored : {false, true}) {
+      TranslatorSpec spec = MixedSpec();
+      spec.target = EndpointOf(c.config, "t", "tok");
+      spec.assignment.keys = key_lists;
+      spec.assignment.values = value_lists;
+      spec.inputs = MapInputs::kJoint;
+      at::Tensor table;
+      auto tr = anchored ? AnchoredTranslator(spec, DType::kFloat32, &table)
+                         : RandomTranslator(spec, 47);
+      for (int64_t n : {5, 300}) {
+        const std::string where = absl::StrCat(key_lists.front().size(), " key blocks, anchors ",
+                                               anchored, ", ", n, " tokens");
+        const KvTaps src = RandomTaps(spec.source, n, 48);
+        std::vector<int64_t> ids;
+        if (anchored) {
+          const at::Tensor r = at::randint(10, {n}, gen);
+          ids.assign(r.data_ptr<int64_t>(), r.data_ptr<int64_t>() + n);
+        }
+        const std::vector<int64_t> unread = c.config.UnreadTokens(0, n);
+        ASSERT_EQ(unread, (std::vector<int64_t>{n - 2, n - 2, 0, n - 2})) << where;
+        auto whole = tr->Translate(src, Translator::Output::kFloat32, ids);
+        auto thin = tr->Translate(src, Translator::Output::kProduct, ids, unread);
+        ASSERT_TRUE(whole.ok() && thin.ok()) << where;
+        auto from_whole = (*engine)->NewCache();
+        auto from_thin = (*engine)->NewCache();
+        ASSERT_TRUE(from_whole->Accept(whole->keys, whole->values).ok()) << where;
+        ASSERT_TRUE(from_thin->Accept(thin->keys, thin->values, unread).ok()) << where;
+        EXPECT_EQ(from_thin->Spans().back().thin, n > 2) << where;
+        auto want = (*engine)->Prefill(*from_whole, {7, 3});
+        auto got = (*engine)->Prefill(*from_thin, {7, 3});
+        ASSERT_TRUE(want.ok() && got.ok()) << where;
+        EXPECT_LT(MaxAbsDiff(*got, *want), 1e-5) << where;
       }
     }
   }
