@@ -113,6 +113,26 @@ TEST(SessionsTest, AFailedPopulateLeavesNothingAndASuccessfulOneIsRecordedWhole)
   EXPECT_EQ(record->turns[1].user_message, "two");
 }
 
+// A session's two turns "one" and "two" on model "m", of these tokens; the
+// first's unrun tail is its last token.
+Sessions::Populate TwoTurns(std::vector<int64_t> first, std::vector<int64_t> second) {
+  return [first, second](const std::string&, std::vector<TurnRecord>* turns) {
+    const int64_t n1 = static_cast<int64_t>(first.size());
+    turns->resize(2);
+    (*turns)[0].user_message = "one";
+    (*turns)[0].model = "m";
+    (*turns)[0].tokens = first;
+    (*turns)[0].ledger = {{0, n1, "m"}};
+    (*turns)[0].tail_begin = n1 - 1;
+    (*turns)[1].user_message = "two";
+    (*turns)[1].model = "m";
+    (*turns)[1].history_begin = n1;
+    (*turns)[1].tokens = second;
+    (*turns)[1].ledger = {{0, n1 + static_cast<int64_t>(second.size()), "m"}};
+    return absl::OkStatus();
+  };
+}
+
 // A fork holds the source's first turns, in the store and here; the source
 // is left as it was. (Its cache lines are copied too: the OpenAI API test,
 // RegeneratingAReplyForksTheCachedConversation, checks that end to end.)
@@ -121,21 +141,7 @@ TEST(SessionsTest, AForkHoldsTheSourcesFirstTurnsAndLeavesTheSource) {
   options.n_models = 1;
   CacheStore cache(options);
   Sessions sessions(&cache, *OpenSessionStore({}), {"m"});
-  auto two_turns = [](const std::string&, std::vector<TurnRecord>* turns) {
-    turns->resize(2);
-    (*turns)[0].user_message = "one";
-    (*turns)[0].model = "m";
-    (*turns)[0].tokens = {1, 2, 3};
-    (*turns)[0].ledger = {{0, 3, "m"}};
-    (*turns)[0].tail_begin = 2;
-    (*turns)[1].user_message = "two";
-    (*turns)[1].model = "m";
-    (*turns)[1].history_begin = 3;
-    (*turns)[1].tokens = {4, 5};
-    (*turns)[1].ledger = {{0, 5, "m"}};
-    return absl::OkStatus();
-  };
-  ASSERT_TRUE(sessions.Create("src", "p", {9}, two_turns).ok());
+  ASSERT_TRUE(sessions.Create("src", "p", {9}, TwoTurns({1, 2, 3}, {4, 5})).ok());
   absl::StatusOr<SessionView> fork = sessions.Create("fork", "p", {9}, sessions.ForkOf("src", 1));
   ASSERT_TRUE(fork.ok()) << fork.status();
   EXPECT_EQ(fork->state.turns, 1);
@@ -163,20 +169,7 @@ TEST(SessionsTest, AForkStopsItsLineCopyBeforeAThinSpanItWouldCut) {
   options.n_models = 1;
   CacheStore cache(options);
   Sessions sessions(&cache, *OpenSessionStore({}), {"m"});
-  auto two_turns = [](const std::string&, std::vector<TurnRecord>* turns) {
-    turns->resize(2);
-    (*turns)[0].user_message = "one";
-    (*turns)[0].model = "m";
-    (*turns)[0].tokens = {1, 2, 3};
-    (*turns)[0].ledger = {{0, 3, "m"}};
-    (*turns)[1].user_message = "two";
-    (*turns)[1].model = "m";
-    (*turns)[1].history_begin = 3;
-    (*turns)[1].tokens = {4, 5, 6, 7};
-    (*turns)[1].ledger = {{0, 7, "m"}};
-    return absl::OkStatus();
-  };
-  ASSERT_TRUE(sessions.Create("src", "p", {9}, two_turns).ok());
+  ASSERT_TRUE(sessions.Create("src", "p", {9}, TwoTurns({1, 2, 3}, {4, 5, 6, 7})).ok());
   // The source's line: token 0 native, tokens 1..6 accepted thin (window 3:
   // the sliding layers keep the last two).
   const ModelConfig config = kvl::testing::GemmaConfig();
