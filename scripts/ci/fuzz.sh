@@ -25,7 +25,7 @@ fi
 BUILD=${KVL_FUZZ_BUILD_DIR:-build-fuzz}
 JOBS=${KVL_FUZZ_JOBS:-$(nproc)}
 ALL=(tokenizer safetensors model_config translator server_config chat_template chat_request
-     openai_request)
+     openai_request token_alignment)
 seconds=
 runs=-1
 out=

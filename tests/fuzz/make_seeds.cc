@@ -62,6 +62,20 @@ void TokenizerSeeds() {
   Write("tokenizer", "ids_skip_special", ids);
 }
 
+void TokenAlignmentSeeds() {
+  const std::vector<std::pair<std::string, std::string>> texts = {
+      {"ascii", "Where is Lisbon? The key is 7F3A-19; it's 42 degrees."},
+      {"unicode", "na\xc3\xafve caf\xc3\xa9 \xe6\x9d\xb1\xe4\xba\xac \xf0\x9f\x99\x82 \xd0\x9f\xd1\x80\xd0\xb8"},
+      {"whitespace", "  a\t\tb\r\n\r\n  c   \n\n\n d\xc2\xa0" "e"},
+      {"code", "for (int i = 0; i < n; ++i) { sum += x[i] * 0.5f; }  // done"},
+  };
+  for (const auto& [name, text] : texts) Write("token_alignment", "text_" + name, '\0' + text);
+  // Byte lengths: equal totals (a run of merges on each side, an empty
+  // token), then different totals.
+  Write("token_alignment", "lengths_equal", std::string("\1\3\1\0\2\xff\2\1\3", 9));
+  Write("token_alignment", "lengths_unequal", std::string("\1\3\1\xff\2\4", 6));
+}
+
 void SafetensorsSeeds() {
   const fs::path tmp = root / "safetensors.tmp";
   auto save = [&](const std::string& name, const std::map<std::string, at::Tensor>& tensors,
@@ -255,6 +269,7 @@ void ChatRequestSeeds() {
 int main(int argc, char** argv) {
   root = argc > 1 ? fs::path(argv[1]) : kSource / "tests" / "fuzz" / "corpus";
   TokenizerSeeds();
+  TokenAlignmentSeeds();
   SafetensorsSeeds();
   ModelConfigSeeds();
   TranslatorSeeds();
