@@ -43,7 +43,8 @@ absl::StatusOr<std::vector<AlignedGroup>> AlignByBytes(const std::vector<int64_t
 // `text` by `tokenizer` (Tokenizer::Encode, no BOS added): the tokens' decoded
 // bytes (the first token's as a decode begins). InvalidArgument when they do
 // not spell `text` (a normalizer that changes the text, an id not in the
-// vocabulary).
+// vocabulary, or a text the tokenizer cannot spell: Gemma-3 reads a literal
+// U+2581 as its word mark and decodes it to a space).
 absl::StatusOr<std::vector<int64_t>> TokenByteLengths(const Tokenizer& tokenizer,
                                                       const std::vector<int32_t>& ids,
                                                       std::string_view text);
