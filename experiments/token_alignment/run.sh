@@ -5,7 +5,8 @@
 #   experiments/token_alignment/run.sh [BUILD_DIR]
 # Uses the house test split (`kvl make-data`, 1,500 test conversations), every
 # message's text, and the house tokenizer against the real Qwen3, Llama-3 and
-# Gemma-3 tokenizers (npm, scripts/setup.sh), plus Qwen3 against the other two.
+# Gemma-3 tokenizers (npm, scripts/setup.sh) and the second house tokenizer
+# (models/tokenizer-t2), plus Qwen3 against the other two.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build}
@@ -25,9 +26,16 @@ out=experiments/token_alignment/results.txt
   echo "# kvl align-tokens on every message of the house test split ($(wc -l < "$work/texts.jsonl") texts)"
   echo "# command: experiments/token_alignment/run.sh"
   printf '%-8s %-8s %10s %10s %9s %11s\n' a b a_tokens b_tokens groups one_to_one
-  for pair in "house qwen3" "house llama3" "house gemma3" "qwen3 llama3" "qwen3 gemma3" "llama3 gemma3"; do
+  for pair in "house t2" "house qwen3" "house llama3" "house gemma3" "qwen3 llama3" "qwen3 gemma3" \
+              "llama3 gemma3"; do
     set -- $pair
-    path() { [[ $1 = house ]] && echo models/tokenizer/tokenizer.json || echo "$NPM/tokenizer-$1/models/tokenizer.json"; }
+    path() {
+      case $1 in
+        house) echo models/tokenizer/tokenizer.json ;;
+        t2) echo models/tokenizer-t2/tokenizer.json ;;  # the second house tokenizer
+        *) echo "$NPM/tokenizer-$1/models/tokenizer.json" ;;
+      esac
+    }
     "$KVL" align-tokens --a "$(path "$1")" --b "$(path "$2")" < "$work/texts.jsonl" | tail -1 |
       /usr/bin/python3 -c '
 import json, sys

@@ -6,11 +6,12 @@
 # resumes. Environment: SAVE_DTYPE (the exported weights' dtype, default
 # float32), ASSISTANT_WEIGHT (the loss weight of assistant-written tokens,
 # default 1), BF16 (1: bf16 autocast, the default; 0: float32 throughout),
-# ROUTER_AUX_LOSS (a mixture of experts' load-balancing loss weight, default none).
+# ROUTER_AUX_LOSS (a mixture of experts' load-balancing loss weight, default none),
+# TOKENIZER (the tokenizer's directory, default models/tokenizer).
 stage() {
   local name=$1 stage=$2 config=$3 seed=$4 steps=$5 lr=$6 train=$7 valid=$8 out=$9 init=${10:-}
   if grep -qs '"finished": true' "$out/summary.json"; then return; fi
-  timed "train-lm $name $stage" "$KVL" train-lm --config "$config" --tokenizer models/tokenizer \
+  timed "train-lm $name $stage" "$KVL" train-lm --config "$config" --tokenizer "${TOKENIZER:-models/tokenizer}" \
     --train "$train" --valid "$valid" --out "$out" --seed "$seed" --steps "$steps" --batch 8 \
     --seq-len 512 --lr "$lr" --warmup 50 $( [ "${BF16:-1}" = 1 ] && echo --bf16 ) --threads "$THREADS" --eval-every 200 \
     --checkpoint-every 200 ${SAVE_DTYPE:+--save-dtype "$SAVE_DTYPE"} \
@@ -22,7 +23,7 @@ stage() {
 # The deliverable of a trained house model:
 #   publish_model NAME FINAL_STAGE_DIR [EARLIER_STAGE_DIR ...]
 # the final weights in models/NAME, the tokenizer files as links to
-# models/tokenizer's (the same bytes), the logs of every stage in
+# $TOKENIZER's (default models/tokenizer; the same bytes), the logs of every stage in
 # docs/results/training/NAME (an earlier stage's summary as
 # summary_<its directory's name>.json) and its test-split evaluation.
 publish_model() {
@@ -32,10 +33,10 @@ publish_model() {
   for f in config.json generation_config.json model.safetensors; do
     cp "$final/$f" "models/$name/$f"
   done
+  local tok=${TOKENIZER:-models/tokenizer}
   for f in tokenizer.json tokenizer_config.json; do
-    cmp -s "$final/$f" "models/tokenizer/$f" ||
-      { echo "$final/$f differs from models/tokenizer/$f" >&2; exit 1; }
-    ln -sfn "../tokenizer/$f" "models/$name/$f"
+    cmp -s "$final/$f" "$tok/$f" || { echo "$final/$f differs from $tok/$f" >&2; exit 1; }
+    ln -sfn "../$(basename "$tok")/$f" "models/$name/$f"
   done
   for f in summary.json train_log.jsonl loss.png loss.dat loss.gp; do
     cp "$final/$f" "$logs/$f"
