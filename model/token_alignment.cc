@@ -1,5 +1,7 @@
 #include "model/token_alignment.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace kvl {
@@ -51,6 +53,29 @@ absl::StatusOr<std::vector<AlignedGroup>> AlignByBytes(const std::vector<int64_t
     groups.push_back(AlignedGroup{0, n_a, 0, n_b, 0, 0});  // tokens of no bytes only
   }
   return groups;
+}
+
+absl::StatusOr<std::vector<TokenRun>> AssignWithinGroups(const std::vector<AlignedGroup>& groups) {
+  std::vector<TokenRun> runs;
+  int64_t a_next = 0, b_next = 0;
+  for (const AlignedGroup& g : groups) {
+    if (g.a_begin != a_next || g.b_begin != b_next || g.a_end < g.a_begin || g.b_end < g.b_begin) {
+      return absl::InvalidArgumentError("the groups do not tile both tokenizations in order");
+    }
+    const int64_t m = g.a_end - g.a_begin, n = g.b_end - g.b_begin;
+    if ((m == 0) != (n == 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a group has tokens on one side only (first side ", m, ", second ", n, ")"));
+    }
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t lo = k * m / n;
+      const int64_t hi = std::max(lo + 1, (k + 1) * m / n);
+      runs.push_back(TokenRun{g.a_begin + lo, g.a_begin + hi});
+    }
+    a_next = g.a_end;
+    b_next = g.b_end;
+  }
+  return runs;
 }
 
 absl::StatusOr<std::vector<int64_t>> TokenByteLengths(const Tokenizer& tokenizer,

@@ -33,6 +33,26 @@ struct AlignedGroup {
   }
 };
 
+// Tokens [begin, end) of the first tokenization.
+struct TokenRun {
+  int64_t begin = 0, end = 0;
+  bool operator==(const TokenRun& o) const { return begin == o.begin && end == o.end; }
+};
+
+// Which tokens of the first tokenization each token of the second is made
+// from, within their group (the paper's appendix K assigns source tokens
+// across target tokens within minimal groups; the cache translation of issue
+// 54 gives target token j the mean of its run's translated entries). In a
+// group of m first-side and n second-side tokens, its k-th second-side token
+// takes the run [floor(k m / n), max(floor(k m / n) + 1, floor((k + 1) m / n)))
+// of the group's first-side tokens: one to one pairs them, m > n splits the m
+// tokens into n consecutive runs, m < n gives each first-side token to about
+// n / m consecutive second-side tokens. One run per second-side token, in
+// order. InvalidArgument for a group with tokens on one side only (a text
+// one tokenization spells with no bytes) or groups that do not tile both
+// tokenizations from 0.
+absl::StatusOr<std::vector<TokenRun>> AssignWithinGroups(const std::vector<AlignedGroup>& groups);
+
 // a_bytes[i]: how many bytes token i of the first tokenization covers, in
 // order (likewise b_bytes). InvalidArgument when a length is negative or the
 // two cover different byte counts.

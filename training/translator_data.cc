@@ -11,7 +11,9 @@
 #include "base/files.h"
 #include "base/status_macros.h"
 #include "datagen/chat_data.h"
+#include "model/token_alignment.h"
 #include "nlohmann/json.hpp"
+#include "translator/resample.h"
 
 namespace kvl::training {
 
@@ -32,13 +34,18 @@ absl::StatusOr<TranslatorModel> LoadTranslatorModel(const std::string& dir,
 
 absl::StatusOr<TranslatorPair> LoadTranslatorPair(const std::string& source_dir,
                                                   const std::string& target_dir,
-                                                  const RuntimeOptions& options) {
+                                                  const RuntimeOptions& options,
+                                                  Tokenizers tokenizers) {
   absl::StatusOr<TranslatorModel> source = LoadTranslatorModel(source_dir, options);
   if (!source.ok()) return source.status();
   absl::StatusOr<TranslatorModel> target = LoadTranslatorModel(target_dir, options);
   if (!target.ok()) return target.status();
-  KVL_RETURN_IF_ERROR(CheckSameTokenizer(*source, *target));
+  if (tokenizers == Tokenizers::kSame) KVL_RETURN_IF_ERROR(CheckSameTokenizer(*source, *target));
   return TranslatorPair{*std::move(source), *std::move(target)};
+}
+
+bool TranslatorPair::SameTokenizer() const {
+  return source.tokenizer->content_hash() == target.tokenizer->content_hash();
 }
 
 TranslatorExpectation ExpectationFor(const TranslatorModel& source, const TranslatorModel& target) {
@@ -166,6 +173,52 @@ absl::StatusOr<std::unique_ptr<KvCache>> TranslatedCache(Engine& source, Engine&
   std::unique_ptr<KvCache> cache = target.NewCache();
   KVL_RETURN_IF_ERROR(cache->Accept(translated->keys, translated->values));
   return cache;
+}
+
+absl::StatusOr<CrossTranslated> TranslatedCacheAcross(const TranslatorModel& source,
+                                                      const TranslatorModel& target,
+                                                      const Translator& translator,
+                                                      const std::vector<int64_t>& target_ids,
+                                                      int64_t limit) {
+  const std::vector<int32_t> t32(target_ids.begin(), target_ids.end());
+  const std::string text = target.tokenizer->Decode(t32);
+  const std::vector<int32_t> s32 = source.tokenizer->Encode(text);
+  absl::StatusOr<std::vector<int64_t>> t_bytes = TokenByteLengths(*target.tokenizer, t32, text);
+  if (!t_bytes.ok()) return t_bytes.status();
+  absl::StatusOr<std::vector<int64_t>> s_bytes = TokenByteLengths(*source.tokenizer, s32, text);
+  if (!s_bytes.ok()) return s_bytes.status();
+  absl::StatusOr<std::vector<AlignedGroup>> groups = AlignByBytes(*s_bytes, *t_bytes);
+  if (!groups.ok()) return groups.status();
+  // The groups that end by `limit`.
+  size_t n_groups = 0;
+  while (n_groups < groups->size() && (*groups)[n_groups].b_end <= limit) ++n_groups;
+  groups->resize(n_groups);
+  CrossTranslated out;
+  out.cache = target.engine->NewCache();
+  if (groups->empty()) return out;
+  out.n_translated = groups->back().b_end;
+  out.n_source = groups->back().a_end;
+  out.n_groups = static_cast<int64_t>(n_groups);
+  for (const AlignedGroup& g : *groups) out.n_one_to_one += g.one_to_one() ? 1 : 0;
+  absl::StatusOr<std::vector<TokenRun>> runs = AssignWithinGroups(*groups);
+  if (!runs.ok()) return runs.status();
+
+  std::unique_ptr<KvCache> source_cache = source.engine->NewCache();
+  const std::vector<int64_t> source_ids(s32.begin(), s32.begin() + out.n_source);
+  if (absl::StatusOr<at::Tensor> s = source.engine->Prefill(*source_cache, source_ids); !s.ok()) {
+    return s.status();
+  }
+  absl::StatusOr<KvTaps> taps = source_cache->Taps(0, source_cache->Length());
+  if (!taps.ok()) return taps.status();
+  absl::StatusOr<KvTaps> resampled = ResampleTaps(*taps, *runs);
+  if (!resampled.ok()) return resampled.status();
+  const std::vector<int64_t> translated_ids(target_ids.begin(),
+                                            target_ids.begin() + out.n_translated);
+  absl::StatusOr<KvTaps> translated =
+      translator.Translate(*resampled, Translator::Output::kFloat32, translated_ids);
+  if (!translated.ok()) return translated.status();
+  KVL_RETURN_IF_ERROR(out.cache->Accept(translated->keys, translated->values));
+  return out;
 }
 
 std::vector<double> TokenNll(const at::Tensor& logits, const std::vector<int64_t>& labels) {

@@ -44,13 +44,18 @@ absl::StatusOr<TranslatorModel> LoadTranslatorModel(const std::string& dir,
                                                     RuntimeOptions options = {});
 
 // A source and a target model for translator work (LoadTranslatorModel each),
-// checked to share one tokenizer (CheckSameTokenizer's FailedPrecondition).
+// checked to share one tokenizer (CheckSameTokenizer's FailedPrecondition)
+// unless `tokenizers` allows them to differ (the work that handles switches
+// across tokenizers: TranslatedCacheAcross).
 struct TranslatorPair {
   TranslatorModel source, target;
+  bool SameTokenizer() const;
 };
+enum class Tokenizers { kSame, kMayDiffer };
 absl::StatusOr<TranslatorPair> LoadTranslatorPair(const std::string& source_dir,
                                                   const std::string& target_dir,
-                                                  const RuntimeOptions& options = {});
+                                                  const RuntimeOptions& options = {},
+                                                  Tokenizers tokenizers = Tokenizers::kSame);
 
 // What a translator from `source` to `target` must have been built for.
 TranslatorExpectation ExpectationFor(const TranslatorModel& source, const TranslatorModel& target);
@@ -95,6 +100,31 @@ std::vector<std::vector<int64_t>> ConsecutiveWindows(const std::vector<int32_t>&
 absl::StatusOr<std::unique_ptr<KvCache>> TranslatedCache(Engine& source, Engine& target,
                                                          const Translator& translator,
                                                          const std::vector<int64_t>& prefix);
+
+// The switch across tokenizers (issue 54; the paper's appendix K): the
+// target's cache of its tokens target_ids[0, n_translated) translated from
+// the source. The text those ids spell is encoded by the source's tokenizer
+// and prefilled by the source; the two tokenizations are aligned into
+// minimal matching groups (model/token_alignment.h), the source's taps
+// resampled onto the target's tokens (AssignWithinGroups, ResampleTaps) and
+// translated (token anchors read the target's ids). n_translated is the last
+// group boundary at or before `limit` (no group is split: the target's tokens
+// past it are the caller's to prefill), 0 when the first group ends after it
+// (then the cache is empty). With one tokenizer on both sides this is
+// TranslatedCache of the text's tokens. Errors: TokenByteLengths' and
+// AlignByBytes' InvalidArgument (a text a tokenizer cannot spell), and
+// TranslatedCache's.
+struct CrossTranslated {
+  std::unique_ptr<KvCache> cache;
+  int64_t n_translated = 0;  // target tokens in the cache
+  int64_t n_source = 0;      // source tokens prefilled for them
+  int64_t n_groups = 0, n_one_to_one = 0;  // the translated groups
+};
+absl::StatusOr<CrossTranslated> TranslatedCacheAcross(const TranslatorModel& source,
+                                                      const TranslatorModel& target,
+                                                      const Translator& translator,
+                                                      const std::vector<int64_t>& target_ids,
+                                                      int64_t limit);
 
 // Per-position negative log-likelihood: logits [T, V] float32, labels T ids;
 // returns T values (double).

@@ -18,6 +18,7 @@
 #include "base/files.h"
 #include "base/status_macros.h"
 #include "model/reference.h"
+#include "model/token_alignment.h"
 #include "nlohmann/json.hpp"
 #include "training/attention.h"
 #include "training/jsonl_log.h"
@@ -25,6 +26,7 @@
 #include "training/progress.h"
 #include "training/train_lm.h"
 #include "training/translator_data.h"
+#include "translator/resample.h"
 
 namespace kvl::training {
 namespace {
@@ -50,7 +52,7 @@ struct Windows {
 double MeanKl(const TranslatorModel& source, const TranslatorModel& target,
               const TranslatorSpec& spec, const TranslatorMaps& keys, const TranslatorMaps& values,
               const Windows& windows, int64_t batch, int64_t n_prefix,
-              const at::Tensor& anchor_table) {
+              const at::Tensor& anchor_table, const AcrossTokenizers* across) {
   c10::AutoGradMode no_grad(false);
   const std::vector<at::Tensor>& all = windows.ids;
   double sum = 0, n = 0;
@@ -62,7 +64,7 @@ double MeanKl(const TranslatorModel& source, const TranslatorModel& target,
       w = at::stack(std::vector<at::Tensor>(windows.weights.begin() + i, windows.weights.begin() + j));
     }
     const double kl = DistillKl(source.config(), source.weights32, target.config(), target.weights32,
-                                spec, keys, values, ids, n_prefix, w, anchor_table)
+                                spec, keys, values, ids, n_prefix, w, anchor_table, across)
                           .item<double>();
     const double scored = w.defined() ? w.sum().item<double>() : static_cast<double>(j - i);
     sum += kl * scored;
@@ -165,15 +167,65 @@ TranslatedBatch TranslateBatchKv(const TranslatorSpec& spec, const TranslatorMap
           TranslateBatch(blocks, lists.values, values, spec.target, anchors)};
 }
 
+SourcePrefixKv SourcePrefixTaps(const ModelConfig& source_config,
+                                const ModelWeights& source_weights, const at::Tensor& ids,
+                                const AcrossTokenizers* across) {
+  c10::AutoGradMode no_grad(false);
+  ReferenceOptions capture;
+  capture.attention = GroupedAttention();
+  capture.capture_kv = true;
+  capture.last_logits_only = true;
+  if (across == nullptr) {
+    ReferenceOutput out = ReferenceForward(source_config, source_weights, ids, capture);
+    return {std::move(out.keys_prenorm), std::move(out.values)};
+  }
+  const int64_t n_layer = source_config.n_layer;
+  std::vector<std::vector<at::Tensor>> keys(n_layer), values(n_layer);
+  const at::Tensor rows = ids.to(at::kCPU).to(at::kLong).contiguous();
+  for (int64_t b = 0; b < rows.size(0); ++b) {
+    const int64_t* p = rows[b].data_ptr<int64_t>();
+    const std::vector<int32_t> t32(p, p + rows.size(1));
+    const std::string text = across->target->Decode(t32);
+    const std::vector<int32_t> s32 = across->source->Encode(text);
+    absl::StatusOr<std::vector<int64_t>> t_bytes = TokenByteLengths(*across->target, t32, text);
+    absl::StatusOr<std::vector<int64_t>> s_bytes = TokenByteLengths(*across->source, s32, text);
+    TORCH_CHECK(t_bytes.ok() && s_bytes.ok(), "window ", b,
+                ": a tokenizer does not spell the prefix's text back (",
+                (t_bytes.ok() ? s_bytes.status() : t_bytes.status()).ToString(), ")");
+    absl::StatusOr<std::vector<AlignedGroup>> groups = AlignByBytes(*s_bytes, *t_bytes);
+    TORCH_CHECK(groups.ok(), groups.status().ToString());
+    absl::StatusOr<std::vector<TokenRun>> runs = AssignWithinGroups(*groups);
+    TORCH_CHECK(runs.ok(), runs.status().ToString());
+    const at::Tensor s_ids =
+        at::tensor(std::vector<int64_t>(s32.begin(), s32.end()), at::kLong).unsqueeze(0);
+    const ReferenceOutput out = ReferenceForward(source_config, source_weights, s_ids, capture);
+    // All layers at once: [L, H, T_s, D] -> [L, H, P, D].
+    absl::StatusOr<KvTaps> resampled =
+        ResampleTaps({at::cat(out.keys_prenorm, 0), at::cat(out.values, 0)}, *runs);
+    TORCH_CHECK(resampled.ok(), resampled.status().ToString());
+    for (int64_t il = 0; il < n_layer; ++il) {
+      keys[il].push_back(resampled->keys.narrow(0, il, 1));
+      values[il].push_back(resampled->values.narrow(0, il, 1));
+    }
+  }
+  SourcePrefixKv kv;
+  for (int64_t il = 0; il < n_layer; ++il) {
+    kv.keys.push_back(at::cat(keys[il], 0));
+    kv.values.push_back(at::cat(values[il], 0));
+  }
+  return kv;
+}
+
 at::Tensor DistillKl(const ModelConfig& source_config, const ModelWeights& source_weights,
                      const ModelConfig& target_config, const ModelWeights& target_weights,
                      const TranslatorSpec& spec, const TranslatorMaps& keys,
                      const TranslatorMaps& values, const at::Tensor& ids, int64_t n_prefix,
-                     const at::Tensor& position_weights, const at::Tensor& anchor_table) {
+                     const at::Tensor& position_weights, const at::Tensor& anchor_table,
+                     const AcrossTokenizers* across) {
   const int64_t n_cont = ids.size(1) - n_prefix;
   TORCH_CHECK(n_prefix >= 1 && n_cont >= 1, "DistillKl needs a prefix and a continuation");
   at::Tensor teacher_logp;
-  ReferenceOutput source_out;
+  SourcePrefixKv source_out;
   ReferenceOptions plain;
   plain.attention = GroupedAttention();  // the fast attention, in all three
   {
@@ -181,10 +233,7 @@ at::Tensor DistillKl(const ModelConfig& source_config, const ModelWeights& sourc
     const at::Tensor teacher = ReferenceForward(target_config, target_weights, ids, plain)
                                    .logits.narrow(1, n_prefix, n_cont);
     teacher_logp = at::log_softmax(teacher, -1);  // [B, C, V]
-    ReferenceOptions so = plain;
-    so.capture_kv = true;
-    so.last_logits_only = true;
-    source_out = ReferenceForward(source_config, source_weights, ids.narrow(1, 0, n_prefix), so);
+    source_out = SourcePrefixTaps(source_config, source_weights, ids.narrow(1, 0, n_prefix), across);
   }
   ReferenceOptions to = plain;
   TORCH_CHECK(spec.anchor_window == 0 || anchor_table.defined(),
@@ -194,7 +243,7 @@ at::Tensor DistillKl(const ModelConfig& source_config, const ModelWeights& sourc
           ? AnchorBatch(anchor_table, ids.narrow(1, 0, n_prefix), spec.anchor_window)
           : at::Tensor();
   TranslatedBatch translated =
-      TranslateBatchKv(spec, keys, values, source_out.keys_prenorm, source_out.values, anchors);
+      TranslateBatchKv(spec, keys, values, source_out.keys, source_out.values, anchors);
   to.prefix_keys = std::move(translated.keys);
   to.prefix_values = std::move(translated.values);
   const at::Tensor student =
@@ -290,10 +339,16 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
   }
   RuntimeOptions runtime;
   runtime.n_threads = o.n_threads;
-  absl::StatusOr<TranslatorPair> pair = LoadTranslatorPair(o.source_dir, o.target_dir, runtime);
+  absl::StatusOr<TranslatorPair> pair =
+      LoadTranslatorPair(o.source_dir, o.target_dir, runtime, Tokenizers::kMayDiffer);
   if (!pair.ok()) return pair.status();
   TranslatorModel* source = &pair->source;
   TranslatorModel* target = &pair->target;
+  // The windows are the target's tokens; across tokenizers (issue 54) the
+  // source reads their text in its own (SourcePrefixTaps).
+  const Tokenizer& stream_tokenizer = *target->tokenizer;
+  const AcrossTokenizers across_tokenizers{source->tokenizer.get(), target->tokenizer.get()};
+  const AcrossTokenizers* across = pair->SameTokenizer() ? nullptr : &across_tokenizers;
   const int64_t window = o.prefix + o.continuation;
   for (const TranslatorModel* m : {&*source, &*target}) {
     if (window > m->config().max_position_embeddings) {
@@ -310,9 +365,9 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
   // As train_lm: keep the large per-step transients on the heap.
   mallopt(M_MMAP_MAX, 0);
 
-  absl::StatusOr<std::vector<int32_t>> train = ReadTokenStream(o.train_path, *source->tokenizer);
+  absl::StatusOr<std::vector<int32_t>> train = ReadTokenStream(o.train_path, stream_tokenizer);
   if (!train.ok()) return train.status();
-  absl::StatusOr<std::vector<int32_t>> valid = ReadTokenStream(o.valid_path, *source->tokenizer);
+  absl::StatusOr<std::vector<int32_t>> valid = ReadTokenStream(o.valid_path, stream_tokenizer);
   if (!valid.ok()) return valid.status();
   const int64_t n_train = static_cast<int64_t>(train->size());
   if (n_train < window + 1) {
@@ -321,12 +376,12 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
                                                    " plus one"));
   }
   const at::Tensor train_weights =
-      o.score_assistant ? ReplyTokenMask(*source->tokenizer, *train) : at::Tensor();
+      o.score_assistant ? ReplyTokenMask(stream_tokenizer, *train) : at::Tensor();
   std::vector<int64_t> train_starts;  // empty: windows start anywhere
   if (o.hand_over != HandOver::kAny) {
     // Windows without a scored position would make steps that learn nothing.
     for (int64_t off :
-         HandOverWindowStarts(*source->tokenizer, *train, o.hand_over, o.prefix, window)) {
+         HandOverWindowStarts(stream_tokenizer, *train, o.hand_over, o.prefix, window)) {
       if (!train_weights.defined() ||
           train_weights.narrow(0, off + o.prefix + 1, o.continuation).sum().item<double>() > 0) {
         train_starts.push_back(off);
@@ -344,13 +399,13 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
   Windows valid_windows;
   {
     const at::Tensor valid_weights =
-        o.score_assistant ? ReplyTokenMask(*source->tokenizer, *valid) : at::Tensor();
+        o.score_assistant ? ReplyTokenMask(stream_tokenizer, *valid) : at::Tensor();
     auto scored = [&](int64_t off) {
       return !valid_weights.defined() ||
              valid_weights.narrow(0, off + o.prefix + 1, o.continuation).sum().item<double>() > 0;
     };
     for (int64_t off : FirstDisjointWindows(
-             HandOverWindowStarts(*source->tokenizer, *valid, o.hand_over, o.prefix, window),
+             HandOverWindowStarts(stream_tokenizer, *valid, o.hand_over, o.prefix, window),
              window, o.valid_windows, scored)) {
       valid_windows.ids.push_back(
           at::tensor(std::vector<int64_t>(valid->begin() + off, valid->begin() + off + window),
@@ -390,18 +445,14 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
     for (const auto* lists : {&blocks.keys, &blocks.values}) {
       for (const std::vector<int64_t>& l : *lists) moments[l];
     }
-    ReferenceOptions capture;
-    capture.attention = GroupedAttention();
-    capture.capture_kv = true;
-    capture.last_logits_only = true;
     for (int64_t step = 1, taken = 0; taken < o.whiten_windows; ++step) {
       std::vector<at::Tensor> rows;
       for (int64_t off : step_offsets(step)) {
         if (taken++ < o.whiten_windows) rows.push_back(train_ids.narrow(0, off, o.prefix));
       }
-      const ReferenceOutput out =
-          ReferenceForward(source->config(), source->weights32, at::stack(rows), capture);
-      std::vector<at::Tensor> layers = out.keys_prenorm;  // InputBlocks order
+      const SourcePrefixKv out =
+          SourcePrefixTaps(source->config(), source->weights32, at::stack(rows), across);
+      std::vector<at::Tensor> layers = out.keys;  // InputBlocks order
       layers.insert(layers.end(), out.values.begin(), out.values.end());
       for (auto& [list, m] : moments) {
         std::vector<at::Tensor> parts;
@@ -473,7 +524,8 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
   auto valid_kl = [&] {
     c10::AutoGradMode no_grad(false);
     return MeanKl(*source, *target, spec, applied(keys, blocks.keys),
-                  applied(values, blocks.values), valid_windows, o.batch, o.prefix, anchor_table);
+                  applied(values, blocks.values), valid_windows, o.batch, o.prefix, anchor_table,
+                  across);
   };
   auto save = [&](int64_t step) -> absl::Status {
     TranslatorSpec out = spec;
@@ -499,7 +551,13 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
     return (*t)->Save(o.out_path);
   };
 
-  result.initial_valid_kl = result.best_valid_kl = valid_kl();
+  // Across tokenizers a window whose text a tokenizer cannot spell back
+  // throws in SourcePrefixTaps (below: in the steps too).
+  try {
+    result.initial_valid_kl = result.best_valid_kl = valid_kl();
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(absl::StrCat(o.valid_path, ": ", e.what_without_backtrace()));
+  }
   KVL_RETURN_IF_ERROR(save(0));
   absl::StatusOr<JsonlLog> log =
       JsonlLog::Open(Sibling(o.out_path, ".distill.jsonl"), JsonlLog::Mode::kTruncate);
@@ -536,9 +594,14 @@ absl::StatusOr<DistillResult> Distill(const DistillOptions& o) {
       const TranslatorMaps step_values = applied(values, blocks.values);
       std::optional<Bf16AutocastScope> autocast;
       if (o.bf16) autocast.emplace();
-      loss = DistillKl(source->config(), source->weights32, target->config(), target->weights32,
-                       spec, step_keys, step_values, at::stack(rows), o.prefix,
-                       weights.empty() ? at::Tensor() : at::stack(weights), anchor_table);
+      try {
+        loss = DistillKl(source->config(), source->weights32, target->config(), target->weights32,
+                         spec, step_keys, step_values, at::stack(rows), o.prefix,
+                         weights.empty() ? at::Tensor() : at::stack(weights), anchor_table, across);
+      } catch (const c10::Error& e) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(o.train_path, ", step ", step, ": ", e.what_without_backtrace()));
+      }
     }
     loss.backward();
     DistillRecord rec;

@@ -16,6 +16,10 @@
 //     whole window, rows [P, P + C), p [B, C, V], no grad;
 //   loss = mean over the B*C positions of KL(p || q).
 //
+// Across tokenizers (issue 54) the windows are the target's tokens and the
+// source reads each prefix's text in its own, resampled onto the P target
+// tokens (AcrossTokenizers below).
+//
 // Legend: B=batch, P=prefix tokens, C=continuation tokens (positions scored),
 // L_s/L_t=n_layer, H=n_head_kv, D=head_dim, V=vocab_size, ν=source layers per map.
 //
@@ -75,18 +79,43 @@ struct Whitening {
 };
 Whitening WhiteningOf(const at::Tensor& xx, const at::Tensor& x_sum, int64_t n, double floor);
 
+// Distillation across tokenizers (issue 54): the windows are the target's
+// tokens, and the source reads the text of each window's prefix in its own
+// tokens; its taps are resampled onto the prefix's target tokens
+// (AssignWithinGroups, ResampleTaps), so the maps learn from the target's
+// native distribution what the router's switch will feed them. Unset: one
+// tokenizer, the source reads the target's ids.
+struct AcrossTokenizers {
+  const Tokenizer* source = nullptr;
+  const Tokenizer* target = nullptr;
+};
+
+// The source's pre-norm keys and values of prefixes ids [B, P], per source
+// layer [B, H_s, P, D_s], without autograd: its forward over ids or, across
+// tokenizers, window by window over its own tokens of their text, resampled
+// onto the P tokens. Throws (c10::Error) for a text a tokenizer cannot
+// spell back (a window cut inside a UTF-8 character).
+struct SourcePrefixKv {
+  std::vector<at::Tensor> keys, values;
+};
+SourcePrefixKv SourcePrefixTaps(const ModelConfig& source_config,
+                                const ModelWeights& source_weights, const at::Tensor& ids,
+                                const AcrossTokenizers* across = nullptr);
+
 // Mean KL(target native || target on translated prefix) per position over the
 // continuation, for windows ids [B, P + C] (see the file comment); with
 // `position_weights` [B, C], the weighted mean (0 when all weights are 0).
 // With token anchors (spec.anchor_window > 0) `anchor_table` is the
 // translator's; the prefix's anchor rows come from ids (AnchorBatch).
-// Runs under autograd when the maps require grad; the models' weights should not.
+// Runs under autograd when the maps require grad; the models' weights should
+// not. `across`: ids are the target's tokens (SourcePrefixTaps).
 at::Tensor DistillKl(const ModelConfig& source_config, const ModelWeights& source_weights,
                      const ModelConfig& target_config, const ModelWeights& target_weights,
                      const TranslatorSpec& spec, const TranslatorMaps& keys,
                      const TranslatorMaps& values, const at::Tensor& ids, int64_t n_prefix,
                      const at::Tensor& position_weights = at::Tensor(),
-                     const at::Tensor& anchor_table = at::Tensor());
+                     const at::Tensor& anchor_table = at::Tensor(),
+                     const AcrossTokenizers* across = nullptr);
 
 // Where a training window's translated prefix ends (kvl distill --hand-over),
 // i.e. which token p the target reads first itself:

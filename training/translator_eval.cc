@@ -154,8 +154,16 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
   }
   RuntimeOptions runtime;
   runtime.n_threads = o.n_threads;
-  absl::StatusOr<TranslatorPair> pair = LoadTranslatorPair(o.source_dir, o.target_dir, runtime);
+  absl::StatusOr<TranslatorPair> pair =
+      LoadTranslatorPair(o.source_dir, o.target_dir, runtime, Tokenizers::kMayDiffer);
   if (!pair.ok()) return pair.status();
+  // Across tokenizers (issue 54) the windows and prompts are the target's
+  // tokens; the source reads their text in its own (TranslatedCacheAcross).
+  const bool cross = !pair->SameTokenizer();
+  if (cross && !o.multi_turn_forward.empty()) {
+    return absl::InvalidArgumentError(
+        "the multi-turn run needs models with one tokenizer (these two differ)");
+  }
   TranslatorModel* source = &pair->source;
   TranslatorModel* target = &pair->target;
   SetIntraOpThreads(o.n_threads);
@@ -234,6 +242,7 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
       // Translated: the last native_tail prefix tokens are the target's own.
       const int64_t cut = o.prefix - o.native_tail;
       for (size_t c = 0; c < 3; ++c) {
+        if (c == 2 && cross) continue;  // the source's NLL is over other tokens
         Engine& e = c == 2 ? se : te;
         std::unique_ptr<KvCache> cache = e.NewCache();
         absl::StatusOr<at::Tensor> logits =
@@ -243,12 +252,27 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
         add(c, TokenNll(rows, labels));
       }
       for (size_t i = 0; i < translators.size(); ++i) {
-        absl::StatusOr<std::unique_ptr<KvCache>> cache =
-            TranslatedCache(se, te, *translators[i].translator, Slice(ids, 0, cut));
-        if (!cache.ok()) return cache.status();
-        absl::StatusOr<at::Tensor> logits = te.Prefill(**cache, Slice(ids, cut, window - 1), true);
+        // The target's own tokens start at `from`: the cut, or across
+        // tokenizers the last group boundary before it.
+        int64_t from = cut;
+        std::unique_ptr<KvCache> cache;
+        if (cross) {
+          absl::StatusOr<CrossTranslated> x = TranslatedCacheAcross(
+              *source, *target, *translators[i].translator, Slice(ids, 0, o.prefix), cut);
+          if (!x.ok()) return x.status();
+          from = x->n_translated;
+          cache = std::move(x->cache);
+          report.align_groups += x->n_groups;
+          report.align_one_to_one += x->n_one_to_one;
+        } else {
+          absl::StatusOr<std::unique_ptr<KvCache>> c =
+              TranslatedCache(se, te, *translators[i].translator, Slice(ids, 0, cut));
+          if (!c.ok()) return c.status();
+          cache = *std::move(c);
+        }
+        absl::StatusOr<at::Tensor> logits = te.Prefill(*cache, Slice(ids, from, window - 1), true);
         if (!logits.ok()) return logits.status();
-        add(3 + i, TokenNll(logits->narrow(0, o.native_tail, o.continuation), labels));
+        add(3 + i, TokenNll(logits->narrow(0, o.prefix - from, o.continuation), labels));
       }
       bar.Update(static_cast<int64_t>(w + 1));
     }
@@ -256,7 +280,9 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
     const char* names[] = {"target_native", "no_prefix", "source_native"};
     auto whole = [&](size_t c) { return Mean(sums[c], 0, o.continuation, report.n_windows); };
     auto first = [&](size_t c) { return Mean(sums[c], 0, report.first_k, report.n_windows); };
-    for (size_t c = 0; c < 3; ++c) report.conditions.push_back({names[c], whole(c), first(c)});
+    for (size_t c = 0; c < 3; ++c) {
+      if (c != 2 || !cross) report.conditions.push_back({names[c], whole(c), first(c)});
+    }
     for (size_t i = 0; i < translators.size(); ++i) {
       TranslatedPpl t;
       t.file = translators[i].file;
@@ -316,13 +342,23 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
         bool correct = false;
         if (!over) {
           absl::StatusOr<GenerateResult> out;
-          if (c < 2) {
-            Engine& e = c == 0 ? te : se;
-            std::unique_ptr<KvCache> cache = e.NewCache();
-            out = e.Generate(*cache, prompt, c == 0 ? target_gen : source_gen);
+          // The source reads and writes in its own tokens.
+          const Tokenizer& reader = c == 1 ? *source->tokenizer : *target->tokenizer;
+          if (c == 0) {
+            std::unique_ptr<KvCache> cache = te.NewCache();
+            out = te.Generate(*cache, prompt, target_gen);
+          } else if (c == 1) {
+            const std::vector<int32_t> s32 = reader.Encode(SuitePrompt(item), true);
+            std::unique_ptr<KvCache> cache = se.NewCache();
+            out = se.Generate(*cache, std::vector<int64_t>(s32.begin(), s32.end()), source_gen);
           } else if (cut == 0) {
             std::unique_ptr<KvCache> cache = te.NewCache();
             out = te.Generate(*cache, prompt, target_gen);
+          } else if (cross) {
+            absl::StatusOr<CrossTranslated> x = TranslatedCacheAcross(
+                *source, *target, *translators[c - 2].translator, Slice(prompt, 0, cut), cut);
+            if (!x.ok()) return x.status();
+            out = te.Generate(*x->cache, Slice(prompt, x->n_translated, n_prompt), target_gen);
           } else {
             absl::StatusOr<std::unique_ptr<KvCache>> cache =
                 TranslatedCache(se, te, *translators[c - 2].translator, Slice(prompt, 0, cut));
@@ -330,8 +366,8 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
             out = te.Generate(**cache, Slice(prompt, cut, n_prompt), target_gen);
           }
           if (!out.ok()) return out.status();
-          const std::string text = target->tokenizer->Decode(
-              std::vector<int32_t>(out->tokens.begin(), out->tokens.end()), false);
+          const std::string text =
+              reader.Decode(std::vector<int32_t>(out->tokens.begin(), out->tokens.end()), false);
           correct = AnswerMatches(text, item.answer, item.scoring);
         }
         for (const std::string& task : {item.task, std::string("all")}) {
@@ -444,6 +480,12 @@ json TranslatorEvalJson(const TranslatorEvalOptions& o, const TranslatorEvalRepo
             {"first_k", r.first_k},      {"windows", r.n_windows},     {"wall_s", r.wall_s},
             {"translate_dtype", DTypeName(o.translate_dtype)},
             {"native_tail", o.native_tail}};
+  if (r.align_groups > 0) {
+    j["alignment"] = {{"groups", r.align_groups},
+                      {"one_to_one", r.align_one_to_one},
+                      {"one_to_one_share", static_cast<double>(r.align_one_to_one) /
+                                               static_cast<double>(r.align_groups)}};
+  }
   json ppl = json::object();
   for (const PplCondition& c : r.conditions) {
     ppl[c.name] = {{"log_ppl", c.log_ppl}, {"log_ppl_first", c.log_ppl_first}};
@@ -506,6 +548,15 @@ std::string TranslatorEvalTable(const TranslatorEvalReport& r) {
       "condition", "all",
       absl::StrCat("first", r.first_k), "gap", absl::StrCat("gap", r.first_k), "recov",
       absl::StrCat("recov", r.first_k));
+  if (r.align_groups > 0) {
+    absl::StrAppend(&out, absl::StrFormat(
+                              "across tokenizers: the translated spans' %d minimal matching groups, "
+                              "%.1f%% one token to one token (source_native is not comparable: "
+                              "other tokens)\n",
+                              r.align_groups,
+                              100.0 * static_cast<double>(r.align_one_to_one) /
+                                  static_cast<double>(r.align_groups)));
+  }
   for (const PplCondition& c : r.conditions) {
     if (c.name.rfind("translated:", 0) == 0) continue;
     absl::StrAppend(&out, absl::StrFormat("%-44s %9.4f %9.4f\n", c.name, c.log_ppl, c.log_ppl_first));

@@ -31,6 +31,14 @@
 //      (c) re-prefill: the model's native cache of the whole history.
 //    Needs translators in both directions.
 //
+// Across tokenizers (issue 54), 1. and 2. run in the target's tokens: a
+// translated condition's source reads the text of the target's prefix (or
+// prompt) in its own tokens and the translation lands on the target's tokens
+// up to the last minimal matching group boundary at or before the cut
+// (TranslatedCacheAcross); the target reads the rest itself. source_native is
+// left out of 1. (its NLL is over other tokens) and answers 2. in its own
+// tokens; 3. needs one tokenizer.
+//
 // Legend: P=prefix tokens, C=continuation tokens scored, V=vocab_size.
 //
 // Thread safety: RunTranslatorEval sets LibTorch's process-wide thread count.
@@ -124,6 +132,9 @@ struct TranslatorEvalReport {
   std::map<std::string, std::map<std::string, AccuracyCell>> accuracy;
   std::vector<MultiTurnRow> multi_turn;
   int64_t multi_turn_runs = 0, turn_len = 0;
+  // Across tokenizers: the minimal matching groups of every translated span
+  // of part 1 (all translators), and how many were one token to one token.
+  int64_t align_groups = 0, align_one_to_one = 0;
   double wall_s = 0;
 };
 

@@ -42,6 +42,62 @@ TEST(TokenAlignment, HandMadeCases) {
   EXPECT_EQ(AlignByBytes({-1, 4}, {3}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(TokenAlignment, AssignmentSpreadsEachGroupsTokensInOrder) {
+  // Groups 1:1, 3:1, 1:3, 2:3, 3:2 (first side : second side).
+  const std::vector<AlignedGroup> groups = {{0, 1, 0, 1, 0, 1},   {1, 4, 1, 2, 1, 4},
+                                            {4, 5, 2, 5, 4, 7},   {5, 7, 5, 8, 7, 10},
+                                            {7, 10, 8, 10, 10, 13}};
+  absl::StatusOr<std::vector<TokenRun>> runs = AssignWithinGroups(groups);
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  EXPECT_EQ(*runs, (std::vector<TokenRun>{{0, 1},
+                                          {1, 4},
+                                          {4, 5}, {4, 5}, {4, 5},
+                                          {5, 6}, {5, 6}, {6, 7},
+                                          {7, 8}, {8, 10}}));
+  // The identity alignment pairs token i with token i.
+  absl::StatusOr<std::vector<TokenRun>> same = AssignWithinGroups(Align({2, 1, 3}, {2, 1, 3}));
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(*same, (std::vector<TokenRun>{{0, 1}, {1, 2}, {2, 3}}));
+  EXPECT_EQ(AssignWithinGroups({{0, 1, 0, 0, 0, 0}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(AssignWithinGroups({{0, 1, 0, 1, 0, 1}, {2, 3, 1, 2, 1, 2}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Over random group shapes: every second-side token gets a non-empty run
+// inside its group, runs never go backwards, and every first-side token is in
+// some run.
+TEST(TokenAlignment, AssignmentCoversEveryTokenOfEveryGroup) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<AlignedGroup> groups;
+    int64_t a = 0, b = 0;
+    for (int g = 0; g < 20; ++g) {
+      const int64_t m = 1 + static_cast<int64_t>(rng() % 5), n = 1 + static_cast<int64_t>(rng() % 5);
+      groups.push_back({a, a + m, b, b + n, 0, 0});
+      a += m;
+      b += n;
+    }
+    absl::StatusOr<std::vector<TokenRun>> runs = AssignWithinGroups(groups);
+    ASSERT_TRUE(runs.ok()) << runs.status();
+    ASSERT_EQ(static_cast<int64_t>(runs->size()), b);
+    std::vector<bool> used(static_cast<size_t>(a), false);
+    for (const AlignedGroup& g : groups) {
+      int64_t last_begin = g.a_begin;
+      for (int64_t j = g.b_begin; j < g.b_end; ++j) {
+        const TokenRun& r = (*runs)[static_cast<size_t>(j)];
+        EXPECT_LE(g.a_begin, r.begin);
+        EXPECT_LT(r.begin, r.end);
+        EXPECT_LE(r.end, g.a_end);
+        EXPECT_GE(r.begin, last_begin);
+        last_begin = r.begin;
+        for (int64_t i = r.begin; i < r.end; ++i) used[static_cast<size_t>(i)] = true;
+      }
+    }
+    for (int64_t i = 0; i < a; ++i) EXPECT_TRUE(used[static_cast<size_t>(i)]) << trial << " " << i;
+  }
+}
+
 // Random splits of one text: the groups cover both sides in order, each side
 // of a group covers the group's bytes, and no group holds a boundary both
 // sides share (minimal).

@@ -137,6 +137,69 @@ TEST(DistillKlTest, ZeroForAnIdentitySelfTranslationAndPositiveOtherwise) {
   }
 }
 
+// A random model over the second house tokenizer (models/tokenizer-t2,
+// 3,072 ids), for the cases across tokenizers (issue 54).
+std::string WriteT2Model(const TempDir& dir, const std::string& name, uint64_t seed,
+                         double std = 0.25) {
+  const std::string t2 = std::string(KVL_SOURCE_DIR) + "/models/tokenizer-t2";
+  const ModelConfig config =
+      testing::TinyConfig({"qwen3", true, false, true, 4, 2}, 2, 32, 8, /*vocab=*/3072);
+  const std::string path = dir.Path(name);
+  const absl::Status s =
+      SaveCheckpoint(path, config, testing::RandomWeights(config, seed, std), DType::kFloat32,
+                     t2 + "/tokenizer.json", t2 + "/tokenizer_config.json");
+  EXPECT_TRUE(s.ok()) << s;
+  return path;
+}
+
+// Across tokenizers the objective is the KL of the switch the engines make
+// (TranslatedCacheAcross, then the target reads the rest itself) against the
+// target's own prefill: two independent computations of one quantity.
+TEST(DistillKlTest, AcrossTokenizersIsTheKlOfTheEnginesSwitch) {
+  TempDir dir("distill-kl-across");
+  const std::string a = testing::WriteRandomModel(dir, "a", 2, 2, 9);
+  const std::string c = WriteT2Model(dir, "c", 10);
+  auto source = training::LoadTranslatorModel(a);
+  auto target = training::LoadTranslatorModel(c);
+  ASSERT_TRUE(source.ok() && target.ok());
+  std::unique_ptr<Translator> tr = testing::MakeTranslator(a, c, false, 8);
+  auto stream = training::ReadTokenStream(
+      dir.WriteFile("chats.txt", testing::TinyChatCorpus(4000, 12)), *target->tokenizer);
+  ASSERT_TRUE(stream.ok());
+  const int64_t p = 22, n = 30;
+  std::vector<at::Tensor> rows;
+  for (const auto& w : training::ConsecutiveWindows(*stream, n, 2)) rows.push_back(at::tensor(w));
+  ASSERT_EQ(rows.size(), 2u);
+  const training::AcrossTokenizers across{source->tokenizer.get(), target->tokenizer.get()};
+  c10::AutoGradMode no_grad(false);
+  const double kl = training::DistillKl(source->config(), source->weights32, target->config(),
+                                        target->weights32, tr->spec(), tr->key_maps(),
+                                        tr->value_maps(), at::stack(rows), p, at::Tensor(),
+                                        at::Tensor(), &across)
+                        .item<double>();
+  double want = 0;
+  int64_t not_one_to_one = 0;
+  for (const at::Tensor& row : rows) {
+    const std::vector<int64_t> ids(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + n);
+    auto x = training::TranslatedCacheAcross(*source, *target, *tr,
+                                             std::vector<int64_t>(ids.begin(), ids.begin() + p), p);
+    ASSERT_TRUE(x.ok()) << x.status();
+    ASSERT_EQ(x->n_translated, p);
+    not_one_to_one += x->n_groups - x->n_one_to_one;
+    auto student = target->engine->Prefill(
+        *x->cache, std::vector<int64_t>(ids.begin() + p, ids.end()), true);
+    auto own = target->engine->NewCache();
+    auto teacher = target->engine->Prefill(*own, ids, true);
+    ASSERT_TRUE(student.ok() && teacher.ok());
+    const at::Tensor lp = at::log_softmax(teacher->narrow(0, p, n - p).to(at::kDouble), -1);
+    const at::Tensor lq = at::log_softmax(student->to(at::kDouble), -1);
+    want += (lp.exp() * (lp - lq)).sum(-1).mean().item<double>() / 2;
+  }
+  EXPECT_GT(not_one_to_one, 0) << "the two tokenizers split these windows alike";
+  EXPECT_GT(want, 1e-3);
+  EXPECT_NEAR(kl, want, 1e-4 * std::max(1.0, want));
+}
+
 // The attention-weighted fit's forward is the reference model (same logits),
 // and the mass it reports is a share of each continuation query's attention.
 TEST(AttentionMassTest, ForwardIsTheReferenceModelAndMassIsBounded) {
@@ -412,6 +475,54 @@ TEST(DistillTest, ShortRunLowersValidationKlAndKeepsTheBestMaps) {
   o.source_dir = b;
   o.target_dir = a;
   EXPECT_EQ(training::Distill(o).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// Stage 2 across tokenizers (issue 54), from the closed-form fit across them
+// (FitFromCorpus): a short run lowers the validation KL, whitened as the
+// joint maps' recipe runs.
+TEST(DistillTest, AcrossTokenizersAShortRunLowersValidationKl) {
+  TempDir dir("distill-across");
+  const std::string a = testing::WriteRandomModel(dir, "a", 2, 2, 41, 0.12);
+  const std::string c = WriteT2Model(dir, "c", 42, 0.12);
+  const std::string train = dir.WriteFile("train.txt", testing::TinyChatCorpus(6000, 80));
+  const std::string valid = dir.WriteFile("valid.txt", testing::TinyChatCorpus(906000, 20));
+  CorpusFitOptions fit_options;
+  fit_options.source_dir = a;
+  fit_options.target_dir = c;
+  fit_options.data_path = train;
+  fit_options.seq_len = 64;
+  fit_options.max_sequences = 40;
+  fit_options.n_threads = 1;
+  fit_options.progress = false;
+  auto fit = FitFromCorpus(fit_options);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  const std::string init = dir.Path("init.safetensors");
+  ASSERT_TRUE(fit->fit.translator->Save(init).ok());
+
+  training::DistillOptions o =
+      QuietOptions(a, c, init, train, valid, dir.Path("distilled.safetensors"));
+  o.prefix = 32;
+  o.continuation = 16;
+  o.batch = 4;
+  o.steps = 40;
+  o.lr = 1e-2;
+  o.min_lr = 1e-3;
+  o.warmup = 5;
+  o.eval_every = 10;
+  o.valid_windows = 6;
+  o.whiten = true;
+  o.whiten_windows = 16;
+  auto r = training::Distill(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_GT(r->initial_valid_kl, 0.0);
+  EXPECT_LT(r->best_valid_kl, 0.9 * r->initial_valid_kl)
+      << "initial " << r->initial_valid_kl << " best " << r->best_valid_kl;
+  auto source = training::LoadTranslatorModel(a);
+  auto target = training::LoadTranslatorModel(c);
+  ASSERT_TRUE(source.ok() && target.ok());
+  auto saved = Translator::Load(o.out_path, training::ExpectationFor(*source, *target));
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ((*saved)->spec().training.method, "distilled");
 }
 
 TEST(WhiteningTest, WhitensCorrelatedInputsAndInvertsItself) {

@@ -374,6 +374,86 @@ TEST_F(TranslatorToolsTest, MultiTurnWithANativeTailAsLongAsATurnTranslatesNothi
   }
 }
 
+// Across tokenizers (issue 54): a random model over the second house
+// tokenizer (models/tokenizer-t2) as the target of `a`. The windows are the
+// target's tokens; the translated condition is checked against the switch
+// recomputed here (TranslatedCacheAcross on the window's prefix, the target
+// reading the rest itself), the source answers the suite in its own tokens,
+// and the multi-turn run is refused.
+TEST_F(TranslatorToolsTest, EvalAcrossTokenizersRunsInTheTargetsTokens) {
+  const std::string t2 = std::string(KVL_SOURCE_DIR) + "/models/tokenizer-t2";
+  ModelConfig config = testing::TinyConfig({"qwen3", true, false, true, 4, 2}, 2, 32, 8, 3072);
+  const std::string c_dir = dir_.Path("c");
+  ASSERT_TRUE(SaveCheckpoint(c_dir, config, testing::RandomWeights(config, 8, 0.25),
+                             DType::kFloat32, t2 + "/tokenizer.json",
+                             t2 + "/tokenizer_config.json")
+                  .ok());
+  const std::string a_to_c = dir_.Path("a_to_c.safetensors");
+  ASSERT_TRUE(testing::MakeTranslator(a_, c_dir, false, 4)->Save(a_to_c).ok());
+  const std::string suite = dir_.WriteFile(
+      "suite.jsonl",
+      R"({"id":"s-0","task":"facts","difficulty":1,"messages":[{"role":"user","content":)"
+      R"("My cat Muffin lives in Nairobi, at 12345 Long Road."},{"role":"assistant","content":)"
+      R"("Noted."},{"role":"user","content":"Where does Muffin live?"}],"answer":"Nairobi","scoring":"exact_ci"})"
+      "\n");
+  training::TranslatorEvalOptions o;
+  o.source_dir = a_;
+  o.target_dir = c_dir;
+  o.translators = {a_to_c};
+  o.data_path = data_;
+  o.prefix = 40;
+  o.continuation = 8;
+  o.first_k = 4;
+  o.max_windows = 2;
+  o.suites = {suite};
+  o.max_new_tokens = 4;
+  o.n_threads = 1;
+  o.progress = false;
+  absl::StatusOr<training::TranslatorEvalReport> r = training::RunTranslatorEval(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->conditions.size(), 3u);  // no source_native
+  EXPECT_EQ(r->conditions[0].name, "target_native");
+  EXPECT_EQ(r->conditions[1].name, "no_prefix");
+  EXPECT_GT(r->align_groups, 0);
+  EXPECT_LT(r->align_one_to_one, r->align_groups);
+  ASSERT_EQ(r->translated.size(), 1u);
+
+  // The translated condition, recomputed.
+  auto source = LoadTranslatorModel(a_);
+  auto target = LoadTranslatorModel(c_dir);
+  ASSERT_TRUE(source.ok() && target.ok());
+  auto translator = Translator::Load(a_to_c, ExpectationFor(*source, *target));
+  ASSERT_TRUE(translator.ok()) << translator.status();
+  auto stream = ReadTokenStream(data_, *target->tokenizer);
+  ASSERT_TRUE(stream.ok());
+  const auto windows = ConsecutiveWindows(*stream, 49, 2);
+  ASSERT_EQ(windows.size(), 2u);
+  double sum = 0;
+  for (const std::vector<int64_t>& ids : windows) {
+    const std::vector<int64_t> prefix(ids.begin(), ids.begin() + 40);
+    auto x = TranslatedCacheAcross(*source, *target, **translator, prefix, 40);
+    ASSERT_TRUE(x.ok()) << x.status();
+    EXPECT_GT(x->n_translated, 30);
+    const std::vector<int64_t> rest(ids.begin() + x->n_translated, ids.end() - 1);
+    auto logits = target->engine->Prefill(*x->cache, rest, true);
+    ASSERT_TRUE(logits.ok());
+    const std::vector<double> nll = TokenNll(logits->narrow(0, 40 - x->n_translated, 8),
+                                             std::vector<int64_t>(ids.end() - 8, ids.end()));
+    for (double v : nll) sum += v / 16;
+  }
+  EXPECT_NEAR(r->translated[0].log_ppl, sum, 1e-4);
+
+  // The suite: the target, the source in its own tokens, the translation.
+  ASSERT_EQ(r->accuracy_conditions.size(), 3u);
+  for (const std::string& c : r->accuracy_conditions) {
+    EXPECT_EQ(r->accuracy.at(c).at("all").n_items, 1) << c;
+  }
+
+  o.multi_turn_forward = a_to_c;
+  o.multi_turn_reverse = a_to_c;
+  EXPECT_EQ(training::RunTranslatorEval(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(EvalStandardErrorTest, PairedDifferenceIsTheStandardErrorOfTheMeanDifference) {
   // Differences 0, 1, 2, 3: sample variance 5/3, standard error sqrt(5/3 / 4).
   EXPECT_NEAR(training::PairedDifferenceStandardError({1, 3, 5, 7}, {1, 2, 3, 4}),

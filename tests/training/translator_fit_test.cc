@@ -11,6 +11,7 @@
 #include "model/token_alignment.h"
 #include "tests/model/test_models.h"
 #include "tests/training/translator_fixture.h"
+#include "training/translator_data.h"
 
 namespace kvl::training {
 namespace {
@@ -471,7 +472,8 @@ TEST(FitTest, AlignedTapsPairEachSourceTokenWithItsGroupsMeanTarget) {
   auto qwen = LoadModelDir(WriteQwen3TokenizerModel(dir), runtime);
   ASSERT_TRUE(house.ok() && house_b.ok() && qwen.ok());
   const std::string text =
-      "<|im_start|>user\nTranslate caches between models: 12,345 tokens, naïve café ✓.<|im_end|>\n";
+      "<|im_start|>user\nTranslate caches between models: 12,345 tokens, naïve café ✓, "
+      "Muffin in Nairobi.<|im_end|>\n";
 
   auto aligned = AlignTaps(*house->engine, *house->tokenizer, *qwen->engine, *qwen->tokenizer, text);
   ASSERT_TRUE(aligned.ok()) << aligned.status();
@@ -529,6 +531,66 @@ TEST(FitTest, AlignedTapsPairEachSourceTokenWithItsGroupsMeanTarget) {
   EXPECT_LE(fit->n_one_to_one, fit->n_groups);
   EXPECT_NE(fit->spec.source.tokenizer_hash, fit->spec.target.tokenizer_hash);
   EXPECT_TRUE(CorpusFitReport(o, *fit, "t.safetensors").contains("alignment"));
+
+  // The switch across the two tokenizers (TranslatedCacheAcross) against the
+  // other order of its steps: translate every source token of the text, give
+  // each target token the mean of its run's translations, accept, and decode
+  // the target's next tokens from both caches.
+  const std::string saved = dir.Path("cross.safetensors");
+  ASSERT_TRUE(fit->fit.translator->Save(saved).ok());
+  auto source_model = LoadTranslatorModel(house->path, runtime);
+  auto target_model = LoadTranslatorModel(qwen->path, runtime);
+  ASSERT_TRUE(source_model.ok() && target_model.ok());
+  auto translator = Translator::Load(saved, ExpectationFor(*source_model, *target_model));
+  ASSERT_TRUE(translator.ok()) << translator.status();
+  const std::vector<int64_t> t_ids(t32.begin(), t32.end());
+  const int64_t n_t = static_cast<int64_t>(t_ids.size());
+  auto whole = TranslatedCacheAcross(*source_model, *target_model, **translator, t_ids, n_t);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->n_translated, n_t);
+  EXPECT_EQ(whole->n_source, static_cast<int64_t>(s32.size()));
+  EXPECT_EQ(whole->n_groups, aligned->n_groups);
+  EXPECT_EQ(whole->n_one_to_one, aligned->n_one_to_one);
+  EXPECT_EQ(whole->cache->Length(), n_t);
+  auto per_source = (*translator)->Translate(source, Translator::Output::kFloat32);
+  ASSERT_TRUE(per_source.ok());
+  auto runs = AssignWithinGroups(*groups);
+  ASSERT_TRUE(runs.ok());
+  KvTaps means{at::empty_like(target.keys), at::empty_like(target.values)};
+  for (int64_t j = 0; j < n_t; ++j) {
+    const TokenRun& r = (*runs)[static_cast<size_t>(j)];
+    means.keys.select(2, j).copy_(per_source->keys.narrow(2, r.begin, r.end - r.begin).mean(2));
+    means.values.select(2, j).copy_(
+        per_source->values.narrow(2, r.begin, r.end - r.begin).mean(2));
+  }
+  auto oracle = qwen->engine->NewCache();
+  ASSERT_TRUE(oracle->Accept(means.keys, means.values).ok());
+  const std::vector<int64_t> next = {t_ids[3], t_ids[4]};
+  auto want = qwen->engine->Prefill(*oracle, next, true);
+  auto got = qwen->engine->Prefill(*whole->cache, next, true);
+  ASSERT_TRUE(want.ok() && got.ok());
+  EXPECT_LT(MaxAbsDiff(*got, *want), 1e-4);
+
+  // A limit inside a group stops before the group; 0 translates nothing.
+  const AlignedGroup* split = nullptr;
+  for (const AlignedGroup& g : *groups) {
+    if (g.b_end - g.b_begin > 1) {
+      split = &g;
+      break;
+    }
+  }
+  ASSERT_NE(split, nullptr) << "the text has a group of several Qwen3 tokens";
+  auto cut = TranslatedCacheAcross(*source_model, *target_model, **translator, t_ids,
+                                   split->b_begin + 1);
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  EXPECT_EQ(cut->n_translated, split->b_begin);
+  EXPECT_EQ(cut->n_source, split->a_begin);
+  EXPECT_EQ(cut->cache->Length(), split->b_begin);
+  auto none = TranslatedCacheAcross(*source_model, *target_model, **translator, t_ids, 0);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->n_translated, 0);
+  EXPECT_EQ(none->cache->Length(), 0);
+
   o.anchor_window = 2;
   EXPECT_EQ(FitFromCorpus(o).status().code(), absl::StatusCode::kInvalidArgument);
 }

@@ -15,6 +15,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/model/test_models.h"
 #include "tests/testing/temp_dir.h"
+#include "translator/resample.h"
 
 namespace kvl {
 namespace {
@@ -814,6 +815,53 @@ TEST(TranslateTest, SpanEqualsTokenByToken) {
   EXPECT_TRUE(tr->Translate({src.keys.to(at::kBFloat16), src.values.to(at::kBFloat16)}).ok());
   EXPECT_EQ(tr->Translate({src.keys.narrow(0, 0, 2), src.values}).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Across tokenizers (issue 54): resampling the source taps onto the target's
+// tokens, then translating, gives each target token the mean of its source
+// run's translated rows (the maps are affine), checked against translating
+// every source token alone and averaging in float64.
+TEST(TranslateTest, ResampledTapsTranslateToTheMeanOfTheirRunsTranslations) {
+  auto tr = RandomTranslator(MixedSpec(), 5);
+  const int64_t n_source = 9;
+  const KvTaps src = RandomTaps(tr->spec().source, n_source, 6);
+  // Groups 1:1, 3:1, 1:3, 2:2, 1:1 over 9 source tokens, 8 target tokens.
+  const std::vector<TokenRun> runs = {{0, 1}, {1, 4}, {4, 5}, {4, 5}, {4, 5},
+                                      {5, 6}, {6, 7}, {7, 9}};
+  auto resampled = ResampleTaps(src, runs);
+  ASSERT_TRUE(resampled.ok()) << resampled.status();
+  ASSERT_EQ(resampled->keys.size(2), 8);
+  // The resampled rows themselves, against a loop.
+  for (size_t j = 0; j < runs.size(); ++j) {
+    const at::Tensor mean = src.keys.narrow(2, runs[j].begin, runs[j].end - runs[j].begin)
+                                .to(at::kDouble)
+                                .mean(2);
+    EXPECT_LT(MaxAbsDiff(resampled->keys.select(2, static_cast<int64_t>(j)), mean), 1e-6) << j;
+  }
+  auto translated = tr->Translate(*resampled);
+  ASSERT_TRUE(translated.ok()) << translated.status();
+  auto per_token = tr->Translate(src);
+  ASSERT_TRUE(per_token.ok());
+  for (const auto& [out, each] : {std::pair{&translated->keys, &per_token->keys},
+                                  std::pair{&translated->values, &per_token->values}}) {
+    for (size_t j = 0; j < runs.size(); ++j) {
+      const at::Tensor mean =
+          each->narrow(2, runs[j].begin, runs[j].end - runs[j].begin).to(at::kDouble).mean(2);
+      EXPECT_LT(MaxAbsDiff(out->select(2, static_cast<int64_t>(j)), mean), 1e-4) << j;
+    }
+  }
+  // One to one throughout is a gather: the same bits; bfloat16 stays bfloat16.
+  auto same = ResampleTaps(src, {{2, 3}, {0, 1}});
+  ASSERT_TRUE(same.ok());
+  EXPECT_TRUE(same->values.select(2, 0).equal(src.values.select(2, 2)));
+  auto bf16 = ResampleTaps({src.keys.to(at::kBFloat16), src.values.to(at::kBFloat16)}, runs);
+  ASSERT_TRUE(bf16.ok());
+  EXPECT_EQ(bf16->keys.scalar_type(), at::kBFloat16);
+  for (const std::vector<TokenRun>& bad : {std::vector<TokenRun>{{3, 3}},
+                                           std::vector<TokenRun>{{8, 10}},
+                                           std::vector<TokenRun>{{-1, 1}}}) {
+    EXPECT_EQ(ResampleTaps(src, bad).status().code(), absl::StatusCode::kInvalidArgument);
+  }
 }
 
 TEST(TranslateTest, CreateRejectsBadSpecsAndShapes) {
