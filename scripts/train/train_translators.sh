@@ -61,6 +61,12 @@ map_inputs() {
   if [ "$1:$2" = kvl-small:kvl-large ]; then echo "${KVL_MAP_INPUTS:-split}"
   else echo "${KVL_MAP_INPUTS:-joint}"; fi
 }
+# same_tokenizer S T: whether the two models read one tokenizer. Across
+# tokenizers (issue 54: kvl-small <-> kvl-small-t2) the fit takes no token
+# anchors and eval-translator no multi-turn run (docs/translators.md, "Across
+# tokenizers").
+same_tokenizer() { cmp -s "models/$1/tokenizer.json" "models/$2/tokenizer.json"; }
+anchor_window() { if same_tokenizer "$1" "$2"; then echo "$ANCHORS"; else echo 0; fi; }
 # closed_form S T: where stage 1's maps for S -> T live.
 closed_form() { echo "$WORK/translators/${1}__${2}.closed-form.safetensors"; }
 # fit_closed_form S T: stage 1, a closed-form ridge fit on 256 training chats of
@@ -76,7 +82,8 @@ fit_closed_form() {
   timed "fit $s->$t" "$KVL" fit --source "models/$s" --target "models/$t" \
     --data "$WORK/data/train.jsonl" --out "$cf" \
     --seq-len 512 --max-sequences 256 --assignment relative_depth --band all \
-    --inputs "$(map_inputs "$s" "$t")" --anchor-window "$ANCHORS" --threads "$THREADS" --quiet
+    --inputs "$(map_inputs "$s" "$t")" --anchor-window "$(anchor_window "$s" "$t")" \
+    --threads "$THREADS" --quiet
   mkdir -p "$LOGS/${s}__${t}"
   cp "${cf%.safetensors}.r2.json" "$LOGS/${s}__${t}/${s}__${t}.closed-form.r2.json"
 }
@@ -127,7 +134,9 @@ for pair in $PAIRS; do
   multi=()
   cf=$(closed_form "$s" "$t")
   [ -f "$cf" ] || fit_closed_form "$s" "$t"
-  [ -f "$OUT/${t}__${s}.safetensors" ] && multi=(--multi-turn "$base.safetensors,$OUT/${t}__${s}.safetensors")
+  if [ -f "$OUT/${t}__${s}.safetensors" ] && same_tokenizer "$s" "$t"; then
+    multi=(--multi-turn "$base.safetensors,$OUT/${t}__${s}.safetensors")
+  fi
   timed "eval $s->$t" "$KVL" eval-translator --source "models/$s" --target "models/$t" \
     --translator "$cf,$base.safetensors" \
     --data "$WORK/data/test.jsonl" --suites "${SUITES%,}" "${multi[@]}" \

@@ -1,0 +1,74 @@
+#include "router/streams.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvl::router {
+namespace {
+
+// Where segment k of a rendering ends.
+int64_t SegmentEnd(const StreamView& s, size_t k) {
+  return k + 1 < s.bounds->size() ? (*s.bounds)[k + 1] : static_cast<int64_t>(s.ids->size());
+}
+
+std::vector<int32_t> Slice32(const std::vector<int64_t>& ids, int64_t begin, int64_t end) {
+  return std::vector<int32_t>(ids.begin() + begin, ids.begin() + end);
+}
+
+}  // namespace
+
+absl::StatusOr<AlignedSpan> AlignAcross(const StreamView& source, const StreamView& target,
+                                        int64_t begin, int64_t end, int64_t source_limit) {
+  if (source.bounds->size() != target.bounds->size()) {
+    return absl::InvalidArgumentError(absl::StrCat("the renderings have ", source.bounds->size(),
+                                                   " and ", target.bounds->size(), " segments"));
+  }
+  const std::vector<int64_t>& t_bounds = *target.bounds;
+  const auto first = std::lower_bound(t_bounds.begin(), t_bounds.end(), begin);
+  if (first == t_bounds.end() || *first != begin) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("target token ", begin, " does not start a segment"));
+  }
+  const size_t k0 = static_cast<size_t>(first - t_bounds.begin());
+  AlignedSpan out;
+  out.target_begin = out.target_end = begin;
+  out.source_begin = out.source_end = (*source.bounds)[k0];
+  std::vector<AlignedGroup> taken;  // relative to source_begin and target_begin
+  for (size_t k = k0; k < t_bounds.size() && t_bounds[k] < end; ++k) {
+    const int64_t tb = t_bounds[k], te = SegmentEnd(target, k);
+    const int64_t sb = (*source.bounds)[k], se = SegmentEnd(source, k);
+    const std::vector<int32_t> t32 = Slice32(*target.ids, tb, te);
+    const std::vector<int32_t> s32 = Slice32(*source.ids, sb, se);
+    const std::string text = target.tokenizer->Decode(t32);
+    absl::StatusOr<std::vector<int64_t>> t_bytes = TokenByteLengths(*target.tokenizer, t32, text);
+    absl::StatusOr<std::vector<int64_t>> s_bytes = TokenByteLengths(*source.tokenizer, s32, text);
+    if (!t_bytes.ok() || !s_bytes.ok()) break;  // not spelled alike: prefilled
+    absl::StatusOr<std::vector<AlignedGroup>> groups = AlignByBytes(*s_bytes, *t_bytes);
+    if (!groups.ok()) break;
+    bool whole = true;
+    for (AlignedGroup g : *groups) {
+      if (tb + g.b_end > end || sb + g.a_end > source_limit) {
+        whole = false;
+        break;
+      }
+      g.a_begin += sb - out.source_begin;
+      g.a_end += sb - out.source_begin;
+      g.b_begin += tb - out.target_begin;
+      g.b_end += tb - out.target_begin;
+      out.source_end = out.source_begin + g.a_end;
+      out.target_end = out.target_begin + g.b_end;
+      ++out.n_groups;
+      out.n_one_to_one += g.one_to_one() ? 1 : 0;
+      taken.push_back(g);
+    }
+    if (!whole) break;
+  }
+  absl::StatusOr<std::vector<TokenRun>> runs = AssignWithinGroups(taken);
+  if (!runs.ok()) return runs.status();
+  out.runs = *std::move(runs);
+  return out;
+}
+
+}  // namespace kvl::router
