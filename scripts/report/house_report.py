@@ -83,7 +83,7 @@ STAGE_DATA = {
     "mix": "the task corpus plus the 16,082 level-1-2 kv conversations, from kvdocs' weights",
 }
 LATER_STAGES = ["tasks", "kvdocs"]  # summary_<stage>.json before the last stage's summary.json
-HOUSE_MODELS = ["kvl-small", "kvl-small-b", "kvl-large", "kvl-gemma", "kvl-moe"]
+HOUSE_MODELS = ["kvl-small", "kvl-small-b", "kvl-large", "kvl-gemma", "kvl-moe", "kvl-small-t2"]
 # The script that trains each architecture's house models, and how a card names it.
 ARCHITECTURES = {
     "Qwen3ForCausalLM": ("a Qwen3-architecture decoder", "scripts/train/train_house_models.sh"),
@@ -155,6 +155,13 @@ def architecture_rows(name, cfg):
     return rows
 
 
+def tokenizer_dir(name):
+    """The models/ folder a house model's tokenizer files link to."""
+    link = os.path.join(ROOT, "models", name, "tokenizer.json")
+    return os.path.basename(os.path.dirname(os.path.realpath(link))) if os.path.islink(link) \
+        else "tokenizer"
+
+
 def card(name, summary, stages, ev, t, chances, picks):
     run = summary["run"]
     cfg = run["model_config"]
@@ -165,7 +172,11 @@ def card(name, summary, stages, ev, t, chances, picks):
         f"A house model of kvlingo: {what} trained from scratch on",
         f"the generated chat corpus (docs/data.md) by `{script}`.",
         "Hugging Face layout (`config.json`, bf16 `model.safetensors`, tokenizer files: links to "
-        "the shared `../tokenizer/`).",
+        f"the shared `../{tokenizer_dir(name)}/`)."
+        + (" Its tokenizer is the second house tokenizer (3,072 ids, Llama-3's split rule: "
+           "docs/tokenizer-training.md), for switches across tokenizers (issue 54); its "
+           "nats/token are over its own tokens, not comparable with the other models'."
+           if tokenizer_dir(name) != "tokenizer" else ""),
         "",
         "| | |",
         "|---|---|",
@@ -295,6 +306,9 @@ def main():
                   " | ".join(f"{acc.get(k, float('nan')):.3f}" for k in TASKS) + " |")
     md.append("")
     md.append("Items per task: " + ", ".join(f"{k} {sizes[k]}" for k in TASKS) + ".")
+    if any(tokenizer_dir(name) != "tokenizer" for name, _, _, _ in rows):
+        md.append("kvl-small-t2 reads the second house tokenizer (models/tokenizer-t2), whose "
+                  "tokens are longer: its nats/token are not comparable with the others'.")
     if "kvl-small" in out["models"] and "kvl-large" in out["models"]:
         s, l = out["models"]["kvl-small"], out["models"]["kvl-large"]
         better = [k for k in TASKS if l["accuracy"].get(k, 0) > s["accuracy"].get(k, 0)]
