@@ -30,6 +30,52 @@ int64_t WallClockSeconds() {
 
 }  // namespace
 
+namespace {
+
+// A group's rendering; an empty one for a session that has none yet (no
+// turn since the router grouped its models).
+const Rendering& RenderingOf(const ConversationState& state, int group) {
+  static const Rendering* const kNone = new Rendering();
+  const size_t i = static_cast<size_t>(group - 1);
+  return i < state.renderings.size() ? state.renderings[i] : *kNone;
+}
+
+}  // namespace
+
+const std::vector<int64_t>& StreamIds(const ConversationState& state, int group) {
+  return group == 0 ? state.history : RenderingOf(state, group).ids;
+}
+
+const std::vector<int64_t>& StreamBounds(const ConversationState& state, int group) {
+  return group == 0 ? state.bounds : RenderingOf(state, group).bounds;
+}
+
+std::vector<LedgerSpan> LedgerInRendering(const ConversationState& state, int group) {
+  if (group == 0) return state.ledger;
+  const std::vector<int64_t>& from = state.bounds;
+  const Rendering& r = RenderingOf(state, group);
+  const int64_t n = static_cast<int64_t>(r.ids.size());
+  if (r.bounds.size() != from.size()) return {};  // no rendering (yet)
+  // A boundary of the history: the start of its segment in the rendering
+  // (the end of the history: the rendering's end). A boundary inside a
+  // segment (a record from before segments were kept) maps to the start of
+  // the segment it is in.
+  auto map = [&](int64_t pos) {
+    if (pos >= static_cast<int64_t>(state.history.size())) return n;
+    const auto it = std::upper_bound(from.begin(), from.end(), pos);
+    if (it == from.begin()) return int64_t{0};
+    size_t k = static_cast<size_t>(it - from.begin()) - 1;
+    while (k > 0 && from[k - 1] == from[k]) --k;  // the first of equal starts
+    return r.bounds[k];
+  };
+  std::vector<LedgerSpan> out;
+  for (const LedgerSpan& span : state.ledger) {
+    const int64_t b = map(span.begin), e = map(span.end);
+    if (e > b) out.push_back({b, e, span.model});
+  }
+  return out;
+}
+
 void AppendLedgerSpan(std::vector<LedgerSpan>* ledger, int64_t begin, int64_t end, int model) {
   if (end <= begin) return;
   TORCH_CHECK(ledger->empty() ? begin == 0 : ledger->back().end == begin, "ledger span [", begin,
@@ -232,6 +278,14 @@ CacheStore::CacheStore(const CacheStoreOptions& options)
 }
 
 CacheStore::~CacheStore() = default;
+
+void CacheStore::SetModelGroups(std::vector<int> model_groups) {
+  TORCH_CHECK(model_groups.empty() || static_cast<int>(model_groups.size()) == options_.n_models,
+              "model groups for ", model_groups.size(), " models, the store has ",
+              options_.n_models);
+  std::lock_guard<std::mutex> lock(mu_);
+  options_.model_groups = std::move(model_groups);
+}
 
 absl::StatusOr<SessionView> CacheStore::Create(std::string_view session_id,
                                                std::string system_prompt,
@@ -531,7 +585,9 @@ void CacheStore::Release(TurnLease* lease) {
     for (const KvSpan& span : e.lines[m]->Spans()) {
       if (!span.native) translated[m] += span.t1 - span.t0;
     }
-    spans[m] = LineProvenance(e.lines[m]->Spans(), e.state.ledger);
+    // In the tokens of the model's own stream.
+    const int group = options_.model_groups.empty() ? 0 : options_.model_groups[m];
+    spans[m] = LineProvenance(e.lines[m]->Spans(), LedgerInRendering(e.state, group));
   }
   std::lock_guard<std::mutex> lock(mu_);
   reserved_bytes_ -= lease->reserved_;

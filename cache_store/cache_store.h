@@ -55,10 +55,30 @@ struct LedgerSpan {
 // ignored.
 void AppendLedgerSpan(std::vector<LedgerSpan>* ledger, int64_t begin, int64_t end, int model);
 
+// A conversation in the tokens of one tokenizer (issue 54: models with
+// different tokenizers serve one session): its ids and where each segment
+// starts in them (ConversationState::bounds).
+struct Rendering {
+  std::vector<int64_t> ids;
+  std::vector<int64_t> bounds;
+  bool operator==(const Rendering& o) const { return ids == o.ids && bounds == o.bounds; }
+};
+
 // The committed state of one conversation: what a turn reads and replaces.
+//
+// The history is in the tokens of the router's first tokenizer (group 0).
+// Models on another tokenizer (group g >= 1) read renderings[g - 1]: the same
+// conversation, cut into the same segments, each segment that tokenizer's own
+// encoding of the segment's text (the generated reply: the answering
+// model's own tokens in its group). Segments: each turn's prompt (with the
+// preamble on a first turn), its reply with the stop token, its closing
+// template; every ledger span starts a segment, so the ledger maps into each
+// rendering (LedgerInRendering). With one tokenizer `renderings` is empty.
 struct ConversationState {
   std::vector<int64_t> history;    // [T] token ids of the whole conversation so far
   std::vector<LedgerSpan> ledger;  // covers [0, history.size()) in order
+  std::vector<int64_t> bounds;     // the segments' starts in history, ascending
+  std::vector<Rendering> renderings;  // groups 1.., when the models read several tokenizers
   // Tokens rendered before the first user turn (the system prompt); the first
   // turn prefills them with its own tokens, so they are not yet in `history`.
   std::vector<int64_t> preamble;
@@ -73,6 +93,14 @@ struct ConversationState {
   // has run no turn since: its lines, if any, were built from nothing.
   bool restored = false;
 };
+
+// The ids and segment starts of group `group`'s stream (0: history and
+// bounds).
+const std::vector<int64_t>& StreamIds(const ConversationState& state, int group);
+const std::vector<int64_t>& StreamBounds(const ConversationState& state, int group);
+// The ledger in group `group`'s tokens: each span's ends moved to the same
+// segment boundaries of that rendering (group 0: the ledger itself).
+std::vector<LedgerSpan> LedgerInRendering(const ConversationState& state, int group);
 
 // Where a run of a cache line's tokens came from.
 enum class SpanProvenance {
@@ -152,6 +180,9 @@ struct CacheStoreOptions {
   std::function<int64_t()> clock;
   // Create refuses a session past this many (ResourceExhausted); 0: no limit.
   int64_t max_sessions = 0;
+  // Per model, the tokenizer group whose stream its line holds
+  // (ConversationState); empty: all group 0.
+  std::vector<int> model_groups = {};
 };
 
 class CacheStore;
@@ -273,6 +304,9 @@ class CacheStore {
 
   int n_models() const { return options_.n_models; }
   int64_t budget_bytes() const { return options_.memory_budget_bytes; }
+  // CacheStoreOptions::model_groups, once the models' tokenizers are known
+  // (the router's loading); before any session is viewed.
+  void SetModelGroups(std::vector<int> model_groups);
 
   static constexpr uint32_t kDefaultPageSize = 100;
   static constexpr uint32_t kMaxPageSize = 1000;

@@ -186,7 +186,8 @@ bool TurnRecord::operator==(const TurnRecord& o) const {
   return request_id == o.request_id && user_message == o.user_message && reply == o.reply &&
          model == o.model && finish_reason == o.finish_reason &&
          unix_seconds == o.unix_seconds && history_begin == o.history_begin &&
-         tokens == o.tokens && ledger == o.ledger && tail_begin == o.tail_begin &&
+         tokens == o.tokens && bounds == o.bounds && ledger == o.ledger &&
+         tail_begin == o.tail_begin &&
          cascade_level == o.cascade_level && events == o.events;
 }
 
@@ -202,6 +203,7 @@ std::string EncodeTurn(const TurnRecord& turn) {
       {"unix_seconds", turn.unix_seconds},
       {"history_begin", turn.history_begin},
       {"tokens", turn.tokens},
+      {"bounds", turn.bounds},
       {"ledger", std::move(ledger)},
       {"tail_begin", turn.tail_begin},
       {"cascade_level", turn.cascade_level},
@@ -223,6 +225,7 @@ absl::StatusOr<TurnRecord> DecodeTurn(std::string_view text) {
     t.unix_seconds = j.at("unix_seconds").get<int64_t>();
     t.history_begin = j.at("history_begin").get<int64_t>();
     t.tokens = j.at("tokens").get<std::vector<int64_t>>();
+    if (j.contains("bounds")) t.bounds = j.at("bounds").get<std::vector<int64_t>>();
     for (const json& s : j.at("ledger")) {
       t.ledger.push_back(
           {s.at(0).get<int64_t>(), s.at(1).get<int64_t>(), s.at(2).get<std::string>()});

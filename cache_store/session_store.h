@@ -60,6 +60,10 @@ struct TurnRecord {
   // The session's token stream grew from history_begin by `tokens`.
   int64_t history_begin = 0;
   std::vector<int64_t> tokens;
+  // Where the turn's segments start in the stream (ConversationState::bounds;
+  // absolute positions). Records written before segments were kept have
+  // none: the turn is then one segment from history_begin.
+  std::vector<int64_t> bounds;
   // The whole span ledger after the turn (it is short: one span per switch).
   std::vector<StoredSpan> ledger;
   // ConversationState::tail_begin and cascade_level after the turn.

@@ -57,12 +57,6 @@ absl::StatusOr<std::unique_ptr<Router>> LoadRouter(const std::vector<ModelSource
     options.n_threads = n_threads;
     absl::StatusOr<ModelDir> loaded = LoadModelDir(e.path, options);
     if (!loaded.ok()) return Annotate(loaded.status(), where);
-    if (shared_tokenizer != nullptr &&
-        loaded->tokenizer->content_hash() != shared_tokenizer->content_hash()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": its tokenizer.json differs from ", sources[0].name,
-          "'s; the models of one router share one tokenizer (a session is one token stream)"));
-    }
     identities.push_back(loaded->identity);
     tokenizer_hashes.push_back(loaded->tokenizer->content_hash());
     spdlog::info("loaded model {} from {} ({} layers, hidden {}, {})", e.name, e.path,
@@ -70,8 +64,18 @@ absl::StatusOr<std::unique_ptr<Router>> LoadRouter(const std::vector<ModelSource
                  absl::StrCat(DTypeName(options.dtype), " on ", options.device));
     absl::StatusOr<ChatTemplateKind> chat_template = ChatTemplateKindForModelDir(e.path);
     if (!chat_template.ok()) return Annotate(chat_template.status(), where);
-    if (shared_tokenizer == nullptr) shared_tokenizer = std::move(loaded->tokenizer);
-    models.push_back({e.name, e.path, std::move(loaded->engine), *chat_template});
+    // The first model's tokenizer is the router's (group 0); a model with
+    // another keeps its own (switches across tokenizers, router.h).
+    std::unique_ptr<Tokenizer> own;
+    if (shared_tokenizer == nullptr) {
+      shared_tokenizer = std::move(loaded->tokenizer);
+    } else if (loaded->tokenizer->content_hash() != shared_tokenizer->content_hash()) {
+      spdlog::info("model {} reads its own tokenizer (not {}'s): switches to and from it align "
+                   "the two tokenizations",
+                   e.name, sources[0].name);
+      own = std::move(loaded->tokenizer);
+    }
+    models.push_back({e.name, e.path, std::move(loaded->engine), *chat_template, std::move(own)});
   }
   std::vector<LoadedTranslator> loaded_translators;
   const int n = static_cast<int>(sources.size());

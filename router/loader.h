@@ -56,8 +56,9 @@ std::string LoadGateRefusal(const std::optional<TranslatorEvaluation>& evaluatio
 
 // Loads every model (LoadModelDir with `dtype` and n_threads) and every
 // translator (checked against the loaded models and their tokenizer), then
-// creates the Router over `store` (sized for the models). The models must
-// share one tokenizer. Errors name the entry, "models[1] (large): ..." or
+// creates the Router over `store` (sized for the models). The first model's
+// tokenizer is the router's; a model with another keeps its own (router.h:
+// tokenizer groups). Errors name the entry, "models[1] (large): ..." or
 // "translators[0] (a->b): ...", with the loader's code (NotFound,
 // InvalidArgument, FailedPrecondition); Router::Create's. A translator the
 // load-time quality gate refuses (LoadGateRefusal) is not an error: it is

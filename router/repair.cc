@@ -256,7 +256,8 @@ absl::Status Repairer::Repair(const Job& job) {
           ReportFidelity(probes);
           return absl::OkStatus();
         }
-        history = l.state().history;  // the line holds its first `target` tokens
+        // The line holds the first `target` tokens of its model's stream.
+        history = StreamIds(l.state(), ctx_.model_groups.empty() ? 0 : ctx_.model_groups[job.model]);
       }
     }  // the lease ends here
     {

@@ -72,6 +72,9 @@ class Repairer {
     // Per model, its engine loop; the repair's chunks run there.
     std::vector<BatchScheduler*> schedulers;
     std::vector<std::string> model_names;  // for logs
+    // Per model, the tokenizer group whose stream its line holds
+    // (ConversationState); empty: all group 0.
+    std::vector<int> model_groups;
     TurnObserver* observer = nullptr;      // never null
     // A probe scored completely: the reply's mean divergence (nats/token)
     // over `tokens` tokens, and whether the native line's most likely first

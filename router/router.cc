@@ -10,7 +10,9 @@
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "model/chat_template.h"
+#include "router/streams.h"
 #include "spdlog/spdlog.h"
+#include "translator/resample.h"
 
 namespace kvl::router {
 namespace {
@@ -45,12 +47,13 @@ struct Router::Work {
   const TurnOptions* options = nullptr;
   Policy policy = Policy::kFixed;
   Strategy strategy = Strategy::kTranslate;
-  std::vector<int64_t> history;    // committed history + this turn's tokens so far
-  std::vector<LedgerSpan> ledger;  // covers history
-  // This turn's new tokens (the first turn's start with the system preamble);
-  // the first `consumed` of them are already in `history` (a cascade level
-  // scored them).
-  std::vector<int64_t> fresh;
+  // The committed streams + this turn's tokens so far: history (group 0),
+  // ledger (covers history), bounds and the other groups' renderings.
+  ConversationState state;
+  // This turn's new tokens per group (the first turn's start with the system
+  // preamble); the first `consumed` of group 0's are already in `history` (a
+  // cascade level scored them; the cascade runs with one group only).
+  std::vector<std::vector<int64_t>> fresh;
   size_t consumed = 0;
   int cascade_level = 0;
   HandoverPlan plan;
@@ -102,6 +105,9 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(std::vector<LoadedModel> 
         absl::StrCat("the routing policy names a model index outside [0, ", n, ")"));
   }
   std::unique_ptr<Router> r(new Router());
+  r->tokenizer_ = std::move(tokenizer);
+  r->groups_.emplace_back();
+  r->groups_.back().tokenizer = r->tokenizer_.get();
   const std::string first_name = models.empty() ? std::string() : models.front().name;
   if (!models.empty()) r->chat_template_ = models.front().chat_template;
   for (LoadedModel& m : models) {
@@ -110,27 +116,59 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(std::vector<LoadedModel> 
       return absl::InvalidArgumentError(absl::StrCat(
           m.name, ": its chat template (", ChatTemplateKindName(m.chat_template), ") differs from ",
           first_name, "'s (", ChatTemplateKindName(r->chat_template_),
-          "); the models of one router render a session as one token stream"));
+          "); the models of one router render a session with one template family"));
     }
+    // The model's tokenizer group: the first with the same tokenizer, or a new one.
+    int group = 0;
+    if (m.tokenizer != nullptr) {
+      group = -1;
+      for (size_t g = 0; g < r->groups_.size(); ++g) {
+        if (r->groups_[g].tokenizer->content_hash() == m.tokenizer->content_hash()) {
+          group = static_cast<int>(g);
+        }
+      }
+      if (group < 0) {
+        group = static_cast<int>(r->groups_.size());
+        r->groups_.emplace_back();
+        r->groups_.back().tokenizer = m.tokenizer.get();
+        r->tokenizers_.push_back(std::move(m.tokenizer));
+      }
+      m.tokenizer.reset();
+    }
+    Group& g = r->groups_[group];
+    const Tokenizer& tok = *g.tokenizer;
     // Ids past a model's embedding are admitted only for special added
     // tokens (Gemma-3-1B's 262,144 rows and its tokenizer's image token at
     // 262,144), which a turn then refuses (FirstOutsideVocabulary).
     const int64_t vocab = m.engine->config().vocab_size;
-    for (int64_t id = vocab; id < tokenizer->vocab_size(); ++id) {
-      if (!tokenizer->IsSpecial(static_cast<int32_t>(id))) {
+    for (int64_t id = vocab; id < tok.vocab_size(); ++id) {
+      if (!tok.IsSpecial(static_cast<int32_t>(id))) {
         return absl::InvalidArgumentError(absl::StrCat(
-            m.name, ": vocab_size ", vocab, " is smaller than the shared tokenizer's ",
-            tokenizer->vocab_size(), " ids, and id ", id, " is not a special token"));
+            m.name, ": vocab_size ", vocab, " is smaller than its tokenizer's ", tok.vocab_size(),
+            " ids, and id ", id, " is not a special token"));
       }
     }
-    r->min_vocab_ = r->min_vocab_ == 0 ? vocab : std::min(r->min_vocab_, vocab);
+    g.min_vocab = g.min_vocab == 0 ? vocab : std::min(g.min_vocab, vocab);
+    for (int64_t id : m.engine->generation_defaults().eos_token_ids) g.stop_ids.push_back(id);
+    for (int64_t id : m.engine->config().eos_token_ids) g.stop_ids.push_back(id);
     auto slot = std::make_unique<Slot>();
     slot->bytes_per_token = m.engine->NewCache()->BytesPerToken();
     r->names_.push_back(m.name);
+    r->group_of_.push_back(group);
     slot->loaded = std::move(m);
     r->models_.push_back(std::move(slot));
   }
-  r->sample_vocab_ = std::min<int64_t>(r->min_vocab_, tokenizer->vocab_size());
+  const absl::string_view stop_token = StopToken(r->chat_template_);
+  for (Group& g : r->groups_) {
+    g.sample_vocab = std::min<int64_t>(g.min_vocab, g.tokenizer->vocab_size());
+    if (std::optional<int32_t> stop =
+            g.tokenizer->AddedTokenId(std::string_view(stop_token.data(), stop_token.size()))) {
+      g.turn_stop = *stop;
+      g.stop_ids.push_back(*stop);
+    }
+    std::sort(g.stop_ids.begin(), g.stop_ids.end());
+    g.stop_ids.erase(std::unique(g.stop_ids.begin(), g.stop_ids.end()), g.stop_ids.end());
+  }
   r->by_pair_.assign(n, std::vector<const LoadedTranslator*>(n, nullptr));
   r->translators_ = std::move(translators);
   for (const LoadedTranslator& t : r->translators_) {
@@ -140,23 +178,9 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(std::vector<LoadedModel> 
     }
     r->by_pair_[t.source][t.target] = &t;
   }
-  const absl::string_view stop_token = StopToken(r->chat_template_);
-  if (std::optional<int32_t> stop =
-          tokenizer->AddedTokenId(std::string_view(stop_token.data(), stop_token.size()))) {
-    r->turn_stop_ = *stop;
-    r->stop_ids_.push_back(*stop);
-  }
-  for (const auto& slot : r->models_) {
-    for (int64_t id : slot->loaded.engine->generation_defaults().eos_token_ids) {
-      r->stop_ids_.push_back(id);
-    }
-    for (int64_t id : slot->loaded.engine->config().eos_token_ids) r->stop_ids_.push_back(id);
-  }
-  std::sort(r->stop_ids_.begin(), r->stop_ids_.end());
-  r->stop_ids_.erase(std::unique(r->stop_ids_.begin(), r->stop_ids_.end()), r->stop_ids_.end());
-  r->tokenizer_ = std::move(tokenizer);
   r->config_ = std::move(config);
   r->store_ = store;
+  store->SetModelGroups(r->group_of_);
   r->observer_ = observer != nullptr ? observer : &r->null_observer_;
   r->gate_ = std::make_unique<QualityGate>(n, r->config_.gate);
   for (const LoadedTranslator& t : r->translators_) {
@@ -176,6 +200,7 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(std::vector<LoadedModel> 
   Repairer::Context repair;
   repair.store = store;
   repair.model_names = r->names_;
+  repair.model_groups = r->group_of_;
   repair.observer = r->observer_;
   for (int m = 0; m < n; ++m) {
     Router* router = r.get();
@@ -272,13 +297,14 @@ const Translator* Router::FindTranslator(int source, int target) const {
 }
 
 absl::Status Router::FirstOutsideVocabulary(const std::vector<int64_t>& ids,
-                                            absl::string_view what) const {
+                                            absl::string_view what, int group) const {
+  const Group& g = groups_[group];
   for (int64_t id : ids) {
-    if (id >= min_vocab_) {
+    if (id >= g.min_vocab) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, " holds the special token ",
-          tokenizer_->IdToToken(static_cast<int32_t>(id)).value_or("?"), " (id ", id,
-          "), which is outside the models' vocabularies of ", min_vocab_, " ids"));
+          g.tokenizer->IdToToken(static_cast<int32_t>(id)).value_or("?"), " (id ", id,
+          "), which is outside the models' vocabularies of ", g.min_vocab, " ids"));
     }
   }
   return absl::OkStatus();
@@ -296,19 +322,34 @@ absl::Status Router::Handover(Work& work, int model, int64_t upto, int64_t extra
   Engine& engine = *models_[model]->loaded.engine;
   const ConversationState& committed = lease.state();
 
+  // The plan is in the model's own tokens (its group's stream and ledger).
+  const int group = group_of_[model];
+  const std::vector<int64_t>& stream = StreamIds(work.state, group);
+  const std::vector<LedgerSpan> ledger = LedgerInRendering(work.state, group);
   PlannerInput in;
   in.target = model;
   in.strategy = strategy;
   in.n_history = upto;
-  in.ledger = &work.ledger;
+  in.ledger = &ledger;
   in.line_spans.resize(models_.size());
   for (int m = 0; m < n_models(); ++m) {
-    if (const KvCache* line = lease.line(m)) in.line_spans[m] = line->Spans();
+    const KvCache* line = lease.line(m);
+    if (line == nullptr) continue;
+    if (group_of_[m] == group) {
+      in.line_spans[m] = line->Spans();
+    } else if (line->Length() > 0) {
+      // A writer on another tokenizer: its line's spans are in its own
+      // tokens. The plan takes it as holding the history; the translate step
+      // aligns the two streams and prefills what its line does not hold
+      // natively (Handover's cross-tokenizer step).
+      in.line_spans[m] = {KvSpan{0, upto}};
+    }
   }
-  // Within a turn, the answering model of the last turn keeps its unrun tail.
+  // Within a turn, the answering model of the last turn keeps its unrun tail
+  // (in its own tokens: the planner reads it only when it is the target).
   in.last_model = committed.last_model;
   in.tail_begin = committed.tail_begin;
-  in.tail_end = static_cast<int64_t>(committed.history.size());
+  in.tail_end = static_cast<int64_t>(StreamIds(committed, group).size());
   in.has_translator = [this](int s, int t) {
     return by_pair_[s][t] != nullptr && GateOpen(s, t, nullptr);
   };
@@ -362,79 +403,54 @@ absl::Status Router::Handover(Work& work, int model, int64_t upto, int64_t extra
     if (work.Cancelled()) return absl::CancelledError("the client cancelled the turn");
     const Clock::time_point t0 = Clock::now();
     if (step.kind == PlanStep::kTranslate) {
-      SerialIntraOpScope serial;
-      absl::StatusOr<KvTaps> taps = lease.line(step.source)->Taps(step.begin, step.end);
-      if (!taps.ok()) return taps.status();
-      const LoadedTranslator& entry = *by_pair_[step.source][model];
-      const Translator& translator = *entry.translator;
-      const bool overridden = work.options != nullptr && work.options->native_layers.has_value();
-      const int64_t native_layers =
-          overridden ? *work.options->native_layers : entry.native_layers;
-      if (overridden) {
-        if (absl::Status s = CheckNativeLayers(translator, native_layers); !s.ok()) {
-          return WithSetting(
-              absl::InvalidArgumentError(absl::StrCat("translator ", entry.name, ": ", s.message())),
-              Setting::kNativeLayers);
+      // Across tokenizers only [begin, end) of the span aligns with the
+      // writer's tokens; the target prefills the rest around it.
+      int64_t begin = step.begin, end = step.end;
+      KvTaps taps;
+      if (group_of_[step.source] != group) {
+        absl::StatusOr<CrossSpan> cross = AlignWriter(work, step, model);
+        if (!cross.ok()) return cross.status();
+        begin = cross->aligned.target_begin;
+        end = cross->aligned.target_end;
+        taps = std::move(cross->taps);
+        const int64_t prefilled = (step.end - step.begin) - (end - begin);
+        plan.tokens_translated -= prefilled;
+        plan.tokens_reprefilled += prefilled;
+        if (prefilled > 0) {
+          plan.notes.push_back(absl::StrCat(
+              "across tokenizers ", names_[step.source], "->", names_[model], ": [", step.begin,
+              ", ", step.end, ") translated [", begin, ", ", end, "), the rest prefilled"));
         }
+        if (begin > step.begin) {
+          KVL_RETURN_IF_ERROR(RunPrefill(
+              work, model, *line,
+              std::vector<int64_t>(stream.begin() + step.begin, stream.begin() + begin)));
+        }
+      } else {
+        SerialIntraOpScope serial;
+        absl::StatusOr<KvTaps> own = lease.line(step.source)->Taps(step.begin, step.end);
+        if (!own.ok()) return own.status();
+        taps = *std::move(own);
       }
-      // Token-anchored maps read the span's ids and up to W-1 before it.
-      std::vector<int64_t> ids;
-      if (const int64_t w = translator.spec().anchor_window; w > 0) {
-        ids.assign(work.history.begin() + std::max<int64_t>(0, step.begin - (w - 1)),
-                   work.history.begin() + step.end);
-      }
-      // The translator lives on the target model's device (LoadRouter), so
-      // the span crosses devices only when the two models are on different
-      // ones; its products land where the target's line is.
-      if (taps->keys.device() != translator.device()) {
-        *taps = KvTaps{taps->keys.to(translator.device()), taps->values.to(translator.device())};
-      }
-      // A sliding layer's entries that no query after the span reads are
-      // neither computed nor stored (the line's span is thin).
-      const std::vector<int64_t> unread =
-          engine.config().UnreadTokens(step.begin, step.end);
-      absl::StatusOr<KvTaps> moved =
-          translator.Translate(*taps, Translator::Output::kProduct, ids, unread);
-      if (!moved.ok()) return moved.status();
-      KVL_RETURN_IF_ERROR(line->Accept(moved->keys, moved->values, unread));
-      if (native_layers > 0) {
-        // The native-depth dial: the top layers computed by the target from
-        // the predicted residual stream (k >= L: from its embeddings), on
-        // its engine loop.
-        const int64_t n_layer = translator.spec().target.n_layer;
-        const int64_t first = std::max<int64_t>(0, n_layer - native_layers);
-        at::Tensor hidden;
-        absl::Status s;
-        if (first > 0) {
-          absl::StatusOr<at::Tensor> predicted = translator.PredictResidual(*taps, first, ids);
-          if (predicted.ok()) hidden = *std::move(predicted);
-          s = predicted.status();
-        }
-        if (s.ok()) {
-          const std::vector<int64_t> span(work.history.begin() + step.begin,
-                                          work.history.begin() + step.end);
-          BatchScheduler::Hooks hooks;
-          hooks.on_admitted = [&work] { work.MarkStarted(); };
-          hooks.cancelled = [&work] { return work.Cancelled(); };
-          s = models_[model]->scheduler->RunPass(
-              [&](Engine& e) { return e.ForwardLayers(*line, step.begin, span, hidden, first); },
-              hooks);
-        }
-        if (!s.ok()) {
-          (void)line->Rollback(step.begin);
-          return s;
-        }
-        ev.native_layers = std::max(ev.native_layers, std::min(native_layers, n_layer));
-        hybrid = true;
+      if (end > begin) {
+        KVL_RETURN_IF_ERROR(TranslateInto(work, step.source, model, *line, begin, end, taps,
+                                          &hybrid));
       }
       const double dt = Seconds(t0, Clock::now());
       ev.translation_seconds += dt;
       work.result.switch_seconds += dt;
-      observer_->OnTranslation(step.source, model, dt, step.end - step.begin);
+      observer_->OnTranslation(step.source, model, dt, end - begin);
+      if (end < step.end) {
+        const Clock::time_point t1 = Clock::now();
+        KVL_RETURN_IF_ERROR(RunPrefill(
+            work, model, *line, std::vector<int64_t>(stream.begin() + end, stream.begin() + step.end)));
+        observer_->OnPrefillTokens(model, step.end - end);
+        work.result.prefill_tokens += step.end - end;
+        work.result.switch_seconds += Seconds(t1, Clock::now());
+      }
       continue;
     }
-    const std::vector<int64_t> ids(work.history.begin() + step.begin,
-                                   work.history.begin() + step.end);
+    const std::vector<int64_t> ids(stream.begin() + step.begin, stream.begin() + step.end);
     KVL_RETURN_IF_ERROR(RunPrefill(work, model, *line, ids));
     observer_->OnPrefillTokens(model, step.end - step.begin);
     work.result.prefill_tokens += step.end - step.begin;
@@ -449,6 +465,108 @@ absl::Status Router::Handover(Work& work, int model, int64_t upto, int64_t extra
   TORCH_CHECK(line->Length() == stop);
   work.plan = std::move(plan);
   return absl::OkStatus();
+}
+
+absl::Status Router::TranslateInto(Work& work, int source, int model, KvCache& line,
+                                   int64_t begin, int64_t end, KvTaps& taps, bool* hybrid) {
+  SerialIntraOpScope serial;
+  const Engine& engine = *models_[model]->loaded.engine;
+  const std::vector<int64_t>& stream = StreamIds(work.state, group_of_[model]);
+  const LoadedTranslator& entry = *by_pair_[source][model];
+  const Translator& translator = *entry.translator;
+  const bool overridden = work.options != nullptr && work.options->native_layers.has_value();
+  const int64_t native_layers = overridden ? *work.options->native_layers : entry.native_layers;
+  if (overridden) {
+    if (absl::Status s = CheckNativeLayers(translator, native_layers); !s.ok()) {
+      return WithSetting(
+          absl::InvalidArgumentError(absl::StrCat("translator ", entry.name, ": ", s.message())),
+          Setting::kNativeLayers);
+    }
+  }
+  // Token-anchored maps read the span's ids and up to W-1 before it (the
+  // target's own tokens).
+  std::vector<int64_t> ids;
+  if (const int64_t w = translator.spec().anchor_window; w > 0) {
+    ids.assign(stream.begin() + std::max<int64_t>(0, begin - (w - 1)), stream.begin() + end);
+  }
+  // The translator lives on the target model's device (LoadRouter), so the
+  // span crosses devices only when the two models are on different ones;
+  // its products land where the target's line is.
+  if (taps.keys.device() != translator.device()) {
+    taps = KvTaps{taps.keys.to(translator.device()), taps.values.to(translator.device())};
+  }
+  // A sliding layer's entries that no query after the span reads are neither
+  // computed nor stored (the line's span is thin).
+  const std::vector<int64_t> unread = engine.config().UnreadTokens(begin, end);
+  absl::StatusOr<KvTaps> moved = translator.Translate(taps, Translator::Output::kProduct, ids, unread);
+  if (!moved.ok()) return moved.status();
+  KVL_RETURN_IF_ERROR(line.Accept(moved->keys, moved->values, unread));
+  if (native_layers > 0) {
+    // The native-depth dial: the top layers computed by the target from the
+    // predicted residual stream (k >= L: from its embeddings), on its engine
+    // loop.
+    const int64_t n_layer = translator.spec().target.n_layer;
+    const int64_t first = std::max<int64_t>(0, n_layer - native_layers);
+    at::Tensor hidden;
+    absl::Status s;
+    if (first > 0) {
+      absl::StatusOr<at::Tensor> predicted = translator.PredictResidual(taps, first, ids);
+      if (predicted.ok()) hidden = *std::move(predicted);
+      s = predicted.status();
+    }
+    if (s.ok()) {
+      const std::vector<int64_t> span(stream.begin() + begin, stream.begin() + end);
+      BatchScheduler::Hooks hooks;
+      hooks.on_admitted = [&work] { work.MarkStarted(); };
+      hooks.cancelled = [&work] { return work.Cancelled(); };
+      s = models_[model]->scheduler->RunPass(
+          [&](Engine& e) { return e.ForwardLayers(line, begin, span, hidden, first); }, hooks);
+    }
+    if (!s.ok()) {
+      (void)line.Rollback(begin);
+      return s;
+    }
+    RoutingEvent& ev = work.result.routing;
+    ev.native_layers = std::max(ev.native_layers, std::min(native_layers, n_layer));
+    *hybrid = true;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Router::CrossSpan> Router::AlignWriter(Work& work, const PlanStep& step,
+                                                      int model) {
+  const int sg = group_of_[step.source], tg = group_of_[model];
+  const std::vector<int64_t>& s_ids = StreamIds(work.state, sg);
+  const std::vector<int64_t>& s_bounds = StreamBounds(work.state, sg);
+  const std::vector<int64_t>& t_ids = StreamIds(work.state, tg);
+  const std::vector<int64_t>& t_bounds = StreamBounds(work.state, tg);
+  KvCache& source = *work.lease->line(step.source);
+  // The writer's line holds natively the run from the start of the segment
+  // the step begins in (in the writer's tokens): the alignment stops there.
+  CrossSpan out;
+  if (t_bounds.empty()) return out;
+  size_t k = static_cast<size_t>(
+      std::upper_bound(t_bounds.begin(), t_bounds.end(), step.begin) - t_bounds.begin());
+  k = k == 0 ? 0 : k - 1;
+  const int64_t at = s_bounds[k];
+  int64_t limit = at;
+  for (const KvSpan& span : source.Spans()) {
+    if (span.t0 <= at && at < span.t1) limit = span.native ? span.t1 : at;
+  }
+  SerialIntraOpScope serial;
+  absl::StatusOr<AlignedSpan> aligned =
+      AlignAcross(StreamView{groups_[sg].tokenizer, &s_ids, &s_bounds},
+                  StreamView{groups_[tg].tokenizer, &t_ids, &t_bounds}, step.begin, step.end, limit);
+  if (!aligned.ok()) return aligned.status();
+  out.aligned = *std::move(aligned);
+  if (out.aligned.target_end > out.aligned.target_begin) {
+    absl::StatusOr<KvTaps> taps = source.Taps(out.aligned.source_begin, out.aligned.source_end);
+    if (!taps.ok()) return taps.status();
+    absl::StatusOr<KvTaps> resampled = ResampleTaps(*taps, out.aligned.runs);
+    if (!resampled.ok()) return resampled.status();
+    out.taps = *std::move(resampled);
+  }
+  return out;
 }
 
 absl::Status CheckNativeLayers(const Translator& translator, int64_t k) {
@@ -493,6 +611,14 @@ absl::Status Router::ValidateTurn(const TurnOptions& options) const {
                            config_.policy.order.size())),
                        Setting::kOrder);
   }
+  if (policy == Policy::kCascade && groups_.size() > 1) {
+    // A level scores the turn's tokens into its line and the next level
+    // takes them over (router.h): one stream (v1).
+    return WithSetting(absl::InvalidArgumentError(
+                           "the 'cascade' policy needs models that share one tokenizer; this "
+                           "router's read several"),
+                       Setting::kOrder);
+  }
   if (policy == Policy::kRules && config_.policy.rules.empty()) {
     return WithSetting(
         absl::InvalidArgumentError("the 'rules' policy needs rules; the router has none"),
@@ -517,26 +643,48 @@ absl::StatusOr<TurnResult> Router::RunTurn(const std::string& session_id,
   work.options = &options;
   work.policy = options.policy.value_or(config_.policy.policy);
   work.strategy = options.strategy.value_or(config_.switching.strategy);
-  work.history = committed.history;
-  work.ledger = committed.ledger;
+  work.state.history = committed.history;
+  work.state.ledger = committed.ledger;
+  work.state.bounds = committed.bounds;
+  work.state.renderings = committed.renderings;
+  work.state.renderings.resize(groups_.size() - 1);  // a session's first turn here
   work.cascade_level = committed.cascade_level;
-  work.fresh = work.history.empty() ? committed.preamble : std::vector<int64_t>{};
+  const bool first_turn = work.state.history.empty();
   ChatTemplateOptions turn_options;
   turn_options.kind = chat_template_;
-  const std::vector<int64_t> turn = Encode(
-      *tokenizer_, SessionUserTurn(options.user_message, work.history.empty(), turn_options));
-  KVL_RETURN_IF_ERROR(FirstOutsideVocabulary(turn, "the message"));
-  work.fresh.insert(work.fresh.end(), turn.begin(), turn.end());
-  work.result.prompt_tokens = static_cast<int64_t>(work.history.size() + work.fresh.size());
+  const std::string turn_text = SessionUserTurn(options.user_message, first_turn, turn_options);
+  // The preamble's text, for the other groups' renderings (group 0's tokens
+  // came with the session).
+  const std::string preamble_text =
+      first_turn && !committed.preamble.empty()
+          ? tokenizer_->Decode(std::vector<int32_t>(committed.preamble.begin(),
+                                                    committed.preamble.end()))
+          : std::string();
+  work.fresh.resize(groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    std::vector<int64_t>& fresh = work.fresh[g];
+    if (first_turn) {
+      fresh = g == 0 ? committed.preamble : Encode(*groups_[g].tokenizer, preamble_text);
+    }
+    const std::vector<int64_t> turn = Encode(*groups_[g].tokenizer, turn_text);
+    KVL_RETURN_IF_ERROR(FirstOutsideVocabulary(turn, "the message", static_cast<int>(g)));
+    fresh.insert(fresh.end(), turn.begin(), turn.end());
+  }
+  work.result.prompt_tokens =
+      static_cast<int64_t>(work.state.history.size() + work.fresh[0].size());
   if (const int64_t limit = config_.limits.max_history_tokens; limit > 0) {
-    const int64_t after = static_cast<int64_t>(work.history.size() + work.fresh.size());
-    if (after > limit) {
-      observer_->OnRejected(Setting::kMaxHistoryTokens);
-      return WithSetting(absl::ResourceExhaustedError(absl::StrCat(
-                             "the session holds ", work.history.size(),
-                             " history tokens and this turn adds ", work.fresh.size(), ": ", after,
-                             " is past the history limit of ", limit, "; start a new session")),
-                         Setting::kMaxHistoryTokens);
+    // The longest of the groups' streams.
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const int64_t held = static_cast<int64_t>(StreamIds(work.state, static_cast<int>(g)).size());
+      const int64_t adds = static_cast<int64_t>(work.fresh[g].size());
+      if (held + adds > limit) {
+        observer_->OnRejected(Setting::kMaxHistoryTokens);
+        return WithSetting(absl::ResourceExhaustedError(absl::StrCat(
+                               "the session holds ", held, " history tokens and this turn adds ",
+                               adds, ": ", held + adds, " is past the history limit of ", limit,
+                               "; start a new session")),
+                           Setting::kMaxHistoryTokens);
+      }
     }
   }
 
@@ -580,7 +728,8 @@ absl::StatusOr<int> Router::Escalate(Work& work) {
   const int last_level = static_cast<int>(config_.policy.order.size()) - 1;
   work.cascade_level = std::min(work.cascade_level, last_level);
   const int64_t upto = static_cast<int64_t>(work.lease->state().history.size());
-  while (work.cascade_level < last_level && work.fresh.size() >= 2) {
+  const std::vector<int64_t>& fresh = work.fresh[0];  // one group (ValidateTurn)
+  while (work.cascade_level < last_level && fresh.size() >= 2) {
     const int m = config_.policy.order[work.cascade_level];
     KVL_RETURN_IF_ERROR(Admit(m));
     // Every level scores the turn natively, so it takes over the history
@@ -588,7 +737,7 @@ absl::StatusOr<int> Router::Escalate(Work& work) {
     // model that ran them. The line gets room for the turn and, should this
     // level answer, its first kDecodeRoom tokens: the answering hand-over then
     // finds it sized.
-    const int64_t n_fresh = static_cast<int64_t>(work.fresh.size());
+    const int64_t n_fresh = static_cast<int64_t>(fresh.size());
     const int64_t line_tokens =
         upto + n_fresh + std::min(work.options->max_tokens, kDecodeRoom);
     KVL_RETURN_IF_ERROR(Handover(work, m, upto, n_fresh, line_tokens));
@@ -596,16 +745,17 @@ absl::StatusOr<int> Router::Escalate(Work& work) {
     // answering model runs that token itself, to sample from.
     const Clock::time_point t0 = Clock::now();
     absl::StatusOr<Engine::ContinuationScore> score =
-        RunScore(work, m, *work.lease->line(m), work.fresh);
+        RunScore(work, m, *work.lease->line(m), fresh);
     if (!score.ok()) return score.status();
     work.result.prefill_seconds += Seconds(t0, Clock::now());
     work.result.prefill_tokens += score->n_scored;
     observer_->OnPrefillTokens(m, score->n_scored);
     if (work.consumed == 0) {
-      const int64_t begin = static_cast<int64_t>(work.history.size());
-      work.history.insert(work.history.end(), work.fresh.begin(), work.fresh.end() - 1);
-      AppendLedgerSpan(&work.ledger, begin, static_cast<int64_t>(work.history.size()), m);
-      work.consumed = work.fresh.size() - 1;
+      const int64_t begin = static_cast<int64_t>(work.state.history.size());
+      work.state.bounds.push_back(begin);  // the ledger span below starts a segment
+      work.state.history.insert(work.state.history.end(), fresh.begin(), fresh.end() - 1);
+      AppendLedgerSpan(&work.state.ledger, begin, static_cast<int64_t>(work.state.history.size()), m);
+      work.consumed = fresh.size() - 1;
       work.result.routing.reason.clear();
     } else {
       work.result.routing.reason += "; ";
@@ -628,9 +778,15 @@ absl::StatusOr<GenerateResult> Router::HandOverAndGenerate(Work& work, int model
   ev.model = model;
   ev.switched = committed.last_model >= 0 && committed.last_model != model;
   Engine& engine = *models_[model]->loaded.engine;
-  const std::vector<int64_t> prompt(work.fresh.begin() + work.consumed, work.fresh.end());
-  const int64_t upto = static_cast<int64_t>(work.history.size());
+  // Everything below is in the model's own tokens (its group's stream).
+  const int group = group_of_[model];
+  const Group& tokens = groups_[group];
+  const std::vector<int64_t>& fresh = work.fresh[group];
+  const std::vector<int64_t> prompt(fresh.begin() + (group == 0 ? work.consumed : 0), fresh.end());
+  const std::vector<int64_t>& stream = StreamIds(work.state, group);
+  const int64_t upto = static_cast<int64_t>(stream.size());
   const int64_t n_prompt = static_cast<int64_t>(prompt.size());
+  work.result.prompt_tokens = upto + n_prompt;
   const int64_t room = engine.config().max_position_embeddings - upto - n_prompt;
   if (room < 0) {
     return absl::OutOfRangeError(absl::StrCat(
@@ -642,9 +798,9 @@ absl::StatusOr<GenerateResult> Router::HandOverAndGenerate(Work& work, int model
   // sampled.
   std::vector<int64_t> reply;
   if (options.reply) {
-    reply = Encode(*tokenizer_, *options.reply);
-    KVL_RETURN_IF_ERROR(FirstOutsideVocabulary(reply, "the given reply"));
-    if (stop_ids_.empty()) {
+    reply = Encode(*tokens.tokenizer, *options.reply);
+    KVL_RETURN_IF_ERROR(FirstOutsideVocabulary(reply, "the given reply", group));
+    if (tokens.stop_ids.empty()) {
       return absl::FailedPreconditionError("a given reply needs a stop token; the models have none");
     }
     if (static_cast<int64_t>(reply.size()) + 1 > room) {
@@ -660,12 +816,12 @@ absl::StatusOr<GenerateResult> Router::HandOverAndGenerate(Work& work, int model
   KVL_RETURN_IF_ERROR(Handover(work, model, upto, n_prompt + max_tokens,
                                upto + n_prompt + std::min(max_tokens, kDecodeRoom), &run_from));
   // The history's last tokens the hand-over left to run with the prompt.
-  std::vector<int64_t> to_run(work.history.begin() + run_from, work.history.begin() + upto);
+  std::vector<int64_t> to_run(stream.begin() + run_from, stream.begin() + upto);
   to_run.insert(to_run.end(), prompt.begin(), prompt.end());
   if (work.Cancelled()) return absl::CancelledError("the client cancelled the turn");
   // A session brought back from the durable store has no cache lines: its
   // first turn here rebuilds one by prefill, whatever the strategy.
-  if (committed.restored && !work.history.empty()) work.plan.path = CachePath::kRestored;
+  if (committed.restored && !work.state.history.empty()) work.plan.path = CachePath::kRestored;
   ev.path = work.plan.path;
   if (!work.plan.notes.empty()) {
     absl::StrAppend(&ev.reason, "; ", absl::StrJoin(work.plan.notes, "; "));
@@ -678,15 +834,15 @@ absl::StatusOr<GenerateResult> Router::HandOverAndGenerate(Work& work, int model
   if (callbacks.on_routing) callbacks.on_routing(ev);
   if (options.reply) return ReadGivenReply(work, model, to_run, std::move(reply));
 
-  StreamDecoder stream(*tokenizer_);
+  StreamDecoder decoder(*tokens.tokenizer);
   GenerateOptions g;
   g.max_tokens = max_tokens;
   g.sampling = options.sampling;
   g.seed = options.seed ? *options.seed : RandomSeed();
-  g.stop_token_ids = stop_ids_;
-  g.vocab_limit = sample_vocab_;
+  g.stop_token_ids = tokens.stop_ids;
+  g.vocab_limit = tokens.sample_vocab;
   g.stop_strings = options.stop;
-  g.token_text = [&](int64_t id) { return stream.Push(static_cast<int32_t>(id)); };
+  g.token_text = [&](int64_t id) { return decoder.Push(static_cast<int32_t>(id)); };
   const Clock::time_point t_prefill = Clock::now();
   Clock::time_point t_last = t_prefill, t_first = t_prefill;
   int64_t n_emitted = 0;
@@ -746,7 +902,8 @@ absl::StatusOr<GenerateResult> Router::ReadGivenReply(Work& work, int model,
   // The stop token the router would have stopped on: the chat template's
   // end of turn when the tokenizer has it, else the models' first
   // end-of-sequence id.
-  const int64_t stop = turn_stop_ ? *turn_stop_ : stop_ids_.front();
+  const Group& tokens = groups_[group_of_[model]];
+  const int64_t stop = tokens.turn_stop ? *tokens.turn_stop : tokens.stop_ids.front();
   std::vector<int64_t> ids = to_run;
   ids.insert(ids.end(), reply.begin(), reply.end());
   ids.push_back(stop);
@@ -775,44 +932,71 @@ absl::StatusOr<GenerateResult> Router::ReadGivenReply(Work& work, int model,
 
 absl::Status Router::Commit(Work& work, int model, GenerateResult gen) {
   const ConversationState& committed = work.lease->state();
-  const std::vector<int64_t> prompt(work.fresh.begin() + work.consumed, work.fresh.end());
-  // The prompt, the generated tokens (and the stop token), the closing template.
-  const int64_t begin = static_cast<int64_t>(work.history.size());
-  work.history.insert(work.history.end(), prompt.begin(), prompt.end());
-  work.history.insert(work.history.end(), gen.tokens.begin(), gen.tokens.end());
+  const int answering = group_of_[model];
+  // The reply as text: what every other group renders.
   std::string generated_text = gen.text;
-  if (gen.finish_reason == FinishReason::kStopToken) {
-    work.history.push_back(gen.stop_token_id);
+  const bool stopped = gen.finish_reason == FinishReason::kStopToken;
+  if (stopped) {
     const std::optional<std::string> token =
-        tokenizer_->IdToToken(static_cast<int32_t>(gen.stop_token_id));
+        groups_[answering].tokenizer->IdToToken(static_cast<int32_t>(gen.stop_token_id));
     if (token) generated_text += *token;
   }
-  const std::vector<int64_t> close =
-      Encode(*tokenizer_, CloseAssistantTurn(generated_text, chat_template_));
-  work.history.insert(work.history.end(), close.begin(), close.end());
-  AppendLedgerSpan(&work.ledger, begin, static_cast<int64_t>(work.history.size()), model);
+  const std::string close_text = CloseAssistantTurn(generated_text, chat_template_);
+  // Each group's stream takes three segments: the prompt, the reply with its
+  // stop token (the answering group: the generated tokens themselves), the
+  // closing template. Group 0's turn starts at `begin`: the ledger's span.
+  int64_t begin = 0, begin_answering = 0;
+  size_t prompt_answering = 0;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const Tokenizer& tok = *groups_[g].tokenizer;
+    std::vector<int64_t>& ids = g == 0 ? work.state.history : work.state.renderings[g - 1].ids;
+    std::vector<int64_t>& bounds =
+        g == 0 ? work.state.bounds : work.state.renderings[g - 1].bounds;
+    const std::vector<int64_t>& fresh = work.fresh[g];
+    const std::vector<int64_t> prompt(fresh.begin() + (g == 0 ? work.consumed : 0), fresh.end());
+    const int64_t at = static_cast<int64_t>(ids.size());
+    if (g == 0) begin = at;
+    if (static_cast<int>(g) == answering) {
+      begin_answering = at;
+      prompt_answering = prompt.size();
+    }
+    bounds.push_back(at);
+    ids.insert(ids.end(), prompt.begin(), prompt.end());
+    bounds.push_back(static_cast<int64_t>(ids.size()));
+    if (static_cast<int>(g) == answering) {
+      ids.insert(ids.end(), gen.tokens.begin(), gen.tokens.end());
+      if (stopped) ids.push_back(gen.stop_token_id);
+    } else {
+      const std::vector<int64_t> reply = Encode(tok, generated_text);
+      ids.insert(ids.end(), reply.begin(), reply.end());
+    }
+    bounds.push_back(static_cast<int64_t>(ids.size()));
+    const std::vector<int64_t> close = Encode(tok, close_text);
+    ids.insert(ids.end(), close.begin(), close.end());
+  }
+  AppendLedgerSpan(&work.state.ledger, begin, static_cast<int64_t>(work.state.history.size()),
+                   model);
   if (!gen.logprobs.empty()) {
+    // In the answering model's tokens, as its repair reads them.
     FidelityProbe probe;
     probe.source = committed.last_model;
     probe.target = model;
-    probe.begin = begin + static_cast<int64_t>(prompt.size());
+    probe.begin = begin_answering + static_cast<int64_t>(prompt_answering);
     probe.tokens = gen.tokens;
-    if (gen.finish_reason == FinishReason::kStopToken) probe.tokens.push_back(gen.stop_token_id);
+    if (stopped) probe.tokens.push_back(gen.stop_token_id);
     probe.translated = gen.logprobs;
     probe.first_greedy = gen.first_greedy;
     if (probe.tokens.size() == probe.translated.size()) work.probe = std::move(probe);
   }
 
-  ConversationState next;
-  next.history = std::move(work.history);
-  next.ledger = std::move(work.ledger);
+  ConversationState next = std::move(work.state);
   next.preamble = committed.preamble;
   next.turns = committed.turns + 1;
   next.last_model = model;
   next.tail_begin = work.lease->line(model)->Length();
   next.cascade_level =
       work.policy == Policy::kCascade ? work.cascade_level : committed.cascade_level;
-  work.result.history_tokens = static_cast<int64_t>(next.history.size());
+  work.result.history_tokens = static_cast<int64_t>(StreamIds(next, answering).size());
   work.result.finish_reason = gen.finish_reason;
   work.result.generated_tokens = static_cast<int64_t>(gen.tokens.size());
   work.result.tokens = std::move(gen.tokens);

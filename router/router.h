@@ -24,6 +24,18 @@
 // CloseAssistantTurn. The ledger attributes a turn's tokens (template and
 // user text included) to the model that ran them natively.
 //
+// Models with different tokenizers (issue 54): the models are grouped by
+// tokenizer, group 0 the router's own. The history is group 0's stream, and
+// each other group keeps its rendering of the same segments
+// (ConversationState::renderings); a model's line holds a prefix of its
+// group's stream, and everything a turn runs on it is in its tokens. A
+// switch into a model of another group than the span's writer aligns the two
+// renderings segment by segment (router/streams.h), resamples the writer's
+// taps onto the target's tokens (translator/resample.h) and translates;
+// what does not align (the part of a group past the span's end, a segment a
+// tokenizer does not spell back) is prefilled by the target. v1: one chat
+// template family; the cascade needs one tokenizer.
+//
 // Threads: Router is thread-safe. RunTurn blocks its calling thread for the
 // whole turn (the server runs turns on its TurnPool, never in a gRPC
 // reaction). Each model has one engine loop (model/scheduler.h), the only
@@ -64,6 +76,7 @@
 #include "router/planner.h"
 #include "router/policy.h"
 #include "router/repair.h"
+#include "router/streams.h"
 #include "translator/translator.h"
 
 namespace kvl::router {
@@ -75,6 +88,9 @@ struct LoadedModel {
   // The family whose chat template renders its sessions
   // (ChatTemplateKindForModelDir); the models of one router share it.
   ChatTemplateKind chat_template = ChatTemplateKind::kQwen3;
+  // The model's own tokenizer when it differs from the router's; null: the
+  // router's.
+  std::unique_ptr<Tokenizer> tokenizer = nullptr;
 };
 
 struct LoadedTranslator {
@@ -175,10 +191,12 @@ struct TurnCallbacks {
 
 class Router {
  public:
-  // Models must share one tokenizer and one chat template (the session
-  // history is one token stream), and every tokenizer id at or past a model's
-  // vocab_size must be a special token; InvalidArgument otherwise. Translator
-  // indices must be valid.
+  // Models must share one chat template family, and every id of a model's
+  // tokenizer at or past its vocab_size must be a special token;
+  // InvalidArgument otherwise. `tokenizer` is group 0's: the models without
+  // their own (LoadedModel::tokenizer) and those whose own has the same
+  // content read it; the others are grouped by tokenizer. Translator indices
+  // must be valid.
   static absl::StatusOr<std::unique_ptr<Router>> Create(std::vector<LoadedModel> models,
                                                         std::vector<LoadedTranslator> translators,
                                                         std::unique_ptr<Tokenizer> tokenizer,
@@ -193,7 +211,15 @@ class Router {
   const LoadedModel& model(int i) const { return models_[i]->loaded; }
   const std::vector<LoadedTranslator>& translators() const { return translators_; }
   const Translator* FindTranslator(int source, int target) const;
+  // Group 0's tokenizer (the history's).
   const Tokenizer& tokenizer() const { return *tokenizer_; }
+  // The tokenizer groups (1 when the models share one tokenizer), and a
+  // model's group and tokenizer.
+  int n_groups() const { return static_cast<int>(groups_.size()); }
+  int group_of(int model) const { return group_of_[model]; }
+  const Tokenizer& tokenizer_of(int model) const { return *groups_[group_of_[model]].tokenizer; }
+  const Tokenizer& group_tokenizer(int group) const { return *groups_[group].tokenizer; }
+  const std::vector<int>& model_groups() const { return group_of_; }
   const RouterConfig& config() const { return config_; }
   int64_t BytesPerToken(int model) const { return models_[model]->bytes_per_token; }
 
@@ -203,9 +229,10 @@ class Router {
   std::vector<int64_t> RenderPreamble(const std::string& system_prompt) const;
   ChatTemplateKind chat_template() const { return chat_template_; }
   // InvalidArgument naming `what` and the token when an id is at or past the
-  // smallest model vocabulary (a special token only the tokenizer has).
-  absl::Status FirstOutsideVocabulary(const std::vector<int64_t>& ids,
-                                      absl::string_view what) const;
+  // smallest vocabulary of the models of tokenizer group `group` (a special
+  // token only the tokenizer has).
+  absl::Status FirstOutsideVocabulary(const std::vector<int64_t>& ids, absl::string_view what,
+                                      int group = 0) const;
 
   // Whether the turn's policy can run on this router: InvalidArgument with
   // the setting it is about (config.h, SettingOf): kTurnModel (explicit
@@ -279,6 +306,20 @@ class Router {
   // together with the turn's prompt, in one pass over the line instead of two.
   absl::Status Handover(Work& work, int model, int64_t upto, int64_t extra_tokens,
                         int64_t line_tokens, int64_t* run_from = nullptr);
+  // Translates `taps` (the writer's, on the target's tokens [begin, end)) into
+  // `line`, which holds [0, begin): the pair's translator, the native-depth
+  // dial, sets *hybrid when the dial ran.
+  absl::Status TranslateInto(Work& work, int source, int model, KvCache& line, int64_t begin,
+                             int64_t end, KvTaps& taps, bool* hybrid);
+  // A translate step whose writer reads another tokenizer: the part of
+  // [step.begin, step.end) of the target's stream that aligns with what the
+  // writer's line holds natively (router/streams.h), and the writer's taps
+  // resampled onto those target tokens (undefined when nothing aligns).
+  struct CrossSpan {
+    AlignedSpan aligned;
+    KvTaps taps;
+  };
+  absl::StatusOr<CrossSpan> AlignWriter(Work& work, const PlanStep& step, int model);
   // Whether the pair's translator may be used now (QualityGate::Open,
   // reporting a reopened pair); `why` says why not.
   bool GateOpen(int source, int target, std::string* why) const;
@@ -290,16 +331,24 @@ class Router {
   std::vector<std::string> names_;
   std::vector<LoadedTranslator> translators_;
   std::vector<std::vector<const LoadedTranslator*>> by_pair_;  // [source][target], in translators_
-  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<Tokenizer> tokenizer_;  // group 0's
   ChatTemplateKind chat_template_ = ChatTemplateKind::kQwen3;
-  // The smallest embedding of the models: a turn's ids must stay below it.
-  int64_t min_vocab_ = 0;
-  // What a reply may sample: below min_vocab_ and the tokenizer's ids
-  // (GenerateOptions::vocab_limit).
-  int64_t sample_vocab_ = 0;
-  // The template's end-of-turn token (StopToken), when the tokenizer has it.
-  std::optional<int64_t> turn_stop_;
-  std::vector<int64_t> stop_ids_;
+  // The models that read one tokenizer.
+  struct Group {
+    const Tokenizer* tokenizer = nullptr;  // tokenizer_ or an owned one in tokenizers_
+    // The smallest embedding of the group's models: a turn's ids must stay
+    // below it.
+    int64_t min_vocab = 0;
+    // What a reply may sample: below min_vocab and the tokenizer's ids
+    // (GenerateOptions::vocab_limit).
+    int64_t sample_vocab = 0;
+    // The template's end-of-turn token (StopToken), when the tokenizer has it.
+    std::optional<int64_t> turn_stop;
+    std::vector<int64_t> stop_ids;
+  };
+  std::vector<Group> groups_;
+  std::vector<int> group_of_;  // per model
+  std::vector<std::unique_ptr<Tokenizer>> tokenizers_;  // groups 1.. own theirs
   RouterConfig config_;
   CacheStore* store_ = nullptr;
   TurnObserver* observer_ = nullptr;

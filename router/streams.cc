@@ -26,17 +26,24 @@ absl::StatusOr<AlignedSpan> AlignAcross(const StreamView& source, const StreamVi
                                                    " and ", target.bounds->size(), " segments"));
   }
   const std::vector<int64_t>& t_bounds = *target.bounds;
-  const auto first = std::lower_bound(t_bounds.begin(), t_bounds.end(), begin);
-  if (first == t_bounds.end() || *first != begin) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("target token ", begin, " does not start a segment"));
+  if (begin < 0 || begin > static_cast<int64_t>(target.ids->size()) ||
+      (t_bounds.empty() && begin > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("target token ", begin, " is outside the ",
+                                                   target.ids->size(), " of the stream"));
   }
-  const size_t k0 = static_cast<size_t>(first - t_bounds.begin());
   AlignedSpan out;
   out.target_begin = out.target_end = begin;
+  if (t_bounds.empty()) return out;
+  // The last segment starting at or before `begin` (the first of equal
+  // starts: empty segments before a non-empty one).
+  size_t k0 = static_cast<size_t>(
+      std::upper_bound(t_bounds.begin(), t_bounds.end(), begin) - t_bounds.begin() - 1);
+  while (k0 > 0 && t_bounds[k0 - 1] == t_bounds[k0]) --k0;
+  const bool inside = t_bounds[k0] < begin;
   out.source_begin = out.source_end = (*source.bounds)[k0];
+  bool started = !inside;  // past `begin`: groups are taken from here
   std::vector<AlignedGroup> taken;  // relative to source_begin and target_begin
-  for (size_t k = k0; k < t_bounds.size() && t_bounds[k] < end; ++k) {
+  for (size_t k = k0; k < t_bounds.size() && (k == k0 || t_bounds[k] < end); ++k) {
     const int64_t tb = t_bounds[k], te = SegmentEnd(target, k);
     const int64_t sb = (*source.bounds)[k], se = SegmentEnd(source, k);
     const std::vector<int32_t> t32 = Slice32(*target.ids, tb, te);
@@ -49,6 +56,13 @@ absl::StatusOr<AlignedSpan> AlignAcross(const StreamView& source, const StreamVi
     if (!groups.ok()) break;
     bool whole = true;
     for (AlignedGroup g : *groups) {
+      if (!started) {
+        // Groups before `begin`, and the one it falls inside, are skipped.
+        if (tb + g.b_begin < begin) continue;
+        started = true;
+        out.target_begin = out.target_end = tb + g.b_begin;
+        out.source_begin = out.source_end = sb + g.a_begin;
+      }
       if (tb + g.b_end > end || sb + g.a_end > source_limit) {
         whole = false;
         break;

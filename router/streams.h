@@ -41,17 +41,19 @@ struct AlignedSpan {
   int64_t n_groups = 0, n_one_to_one = 0;
 };
 
-// Aligns the target's tokens from `begin` (a segment start) towards `end`
-// with the source's: segment by segment, each segment's text (the target's
+// Aligns the target's tokens from `begin` towards `end` with the source's:
+// segment by segment, each segment's text (the target's
 // tokens decoded) spelled by both streams' tokens of that segment and cut
 // into minimal matching groups. The span stops before the first group that
 // would pass `end` on the target's side or `source_limit` on the source's
 // (the tokens the source's line holds), and before a segment whose text the
 // two streams do not both spell (a tokenizer that rewrites it, such as
 // Gemma-3 reading a literal U+2581): what is left is the caller's to prefill.
-// So target_end <= end, and target_end == begin when nothing aligns.
-// InvalidArgument when `begin` is not a segment start of the target or the
-// two renderings have different segment counts.
+// So target_end <= end, and target_end == target_begin when nothing aligns.
+// A `begin` inside a segment starts the span at the first group boundary at
+// or after it (target_begin >= begin: the tokens before are the caller's to
+// prefill too). InvalidArgument when the two renderings have different
+// segment counts or `begin` is past the target's stream.
 absl::StatusOr<AlignedSpan> AlignAcross(const StreamView& source, const StreamView& target,
                                         int64_t begin, int64_t end, int64_t source_limit);
 

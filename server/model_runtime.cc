@@ -37,6 +37,12 @@ absl::StatusOr<std::unique_ptr<ModelRuntime>> LoadModelRuntime(const ServerConfi
                          runtime->store.get(), observer);
   if (!router.ok()) return router.status();
   runtime->router = *std::move(router);
+  // Restores and forks rebuild each tokenizer group's stream (router.h).
+  std::vector<const Tokenizer*> tokenizers;
+  for (int g = 0; g < runtime->router->n_groups(); ++g) {
+    tokenizers.push_back(&runtime->router->group_tokenizer(g));
+  }
+  runtime->sessions->SetTokenizerGroups(runtime->router->model_groups(), std::move(tokenizers));
   return runtime;
 }
 

@@ -28,7 +28,9 @@ int64_t NowSeconds() {
 }  // namespace
 
 absl::StatusOr<ConversationState> StateFromRecord(const SessionRecord& record,
-                                                  const std::vector<std::string>& model_names) {
+                                                  const std::vector<std::string>& model_names,
+                                                  const std::vector<const Tokenizer*>& tokenizers,
+                                                  const std::vector<int>& model_groups) {
   ConversationState state;
   state.preamble = record.preamble;
   for (const TurnRecord& turn : record.turns) {
@@ -37,8 +39,34 @@ absl::StatusOr<ConversationState> StateFromRecord(const SessionRecord& record,
           "session ", record.session_id, ": stored turn ", state.turns + 1, " begins at token ",
           turn.history_begin, ", the turns before it end at ", state.history.size()));
     }
+    const int64_t end = turn.history_begin + static_cast<int64_t>(turn.tokens.size());
+    if (turn.bounds.empty()) {
+      state.bounds.push_back(turn.history_begin);  // one segment (an older record)
+    }
+    for (int64_t b : turn.bounds) {
+      if (b < turn.history_begin || b > end || (!state.bounds.empty() && b < state.bounds.back())) {
+        return absl::DataLossError(absl::StrCat("session ", record.session_id, ": stored turn ",
+                                                state.turns + 1, " has a segment at token ", b,
+                                                " outside its tokens"));
+      }
+      state.bounds.push_back(b);
+    }
     state.history.insert(state.history.end(), turn.tokens.begin(), turn.tokens.end());
     ++state.turns;
+  }
+  // The other tokenizers' renderings, segment by segment from the text.
+  for (size_t g = 1; g < tokenizers.size(); ++g) {
+    Rendering r;
+    for (size_t k = 0; k < state.bounds.size(); ++k) {
+      const int64_t b = state.bounds[k];
+      const int64_t e = k + 1 < state.bounds.size() ? state.bounds[k + 1]
+                                                    : static_cast<int64_t>(state.history.size());
+      r.bounds.push_back(static_cast<int64_t>(r.ids.size()));
+      const std::string text = tokenizers[0]->Decode(
+          std::vector<int32_t>(state.history.begin() + b, state.history.begin() + e));
+      for (int32_t id : tokenizers[g]->Encode(text, /*parse_special=*/true)) r.ids.push_back(id);
+    }
+    state.renderings.push_back(std::move(r));
   }
   if (record.turns.empty()) return state;
   const TurnRecord& last = record.turns.back();
@@ -58,7 +86,14 @@ absl::StatusOr<ConversationState> StateFromRecord(const SessionRecord& record,
         absl::StrCat("session ", record.session_id, ": the stored ledger ends before the history"));
   }
   state.last_model = ModelIndex(model_names, last.model);
-  state.tail_begin = std::clamp<int64_t>(last.tail_begin, 0, state.history.size());
+  // In the last model's own tokens (its group's stream).
+  const int last_group = state.last_model >= 0 && !model_groups.empty() &&
+                                 model_groups[state.last_model] <
+                                     static_cast<int>(state.renderings.size()) + 1
+                             ? model_groups[state.last_model]
+                             : 0;
+  state.tail_begin = std::clamp<int64_t>(
+      last.tail_begin, 0, static_cast<int64_t>(StreamIds(state, last_group).size()));
   state.cascade_level = last.cascade_level;
   return state;
 }
@@ -66,6 +101,12 @@ absl::StatusOr<ConversationState> StateFromRecord(const SessionRecord& record,
 Sessions::Sessions(CacheStore* cache, std::unique_ptr<SessionStore> store,
                    std::vector<std::string> model_names)
     : cache_(cache), store_(std::move(store)), model_names_(std::move(model_names)) {}
+
+void Sessions::SetTokenizerGroups(std::vector<int> model_groups,
+                                  std::vector<const Tokenizer*> tokenizers) {
+  model_groups_ = std::move(model_groups);
+  tokenizers_ = tokenizers.size() > 1 ? std::move(tokenizers) : std::vector<const Tokenizer*>{};
+}
 
 std::string Sessions::NewGeneration() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -116,21 +157,31 @@ Sessions::Populate Sessions::ForkOf(const std::string& source_id, int64_t turns)
                        " turns; a fork of its first ", turns, " was asked for"));
     }
     record->turns.resize(static_cast<size_t>(turns));
-    absl::StatusOr<ConversationState> state = StateFromRecord(*record, model_names_);
+    absl::StatusOr<ConversationState> state = StateFromRecord(*record, model_names_, tokenizers_, model_groups_);
     if (!state.ok()) return state.status();
     absl::StatusOr<std::unique_ptr<TurnLease>> staged = cache_->Begin(session_id);
     if (!staged.ok()) return staged.status();
     absl::StatusOr<std::unique_ptr<TurnLease>> source =
         cache_->Begin(source_id, LeaseUse::kBackground);
     if (!source.ok() && !absl::IsNotFound(source.status())) return source.status();
-    const std::vector<int64_t>& history = state->history;
-    const std::vector<int64_t>* held = source.ok() ? &(*source)->state().history : nullptr;
-    // The source's lines are the fork's only if this copy's stream begins
-    // with the fork's (a copy of another generation does not).
-    if (held != nullptr && held->size() >= history.size() &&
-        std::equal(history.begin(), history.end(), held->begin())) {
-      const int64_t n = static_cast<int64_t>(history.size());
-      for (int m = 0; m < static_cast<int>(model_names_.size()); ++m) {
+    for (int m = 0; source.ok() && m < static_cast<int>(model_names_.size()); ++m) {
+      // A model's line holds its group's stream: the source's line is the
+      // fork's only if the source's stream begins with the fork's (a copy of
+      // another generation does not; nor a rendering rebuilt from the text
+      // where the model's reply was its own tokens).
+      const int group = model_groups_.empty() ? 0 : model_groups_[m];
+      const ConversationState& held_state = (*source)->state();
+      if (group > static_cast<int>(held_state.renderings.size()) ||
+          group > static_cast<int>(state->renderings.size())) {
+        continue;
+      }
+      const std::vector<int64_t>& stream = StreamIds(*state, group);
+      const std::vector<int64_t>& held = StreamIds(held_state, group);
+      if (held.size() < stream.size() || !std::equal(stream.begin(), stream.end(), held.begin())) {
+        continue;
+      }
+      const int64_t n = static_cast<int64_t>(stream.size());
+      {
         const KvCache* line = (*source)->line(m);
         if (line == nullptr || line->Length() == 0) continue;
         // Not from inside a thin translated span: the fork's next turn
@@ -172,7 +223,7 @@ absl::StatusOr<SessionView> Sessions::View(const std::string& session_id) {
   current.turns = static_cast<int64_t>(record->turns.size());
   current.generation = record->generation;
   if (std::optional<SessionView> local = CurrentLocal(session_id, current)) return *local;
-  absl::StatusOr<ConversationState> state = StateFromRecord(*record, model_names_);
+  absl::StatusOr<ConversationState> state = StateFromRecord(*record, model_names_, tokenizers_, model_groups_);
   if (!state.ok()) return state.status();
   SessionView view;
   view.session_id = session_id;
@@ -245,7 +296,7 @@ absl::StatusOr<std::optional<TurnRecord>> Sessions::Prepare(const std::string& s
 
   absl::StatusOr<SessionRecord> record = store_->Load(session_id);
   if (!record.ok()) return record.status();
-  absl::StatusOr<ConversationState> state = StateFromRecord(*record, model_names_);
+  absl::StatusOr<ConversationState> state = StateFromRecord(*record, model_names_, tokenizers_, model_groups_);
   if (!state.ok()) return state.status();
   absl::StatusOr<SessionView> adopted =
       cache_->Adopt(session_id, record->system_prompt, *std::move(state),
@@ -262,6 +313,8 @@ TurnRecord Sessions::CompleteTurn(const ConversationState& before, const Convers
   turn.unix_seconds = NowSeconds();
   turn.history_begin = static_cast<int64_t>(before.history.size());
   turn.tokens.assign(after.history.begin() + before.history.size(), after.history.end());
+  turn.bounds.assign(after.bounds.begin() + std::min(before.bounds.size(), after.bounds.size()),
+                     after.bounds.end());
   turn.ledger.clear();
   for (const LedgerSpan& span : after.ledger) {
     turn.ledger.push_back({span.begin, span.end,

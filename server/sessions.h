@@ -51,20 +51,32 @@
 #include "absl/status/statusor.h"
 #include "cache_store/cache_store.h"
 #include "cache_store/session_store.h"
+#include "model/tokenizer.h"
 
 namespace kvl::server {
 
 // The conversation state a session's record describes. Models are mapped by
 // name to indices in `model_names`; a model this server does not serve maps
-// to -1 (its spans are prefilled). DataLoss when the turns' tokens do not
-// continue one another.
-absl::StatusOr<ConversationState> StateFromRecord(const SessionRecord& record,
-                                                  const std::vector<std::string>& model_names);
+// to -1 (its spans are prefilled). With `tokenizers` (group 0's first, then
+// the other groups', router.h) the other groups' renderings are rebuilt
+// from the text: each segment of the stored stream decoded by group 0's
+// tokenizer and encoded by the group's (ConversationState), and
+// `model_groups` (per model) places the last model's tail_begin in its
+// group's stream. DataLoss when
+// the turns' tokens do not continue one another.
+absl::StatusOr<ConversationState> StateFromRecord(
+    const SessionRecord& record, const std::vector<std::string>& model_names,
+    const std::vector<const Tokenizer*>& tokenizers = {}, const std::vector<int>& model_groups = {});
 
 class Sessions {
  public:
   Sessions(CacheStore* cache, std::unique_ptr<SessionStore> store,
            std::vector<std::string> model_names);
+  // The models' tokenizer groups and the groups' tokenizers (router.h), once
+  // the router is loaded: restores and forks rebuild each group's stream.
+  // Before any session is restored; the tokenizers must outlive this.
+  void SetTokenizerGroups(std::vector<int> model_groups,
+                          std::vector<const Tokenizer*> tokenizers);
 
   // The store, for logs ("memory", "redis host:port"); whether it can be
   // reached now (Unavailable when not).
@@ -144,6 +156,8 @@ class Sessions {
   CacheStore* cache_;
   std::unique_ptr<SessionStore> store_;
   std::vector<std::string> model_names_;
+  std::vector<int> model_groups_;               // empty: all group 0
+  std::vector<const Tokenizer*> tokenizers_;    // per group; empty: one group
   std::mutex mu_;
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_){std::random_device{}()};  // generations
 };

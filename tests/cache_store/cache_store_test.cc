@@ -152,6 +152,29 @@ TEST_F(CacheStoreTest, BudgetEvictsLeastRecentlyUsedIdleLinesAndRefusesWhatCanno
   EXPECT_TRUE(store.View("a")->lines[0].evicted);
 }
 
+// A session read by two tokenizers (issue 54): the ledger maps into the
+// other rendering at the same segment starts.
+TEST(LedgerTest, TheLedgerMapsIntoARenderingAtTheSameSegments) {
+  ConversationState state;
+  state.history.assign(20, 7);
+  state.bounds = {0, 6, 12, 12, 15};  // an empty segment at 12
+  state.ledger = {{0, 12, 0}, {12, 20, 1}};
+  state.renderings.push_back({std::vector<int64_t>(17, 3), {0, 5, 10, 10, 13}});
+  EXPECT_EQ(LedgerInRendering(state, 0), state.ledger);
+  EXPECT_THAT(LedgerInRendering(state, 1),
+              ::testing::ElementsAre(LedgerSpan{0, 10, 0}, LedgerSpan{10, 17, 1}));
+  EXPECT_EQ(&StreamIds(state, 1), &state.renderings[0].ids);
+  EXPECT_EQ(&StreamBounds(state, 0), &state.bounds);
+  // A boundary inside a segment (a record from before segments were kept)
+  // maps to that segment's start.
+  state.ledger = {{0, 8, 0}, {8, 20, 1}};
+  EXPECT_THAT(LedgerInRendering(state, 1),
+              ::testing::ElementsAre(LedgerSpan{0, 5, 0}, LedgerSpan{5, 17, 1}));
+  // A session with no rendering for the group yet: an empty stream and ledger.
+  EXPECT_TRUE(StreamIds(state, 2).empty());
+  EXPECT_TRUE(LedgerInRendering(state, 2).empty());
+}
+
 TEST(LineProvenanceTest, TranslatedRunsAreSplitByTheirWriterAndLikeRunsMerge) {
   const std::vector<LedgerSpan> ledger = {{0, 10, 0}, {10, 20, 1}, {20, 30, 2}, {30, 40, 0}};
   // A line of model 2: native head, then a translation of what 1 and 0

@@ -159,7 +159,24 @@ TEST(AlignAcrossTest, StopsAtALimitOnEitherSideAndBeforeASegmentSpelledOtherwise
   EXPECT_EQ(stop->target_end, t.bounds[2]);
   EXPECT_EQ(stop->source_end, rewritten.bounds[2]);
 
-  EXPECT_EQ(AlignAcross(s.View(*house), t.View(*t2), 1, n_t, n_s).status().code(),
+  // A begin inside a segment starts at the next group boundary (the tokens
+  // before it are the caller's to prefill), the runs as the whole span's.
+  for (int64_t begin : {int64_t{1}, t.bounds[2] + 3, n_t - 2}) {
+    absl::StatusOr<AlignedSpan> mid = AlignAcross(s.View(*house), t.View(*t2), begin, n_t, n_s);
+    ASSERT_TRUE(mid.ok()) << mid.status();
+    int64_t first = n_t;
+    for (int64_t c : t_cuts) {
+      if (c >= begin) first = std::min(first, c);
+    }
+    EXPECT_EQ(mid->target_begin, first) << begin;
+    EXPECT_EQ(mid->target_end, n_t);
+    for (size_t j = 0; j < mid->runs.size(); ++j) {
+      const TokenRun& whole = all->runs[static_cast<size_t>(first) + j];
+      EXPECT_EQ(mid->runs[j].begin + mid->source_begin, whole.begin) << begin << " " << j;
+      EXPECT_EQ(mid->runs[j].end + mid->source_begin, whole.end) << begin << " " << j;
+    }
+  }
+  EXPECT_EQ(AlignAcross(s.View(*house), t.View(*t2), n_t + 1, n_t + 1, n_s).status().code(),
             absl::StatusCode::kInvalidArgument);
   odd.bounds.pop_back();
   EXPECT_EQ(AlignAcross(odd.View(*house), t.View(*t2), 0, n_t, n_s).status().code(),

@@ -63,6 +63,57 @@ std::vector<std::string> Ids(const SessionPage& page) {
   return ids;
 }
 
+// Across tokenizers (issue 54): a record's stream rebuilt in another
+// tokenizer's tokens, segment by segment from the text; a record written
+// without segments is one segment per turn; the last model's tail is placed
+// in its own group's stream.
+TEST(SessionsTest, ARestoreRendersTheStoredStreamInEachTokenizer) {
+  auto house = Tokenizer::FromFile(std::string(KVL_SOURCE_DIR) + "/models/tokenizer/tokenizer.json");
+  auto t2 =
+      Tokenizer::FromFile(std::string(KVL_SOURCE_DIR) + "/models/tokenizer-t2/tokenizer.json");
+  ASSERT_TRUE(house.ok() && t2.ok());
+  const std::vector<std::string> segments = {
+      "<|im_start|>user\nMy cat Muffin lives at 12345 Long Road.<|im_end|>\n<|im_start|>assistant\n",
+      "Noted: 12345 Long Road.<|im_end|>", "\n"};
+  SessionRecord record;
+  record.session_id = "s";
+  TurnRecord turn;
+  turn.model = "b";
+  for (const std::string& text : segments) {
+    turn.bounds.push_back(static_cast<int64_t>(turn.tokens.size()));
+    for (int32_t id : (*house)->Encode(text)) turn.tokens.push_back(id);
+  }
+  turn.ledger = {{0, static_cast<int64_t>(turn.tokens.size()), "b"}};
+  turn.tail_begin = 1000;  // past both streams: clamped to the t2 model's own
+  record.turns = {turn};
+  const std::vector<const Tokenizer*> tokenizers = {house->get(), t2->get()};
+  auto state = StateFromRecord(record, {"a", "b"}, tokenizers, {0, 1});
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(state->bounds, turn.bounds);
+  ASSERT_EQ(state->renderings.size(), 1u);
+  Rendering want;
+  for (const std::string& text : segments) {
+    want.bounds.push_back(static_cast<int64_t>(want.ids.size()));
+    for (int32_t id : (*t2)->Encode(text)) want.ids.push_back(id);
+  }
+  EXPECT_EQ(state->renderings[0], want);
+  EXPECT_NE(state->renderings[0].ids, state->history);
+  EXPECT_EQ(state->tail_begin, static_cast<int64_t>(want.ids.size()));
+  // One tokenizer: no renderings. No stored segments: one per turn.
+  auto one = StateFromRecord(record, {"a", "b"});
+  ASSERT_TRUE(one.ok());
+  EXPECT_TRUE(one->renderings.empty());
+  record.turns[0].bounds.clear();
+  auto older = StateFromRecord(record, {"a", "b"}, tokenizers, {0, 1});
+  ASSERT_TRUE(older.ok());
+  EXPECT_THAT(older->bounds, ElementsAre(0));
+  EXPECT_EQ(older->renderings[0].ids, want.ids);
+  // A segment outside its turn's tokens is data loss.
+  record.turns[0].bounds = {0, 9999};
+  EXPECT_EQ(StateFromRecord(record, {"a", "b"}, tokenizers, {0, 1}).status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
 TEST(SessionsTest, ACreationTheStoreRefusesLeavesNothing) {
   CacheStore cache(CacheStoreOptions{});
   auto owned = std::make_unique<RefusingStore>();
