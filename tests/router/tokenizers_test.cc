@@ -10,6 +10,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -244,15 +246,21 @@ TEST_F(TokenizersTest, AfterRepairALaterTurnIsTheReprefilledTwins) {
   RouterConfig routing = Explicit(4);
   routing.switching.repair = RepairMode::kAfterTurn;
   MakeRouter(routing);
-  // Two sessions with the same conversation: the house model, then the t2
-  // model (given replies, so the histories stay equal), then the t2 model
-  // again, generating. "s" translates at the switch and repairs after it;
-  // "twin" re-prefills.
-  std::vector<int64_t> last[2];
-  std::vector<double> logprobs[2];
-  for (int which = 0; which < 2; ++which) {
-    const std::string session = which == 0 ? "s" : "twin";
-    const Strategy strategy = which == 0 ? Strategy::kTranslate : Strategy::kReprefill;
+  // Sessions with the same conversation: the house model, then the t2 model
+  // (given replies, so the histories stay equal), then the t2 model again,
+  // generating. "s" translates at the switch and repairs after it; "twin"
+  // re-prefills; "plain" translates on a router without repair, whose t2
+  // line keeps the translation and reads otherwise (so the test can fail).
+  std::vector<int64_t> last[3];
+  std::vector<double> logprobs[3];
+  for (int which = 0; which < 3; ++which) {
+    if (which == 2) {
+      RouterConfig no_repair = Explicit(4);
+      no_repair.switching.repair = RepairMode::kOff;
+      MakeRouter(no_repair);
+    }
+    const std::string session = which == 0 ? "s" : which == 1 ? "twin" : "plain";
+    const Strategy strategy = which == 1 ? Strategy::kReprefill : Strategy::kTranslate;
     ASSERT_TRUE(store_->Create(session, "", router_->RenderPreamble("Answer briefly.")).ok());
     for (auto [text, model, reply] :
          {std::tuple{kFirst, 0, "Noted: Muffin, 12345 Long Road, flat 678."},
@@ -267,7 +275,7 @@ TEST_F(TokenizersTest, AfterRepairALaterTurnIsTheReprefilledTwins) {
       ASSERT_TRUE(t.ok()) << t.status();
       if (model == 1) {
         EXPECT_EQ(t->routing.path,
-                  which == 0 ? CachePath::kTranslated : CachePath::kReprefill);
+                  which == 1 ? CachePath::kReprefill : CachePath::kTranslated);
       }
       ASSERT_TRUE(router_->WaitForRepairs(absl::Seconds(60)));
     }
@@ -283,17 +291,25 @@ TEST_F(TokenizersTest, AfterRepairALaterTurnIsTheReprefilledTwins) {
     auto t4 = router_->RunTurn(session, o, {});
     ASSERT_TRUE(t4.ok()) << t4.status();
     logprobs[which] = t4->reply_logprobs;
+    if (which != 1) {
+      // "s": the t2 model's line was repaired, nothing translated is left;
+      // "plain": its translated entries stay.
+      const SessionView view = *store_->View(session);
+      EXPECT_EQ(view.lines[1].translated_tokens > 0, which == 2);
+      EXPECT_EQ(view.lines[1].repaired_tokens > 0, which == 0);
+    }
   }
   // After the repair the t2 model's line is native: its later turns read what
   // the re-prefilled twin's read (up to the decoder's chunking).
-  const SessionView view = *store_->View("s");
-  for (const CacheLineInfo& line : view.lines) EXPECT_EQ(line.translated_tokens, 0);
-  EXPECT_GT(view.lines[1].repaired_tokens, 0);
   EXPECT_EQ(last[0], last[1]);
   ASSERT_EQ(logprobs[0].size(), logprobs[1].size());
+  ASSERT_EQ(logprobs[2].size(), logprobs[1].size());
+  double plain = 0;
   for (size_t i = 0; i < logprobs[0].size(); ++i) {
     EXPECT_NEAR(logprobs[0][i], logprobs[1][i], 1e-4) << i;
+    plain = std::max(plain, std::abs(logprobs[2][i] - logprobs[1][i]));
   }
+  EXPECT_GT(plain, 1e-3);
 }
 
 // What kvl-server does: LoadRouter groups the models by tokenizer, and the
