@@ -105,4 +105,16 @@ absl::StatusOr<std::vector<int64_t>> TokenByteLengths(const Tokenizer& tokenizer
   return lengths;
 }
 
+absl::StatusOr<std::vector<AlignedGroup>> AlignSpellings(const Tokenizer& a,
+                                                         const std::vector<int32_t>& a_ids,
+                                                         const Tokenizer& b,
+                                                         const std::vector<int32_t>& b_ids,
+                                                         std::string_view text) {
+  absl::StatusOr<std::vector<int64_t>> a_bytes = TokenByteLengths(a, a_ids, text);
+  if (!a_bytes.ok()) return a_bytes.status();
+  absl::StatusOr<std::vector<int64_t>> b_bytes = TokenByteLengths(b, b_ids, text);
+  if (!b_bytes.ok()) return b_bytes.status();
+  return AlignByBytes(*a_bytes, *b_bytes);
+}
+
 }  // namespace kvl

@@ -69,4 +69,13 @@ absl::StatusOr<std::vector<int64_t>> TokenByteLengths(const Tokenizer& tokenizer
                                                       const std::vector<int32_t>& ids,
                                                       std::string_view text);
 
+// Two tokenizations of `text` aligned: each side's byte lengths
+// (TokenByteLengths), then AlignByBytes. Their errors: InvalidArgument when a
+// side does not spell the text.
+absl::StatusOr<std::vector<AlignedGroup>> AlignSpellings(const Tokenizer& a,
+                                                         const std::vector<int32_t>& a_ids,
+                                                         const Tokenizer& b,
+                                                         const std::vector<int32_t>& b_ids,
+                                                         std::string_view text);
+
 }  // namespace kvl

@@ -49,11 +49,9 @@ absl::StatusOr<AlignedSpan> AlignAcross(const StreamView& source, const StreamVi
     const std::vector<int32_t> t32 = Slice32(*target.ids, tb, te);
     const std::vector<int32_t> s32 = Slice32(*source.ids, sb, se);
     const std::string text = target.tokenizer->Decode(t32);
-    absl::StatusOr<std::vector<int64_t>> t_bytes = TokenByteLengths(*target.tokenizer, t32, text);
-    absl::StatusOr<std::vector<int64_t>> s_bytes = TokenByteLengths(*source.tokenizer, s32, text);
-    if (!t_bytes.ok() || !s_bytes.ok()) break;  // not spelled alike: prefilled
-    absl::StatusOr<std::vector<AlignedGroup>> groups = AlignByBytes(*s_bytes, *t_bytes);
-    if (!groups.ok()) break;
+    absl::StatusOr<std::vector<AlignedGroup>> groups =
+        AlignSpellings(*source.tokenizer, s32, *target.tokenizer, t32, text);
+    if (!groups.ok()) break;  // not spelled alike: prefilled
     bool whole = true;
     for (AlignedGroup g : *groups) {
       if (!started) {

@@ -183,11 +183,8 @@ absl::StatusOr<CrossTranslated> TranslatedCacheAcross(const TranslatorModel& sou
   const std::vector<int32_t> t32(target_ids.begin(), target_ids.end());
   const std::string text = target.tokenizer->Decode(t32);
   const std::vector<int32_t> s32 = source.tokenizer->Encode(text);
-  absl::StatusOr<std::vector<int64_t>> t_bytes = TokenByteLengths(*target.tokenizer, t32, text);
-  if (!t_bytes.ok()) return t_bytes.status();
-  absl::StatusOr<std::vector<int64_t>> s_bytes = TokenByteLengths(*source.tokenizer, s32, text);
-  if (!s_bytes.ok()) return s_bytes.status();
-  absl::StatusOr<std::vector<AlignedGroup>> groups = AlignByBytes(*s_bytes, *t_bytes);
+  absl::StatusOr<std::vector<AlignedGroup>> groups =
+      AlignSpellings(*source.tokenizer, s32, *target.tokenizer, t32, text);
   if (!groups.ok()) return groups.status();
   // The groups that end by `limit`.
   size_t n_groups = 0;

@@ -187,13 +187,10 @@ SourcePrefixKv SourcePrefixTaps(const ModelConfig& source_config,
     const std::vector<int32_t> t32(p, p + rows.size(1));
     const std::string text = across->target->Decode(t32);
     const std::vector<int32_t> s32 = across->source->Encode(text);
-    absl::StatusOr<std::vector<int64_t>> t_bytes = TokenByteLengths(*across->target, t32, text);
-    absl::StatusOr<std::vector<int64_t>> s_bytes = TokenByteLengths(*across->source, s32, text);
-    TORCH_CHECK(t_bytes.ok() && s_bytes.ok(), "window ", b,
-                ": a tokenizer does not spell the prefix's text back (",
-                (t_bytes.ok() ? s_bytes.status() : t_bytes.status()).ToString(), ")");
-    absl::StatusOr<std::vector<AlignedGroup>> groups = AlignByBytes(*s_bytes, *t_bytes);
-    TORCH_CHECK(groups.ok(), groups.status().ToString());
+    absl::StatusOr<std::vector<AlignedGroup>> groups =
+        AlignSpellings(*across->source, s32, *across->target, t32, text);
+    TORCH_CHECK(groups.ok(), "window ", b, ": a tokenizer does not spell the prefix's text back (",
+                groups.status().ToString(), ")");
     absl::StatusOr<std::vector<TokenRun>> runs = AssignWithinGroups(*groups);
     TORCH_CHECK(runs.ok(), runs.status().ToString());
     const at::Tensor s_ids =

@@ -332,11 +332,8 @@ absl::StatusOr<AlignedTaps> AlignTaps(Engine& source, const Tokenizer& source_to
   const std::vector<int32_t> s32 = source_tokenizer.Encode(text);
   const std::vector<int32_t> t32 = target_tokenizer.Encode(text);
   if (s32.empty() || t32.empty()) return absl::InvalidArgumentError("no tokens to align");
-  absl::StatusOr<std::vector<int64_t>> s_bytes = TokenByteLengths(source_tokenizer, s32, text);
-  if (!s_bytes.ok()) return s_bytes.status();
-  absl::StatusOr<std::vector<int64_t>> t_bytes = TokenByteLengths(target_tokenizer, t32, text);
-  if (!t_bytes.ok()) return t_bytes.status();
-  absl::StatusOr<std::vector<AlignedGroup>> groups = AlignByBytes(*s_bytes, *t_bytes);
+  absl::StatusOr<std::vector<AlignedGroup>> groups =
+      AlignSpellings(source_tokenizer, s32, target_tokenizer, t32, text);
   if (!groups.ok()) return groups.status();
   const std::vector<int64_t> s_ids(s32.begin(), s32.end()), t_ids(t32.begin(), t32.end());
   const int64_t n_s = static_cast<int64_t>(s_ids.size());
