@@ -80,6 +80,10 @@ int RunEvalTranslator(const Args& args) {
                "the translators' arithmetic");
   flags.Add("native-tail", &o.native_tail, "W",
             "last prefix tokens the target prefills itself, 0: none");
+  flags.Switch("prefill-uneven-groups", &o.prefill_uneven_groups,
+               "across tokenizers: the target prefills every minimal matching group that is "
+               "not one token to one token, in place, instead of translating it (a measurement: "
+               "one forward pass per such group)");
   flags.Add("json", &json_path, "FILE", "also write the JSON report here");
   flags.Add("threads", &o.n_threads, "N", "intra-op threads, 0: all cores");
   flags.Switch("stamp", &stamp,
@@ -87,6 +91,9 @@ int RunEvalTranslator(const Args& args) {
                "file, for kvl-server's load-time quality gate");
   flags.Switch("quiet", &quiet, "no progress bar on stderr");
   if (std::optional<int> exit = flags.ParseOrExit(args)) return *exit;
+  if (stamp && o.prefill_uneven_groups) {
+    return flags.UsageError("--stamp records the translation the server does: not with --prefill-uneven-groups");
+  }
   o.translators = List(translators);
   o.suites = List(suites);
   if (flags.Given("multi-turn")) {

@@ -179,7 +179,7 @@ absl::StatusOr<CrossTranslated> TranslatedCacheAcross(const TranslatorModel& sou
                                                       const TranslatorModel& target,
                                                       const Translator& translator,
                                                       const std::vector<int64_t>& target_ids,
-                                                      int64_t limit) {
+                                                      int64_t limit, UnevenGroups uneven) {
   const std::vector<int32_t> t32(target_ids.begin(), target_ids.end());
   const std::string text = target.tokenizer->Decode(t32);
   const std::vector<int32_t> s32 = source.tokenizer->Encode(text);
@@ -214,7 +214,30 @@ absl::StatusOr<CrossTranslated> TranslatedCacheAcross(const TranslatorModel& sou
   absl::StatusOr<KvTaps> translated =
       translator.Translate(*resampled, Translator::Output::kFloat32, translated_ids);
   if (!translated.ok()) return translated.status();
-  KVL_RETURN_IF_ERROR(out.cache->Accept(translated->keys, translated->values));
+  if (uneven == UnevenGroups::kTranslate) {
+    KVL_RETURN_IF_ERROR(out.cache->Accept(translated->keys, translated->values));
+    return out;
+  }
+  // Translated entries up to each uneven group, then the group's own prefill.
+  int64_t done = 0;
+  auto accept_to = [&](int64_t end) -> absl::Status {
+    if (end > done) {
+      KVL_RETURN_IF_ERROR(out.cache->Accept(translated->keys.narrow(2, done, end - done),
+                                            translated->values.narrow(2, done, end - done)));
+    }
+    done = end;
+    return absl::OkStatus();
+  };
+  for (const AlignedGroup& g : *groups) {
+    if (g.one_to_one()) continue;
+    KVL_RETURN_IF_ERROR(accept_to(g.b_begin));
+    const std::vector<int64_t> own(target_ids.begin() + g.b_begin, target_ids.begin() + g.b_end);
+    if (absl::StatusOr<at::Tensor> p = target.engine->Prefill(*out.cache, own); !p.ok()) {
+      return p.status();
+    }
+    done = g.b_end;
+  }
+  KVL_RETURN_IF_ERROR(accept_to(out.n_translated));
   return out;
 }
 

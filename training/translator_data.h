@@ -114,6 +114,11 @@ absl::StatusOr<std::unique_ptr<KvCache>> TranslatedCache(Engine& source, Engine&
 // TranslatedCache of the text's tokens. Errors: TokenByteLengths' and
 // AlignByBytes' InvalidArgument (a text a tokenizer cannot spell), and
 // TranslatedCache's.
+// `uneven`: kPrefill fills the entries of every group that is not one token
+// to one token by the target's own prefill of its tokens, in place (the
+// alternative to the paper's rule that issue 54 measures; one forward pass
+// per such group, so for evaluation only).
+enum class UnevenGroups { kTranslate, kPrefill };
 struct CrossTranslated {
   std::unique_ptr<KvCache> cache;
   int64_t n_translated = 0;  // target tokens in the cache
@@ -124,7 +129,8 @@ absl::StatusOr<CrossTranslated> TranslatedCacheAcross(const TranslatorModel& sou
                                                       const TranslatorModel& target,
                                                       const Translator& translator,
                                                       const std::vector<int64_t>& target_ids,
-                                                      int64_t limit);
+                                                      int64_t limit,
+                                                      UnevenGroups uneven = UnevenGroups::kTranslate);
 
 // Per-position negative log-likelihood: logits [T, V] float32, labels T ids;
 // returns T values (double).

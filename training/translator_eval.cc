@@ -164,6 +164,12 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
     return absl::InvalidArgumentError(
         "the multi-turn run needs models with one tokenizer (these two differ)");
   }
+  if (!cross && o.prefill_uneven_groups) {
+    return absl::InvalidArgumentError(
+        "uneven groups are prefilled only across tokenizers (these two models share one)");
+  }
+  const UnevenGroups uneven =
+      o.prefill_uneven_groups ? UnevenGroups::kPrefill : UnevenGroups::kTranslate;
   TranslatorModel* source = &pair->source;
   TranslatorModel* target = &pair->target;
   SetIntraOpThreads(o.n_threads);
@@ -257,8 +263,9 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
         int64_t from = cut;
         std::unique_ptr<KvCache> cache;
         if (cross) {
-          absl::StatusOr<CrossTranslated> x = TranslatedCacheAcross(
-              *source, *target, *translators[i].translator, Slice(ids, 0, o.prefix), cut);
+          absl::StatusOr<CrossTranslated> x =
+              TranslatedCacheAcross(*source, *target, *translators[i].translator,
+                                    Slice(ids, 0, o.prefix), cut, uneven);
           if (!x.ok()) return x.status();
           from = x->n_translated;
           cache = std::move(x->cache);
@@ -355,8 +362,9 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
             std::unique_ptr<KvCache> cache = te.NewCache();
             out = te.Generate(*cache, prompt, target_gen);
           } else if (cross) {
-            absl::StatusOr<CrossTranslated> x = TranslatedCacheAcross(
-                *source, *target, *translators[c - 2].translator, Slice(prompt, 0, cut), cut);
+            absl::StatusOr<CrossTranslated> x =
+                TranslatedCacheAcross(*source, *target, *translators[c - 2].translator,
+                                      Slice(prompt, 0, cut), cut, uneven);
             if (!x.ok()) return x.status();
             out = te.Generate(*x->cache, Slice(prompt, x->n_translated, n_prompt), target_gen);
           } else {
@@ -469,6 +477,7 @@ absl::StatusOr<TranslatorEvalReport> RunTranslatorEval(const TranslatorEvalOptio
   }
   report.translate_dtype = o.translate_dtype;
   report.native_tail = o.native_tail;
+  report.prefill_uneven_groups = o.prefill_uneven_groups;
   report.wall_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   return report;
@@ -481,6 +490,7 @@ json TranslatorEvalJson(const TranslatorEvalOptions& o, const TranslatorEvalRepo
             {"translate_dtype", DTypeName(o.translate_dtype)},
             {"native_tail", o.native_tail}};
   if (r.align_groups > 0) {
+    j["prefill_uneven_groups"] = r.prefill_uneven_groups;
     j["alignment"] = {{"groups", r.align_groups},
                       {"one_to_one", r.align_one_to_one},
                       {"one_to_one_share", static_cast<double>(r.align_one_to_one) /
@@ -551,11 +561,13 @@ std::string TranslatorEvalTable(const TranslatorEvalReport& r) {
   if (r.align_groups > 0) {
     absl::StrAppend(&out, absl::StrFormat(
                               "across tokenizers: the translated spans' %d minimal matching groups, "
-                              "%.1f%% one token to one token (source_native is not comparable: "
-                              "other tokens)\n",
+                              "%.1f%% one token to one token%s (source_native is not "
+                              "comparable: other tokens)\n",
                               r.align_groups,
                               100.0 * static_cast<double>(r.align_one_to_one) /
-                                  static_cast<double>(r.align_groups)));
+                                  static_cast<double>(r.align_groups),
+                              r.prefill_uneven_groups ? ", the others prefilled by the target"
+                                                      : ""));
   }
   for (const PplCondition& c : r.conditions) {
     if (c.name.rfind("translated:", 0) == 0) continue;

@@ -80,6 +80,10 @@ struct TranslatorEvalOptions {
   // routing.native_tail_tokens); a prompt no longer than the tail plus its
   // last token is all the target's own. Multi-turn (b) ignores it.
   int64_t native_tail = 0;
+  // Across tokenizers: the translated conditions of 1. and 2. fill every
+  // group that is not one token to one token by the target's own prefill
+  // (UnevenGroups::kPrefill) instead of translating it.
+  bool prefill_uneven_groups = false;
   int n_threads = 0;
   bool progress = true;
 };
@@ -125,6 +129,7 @@ struct TranslatorEvalReport {
   int64_t n_windows = 0, prefix = 0, continuation = 0, first_k = 0;
   DType translate_dtype = DType::kFloat32;
   int64_t native_tail = 0;
+  bool prefill_uneven_groups = false;
   std::vector<PplCondition> conditions;
   std::vector<TranslatedPpl> translated;
   // condition -> task -> cell ("all" included); conditions in column order.

@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "model/checkpoint.h"
 #include "model/reference.h"
+#include "model/token_alignment.h"
 #include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/subprocess.h"
@@ -56,6 +57,20 @@ class TranslatorToolsTest : public ::testing::Test {
     EXPECT_TRUE(run.ok()) << run.status();
     EXPECT_EQ(run->exit_code, 0) << run->err;
     return nlohmann::json::parse(run->out);
+  }
+
+  // A random model over the second house tokenizer (models/tokenizer-t2) in
+  // *dir, and a translator from `a` to it in *a_to_c.
+  void TargetOnSecondTokenizer(std::string* dir, std::string* a_to_c) {
+    const std::string t2 = std::string(KVL_SOURCE_DIR) + "/models/tokenizer-t2";
+    ModelConfig config = testing::TinyConfig({"qwen3", true, false, true, 4, 2}, 2, 32, 8, 3072);
+    *dir = dir_.Path("c");
+    ASSERT_TRUE(SaveCheckpoint(*dir, config, testing::RandomWeights(config, 8, 0.25),
+                               DType::kFloat32, t2 + "/tokenizer.json",
+                               t2 + "/tokenizer_config.json")
+                    .ok());
+    *a_to_c = dir_.Path("a_to_c.safetensors");
+    ASSERT_TRUE(testing::MakeTranslator(a_, *dir, false, 4)->Save(*a_to_c).ok());
   }
 
   // Mean NLL over the continuation of the windows eval-translator uses, by the
@@ -381,15 +396,8 @@ TEST_F(TranslatorToolsTest, MultiTurnWithANativeTailAsLongAsATurnTranslatesNothi
 // reading the rest itself), the source answers the suite in its own tokens,
 // and the multi-turn run is refused.
 TEST_F(TranslatorToolsTest, EvalAcrossTokenizersRunsInTheTargetsTokens) {
-  const std::string t2 = std::string(KVL_SOURCE_DIR) + "/models/tokenizer-t2";
-  ModelConfig config = testing::TinyConfig({"qwen3", true, false, true, 4, 2}, 2, 32, 8, 3072);
-  const std::string c_dir = dir_.Path("c");
-  ASSERT_TRUE(SaveCheckpoint(c_dir, config, testing::RandomWeights(config, 8, 0.25),
-                             DType::kFloat32, t2 + "/tokenizer.json",
-                             t2 + "/tokenizer_config.json")
-                  .ok());
-  const std::string a_to_c = dir_.Path("a_to_c.safetensors");
-  ASSERT_TRUE(testing::MakeTranslator(a_, c_dir, false, 4)->Save(a_to_c).ok());
+  std::string c_dir, a_to_c;
+  ASSERT_NO_FATAL_FAILURE(TargetOnSecondTokenizer(&c_dir, &a_to_c));
   const std::string suite = dir_.WriteFile(
       "suite.jsonl",
       R"({"id":"s-0","task":"facts","difficulty":1,"messages":[{"role":"user","content":)"
@@ -451,6 +459,94 @@ TEST_F(TranslatorToolsTest, EvalAcrossTokenizersRunsInTheTargetsTokens) {
 
   o.multi_turn_forward = a_to_c;
   o.multi_turn_reverse = a_to_c;
+  EXPECT_EQ(training::RunTranslatorEval(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// UnevenGroups::kPrefill: the entries of a group that is not one token to
+// one token are the target's own prefill of the group's tokens after what
+// precedes them; everything else is the plain translation. Checked against
+// the plain translation's entries and a prefill on top of its prefix; the
+// evaluation's translated condition moves, and is refused with one tokenizer.
+TEST_F(TranslatorToolsTest, PrefillUnevenGroupsFillsThemWithTheTargetsOwnEntries) {
+  std::string c_dir, a_to_c;
+  ASSERT_NO_FATAL_FAILURE(TargetOnSecondTokenizer(&c_dir, &a_to_c));
+  auto source = LoadTranslatorModel(a_);
+  auto target = LoadTranslatorModel(c_dir);
+  ASSERT_TRUE(source.ok() && target.ok());
+  auto translator = Translator::Load(a_to_c, ExpectationFor(*source, *target));
+  ASSERT_TRUE(translator.ok()) << translator.status();
+  auto stream = ReadTokenStream(data_, *target->tokenizer);
+  ASSERT_TRUE(stream.ok());
+  const std::vector<int64_t> ids(stream->begin(), stream->begin() + 60);
+  auto plain = TranslatedCacheAcross(*source, *target, **translator, ids, 60);
+  auto mixed =
+      TranslatedCacheAcross(*source, *target, **translator, ids, 60, UnevenGroups::kPrefill);
+  ASSERT_TRUE(plain.ok() && mixed.ok());
+  ASSERT_EQ(mixed->n_translated, plain->n_translated);
+  ASSERT_EQ(mixed->cache->Length(), plain->cache->Length());
+
+  // The groups, as TranslatedCacheAcross forms them.
+  const std::vector<int32_t> t32(ids.begin(), ids.end());
+  const std::string text = target->tokenizer->Decode(t32);
+  auto groups = AlignSpellings(*source->tokenizer, source->tokenizer->Encode(text),
+                               *target->tokenizer, t32, text);
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  const AlignedGroup* first_uneven = nullptr;
+  const AlignedGroup* last_even = nullptr;
+  for (const AlignedGroup& g : *groups) {
+    if (g.b_end > plain->n_translated) break;
+    if (!g.one_to_one() && first_uneven == nullptr) first_uneven = &g;
+    if (g.one_to_one() && first_uneven != nullptr) last_even = &g;
+  }
+  ASSERT_NE(first_uneven, nullptr);
+  ASSERT_NE(last_even, nullptr);
+  // Every layer's attention keys and values of entries [begin, end).
+  auto entries = [](const KvCache& c, int64_t begin, int64_t end) {
+    std::vector<at::Tensor> kv;
+    for (int64_t il = 0; il < c.n_layer(); ++il) {
+      kv.push_back(c.Keys(il).narrow(1, begin, end - begin));
+      kv.push_back(c.Values(il).narrow(1, begin, end - begin));
+    }
+    return at::stack(kv);
+  };
+  const int64_t b = first_uneven->b_begin, e = first_uneven->b_end;
+  // Before the first uneven group: the translation.
+  if (b > 0) {
+    EXPECT_TRUE(at::equal(entries(*mixed->cache, 0, b), entries(*plain->cache, 0, b)));
+  }
+  // The group: the target's prefill after the translation of what precedes
+  // it (the translation of the groups before b alone: b is a group boundary).
+  auto before = TranslatedCacheAcross(*source, *target, **translator, ids, b);
+  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_EQ(before->cache->Length(), b);
+  ASSERT_TRUE(target->engine
+                  ->Prefill(*before->cache, std::vector<int64_t>(ids.begin() + b, ids.begin() + e))
+                  .ok());
+  const at::Tensor got = entries(*mixed->cache, b, e);
+  EXPECT_TRUE(at::allclose(got, entries(*before->cache, b, e), 1e-5, 1e-6));
+  EXPECT_FALSE(at::allclose(got, entries(*plain->cache, b, e), 1e-3, 1e-3));
+  // A one-to-one group after it: still the translation.
+  EXPECT_TRUE(at::equal(entries(*mixed->cache, last_even->b_begin, last_even->b_end),
+                        entries(*plain->cache, last_even->b_begin, last_even->b_end)));
+
+  training::TranslatorEvalOptions o;
+  o.source_dir = a_;
+  o.target_dir = c_dir;
+  o.translators = {a_to_c};
+  o.data_path = data_;
+  o.prefix = 40;
+  o.continuation = 8;
+  o.max_windows = 2;
+  o.n_threads = 1;
+  o.progress = false;
+  auto translated = training::RunTranslatorEval(o);
+  o.prefill_uneven_groups = true;
+  auto prefilled = training::RunTranslatorEval(o);
+  ASSERT_TRUE(translated.ok() && prefilled.ok());
+  EXPECT_GT(std::abs(prefilled->translated[0].log_ppl - translated->translated[0].log_ppl), 1e-6);
+  EXPECT_TRUE(training::TranslatorEvalJson(o, *prefilled)["prefill_uneven_groups"].get<bool>());
+  o.target_dir = a_;
+  o.translators = {identity_};
   EXPECT_EQ(training::RunTranslatorEval(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
