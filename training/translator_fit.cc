@@ -18,6 +18,7 @@
 #include "training/attention.h"
 #include "training/progress.h"
 #include "training/translator_data.h"
+#include "translator/resample.h"
 
 namespace kvl::training {
 namespace {
@@ -326,15 +327,66 @@ absl::Status AccumulateSequence(Engine& source, Engine& target, const std::vecto
   return moments.Add(*s, *t, {}, ids);
 }
 
+namespace {
+
+// `text` in each tokenizer's tokens (special tokens parsed) and their
+// minimal matching groups.
+struct Spellings {
+  std::vector<int32_t> source, target;
+  std::vector<AlignedGroup> groups;
+};
+absl::StatusOr<Spellings> Spell(const Tokenizer& source_tokenizer,
+                                const Tokenizer& target_tokenizer, std::string_view text) {
+  Spellings out;
+  out.source = source_tokenizer.Encode(text);
+  out.target = target_tokenizer.Encode(text);
+  if (out.source.empty() || out.target.empty()) {
+    return absl::InvalidArgumentError("no tokens to align");
+  }
+  absl::StatusOr<std::vector<AlignedGroup>> groups =
+      AlignSpellings(source_tokenizer, out.source, target_tokenizer, out.target, text);
+  if (!groups.ok()) return groups.status();
+  out.groups = *std::move(groups);
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<TargetAlignedTaps> AlignTapsOnTarget(Engine& source,
+                                                    const Tokenizer& source_tokenizer,
+                                                    Engine& target,
+                                                    const Tokenizer& target_tokenizer,
+                                                    std::string_view text) {
+  absl::StatusOr<Spellings> spellings = Spell(source_tokenizer, target_tokenizer, text);
+  if (!spellings.ok()) return spellings.status();
+  const std::vector<int32_t>& s32 = spellings->source;
+  const std::vector<int32_t>& t32 = spellings->target;
+  const std::vector<AlignedGroup>& groups = spellings->groups;
+  absl::StatusOr<std::vector<TokenRun>> runs = AssignWithinGroups(groups);
+  if (!runs.ok()) return runs.status();
+  TargetAlignedTaps out;
+  out.target_ids.assign(t32.begin(), t32.end());
+  absl::StatusOr<KvTaps> s = PrefillTaps(source, std::vector<int64_t>(s32.begin(), s32.end()));
+  if (!s.ok()) return s.status();
+  absl::StatusOr<KvTaps> resampled = ResampleTaps(*s, *runs);
+  if (!resampled.ok()) return resampled.status();
+  absl::StatusOr<KvTaps> t = PrefillTaps(target, out.target_ids);
+  if (!t.ok()) return t.status();
+  out.taps.source = *std::move(resampled);
+  out.taps.target = *std::move(t);
+  out.taps.n_groups = static_cast<int64_t>(groups.size());
+  for (const AlignedGroup& g : groups) out.taps.n_one_to_one += g.one_to_one() ? 1 : 0;
+  return out;
+}
+
 absl::StatusOr<AlignedTaps> AlignTaps(Engine& source, const Tokenizer& source_tokenizer,
                                       Engine& target, const Tokenizer& target_tokenizer,
                                       std::string_view text) {
-  const std::vector<int32_t> s32 = source_tokenizer.Encode(text);
-  const std::vector<int32_t> t32 = target_tokenizer.Encode(text);
-  if (s32.empty() || t32.empty()) return absl::InvalidArgumentError("no tokens to align");
-  absl::StatusOr<std::vector<AlignedGroup>> groups =
-      AlignSpellings(source_tokenizer, s32, target_tokenizer, t32, text);
-  if (!groups.ok()) return groups.status();
+  absl::StatusOr<Spellings> spellings = Spell(source_tokenizer, target_tokenizer, text);
+  if (!spellings.ok()) return spellings.status();
+  const std::vector<int32_t>& s32 = spellings->source;
+  const std::vector<int32_t>& t32 = spellings->target;
+  const std::vector<AlignedGroup>& groups = spellings->groups;
   const std::vector<int64_t> s_ids(s32.begin(), s32.end()), t_ids(t32.begin(), t32.end());
   const int64_t n_s = static_cast<int64_t>(s_ids.size());
   const int64_t n_t = static_cast<int64_t>(t_ids.size());
@@ -344,14 +396,14 @@ absl::StatusOr<AlignedTaps> AlignTaps(Engine& source, const Tokenizer& source_to
   if (!t.ok()) return t.status();
   AlignedTaps out;
   out.source = *std::move(s);
-  out.n_groups = static_cast<int64_t>(groups->size());
+  out.n_groups = static_cast<int64_t>(groups.size());
   // Each target token's group, and each source token's; the group means of
   // the target's taps gathered in source token order.
   std::vector<int64_t> group_of_target(static_cast<size_t>(n_t)),
       group_of_source(static_cast<size_t>(n_s));
-  std::vector<double> size(groups->size());
-  for (size_t g = 0; g < groups->size(); ++g) {
-    const AlignedGroup& a = (*groups)[g];
+  std::vector<double> size(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const AlignedGroup& a = groups[g];
     if (a.one_to_one()) ++out.n_one_to_one;
     for (int64_t i = a.a_begin; i < a.a_end; ++i) group_of_source[static_cast<size_t>(i)] = g;
     for (int64_t j = a.b_begin; j < a.b_end; ++j) group_of_target[static_cast<size_t>(j)] = g;
@@ -425,10 +477,10 @@ absl::StatusOr<CorpusFit> FitFromCorpus(const CorpusFitOptions& o) {
   // Across tokenizers each sequence is text that both models encode with
   // their own tokenizers, aligned by bytes (AlignTaps).
   const bool cross = source->tokenizer->content_hash() != target->tokenizer->content_hash();
-  if (cross && (o.anchor_window > 0 || o.weighting != "uniform")) {
+  if (cross && o.weighting != "uniform") {
     return absl::InvalidArgumentError(
-        "across tokenizers the fit takes uniform weights and no token anchors (the source "
-        "and target tokenizers differ)");
+        "across tokenizers the fit takes uniform weights (the source and target tokenizers "
+        "differ)");
   }
   const ModelConfig& sc = source->config();
   const ModelConfig& tc = target->config();
@@ -471,7 +523,20 @@ absl::StatusOr<CorpusFit> FitFromCorpus(const CorpusFitOptions& o) {
     for (size_t i = 0; i < sequences->size(); ++i) {
       const std::vector<int64_t>& ids = (*sequences)[i];
       absl::Status s;
-      if (cross) {
+      if (cross && o.anchor_window > 0) {
+        // Token anchors read the target's ids: rows in the target's tokens.
+        const std::vector<int32_t> ids32(ids.begin(), ids.end());
+        absl::StatusOr<TargetAlignedTaps> aligned = AlignTapsOnTarget(
+            *source->engine, *source->tokenizer, *target->engine, *target->tokenizer,
+            source->tokenizer->Decode(ids32));
+        s = aligned.ok() ? (*moments)->Add(aligned->taps.source, aligned->taps.target, {},
+                                           aligned->target_ids)
+                         : aligned.status();
+        if (aligned.ok()) {
+          out.n_groups += aligned->taps.n_groups;
+          out.n_one_to_one += aligned->taps.n_one_to_one;
+        }
+      } else if (cross) {
         const std::vector<int32_t> ids32(ids.begin(), ids.end());
         absl::StatusOr<AlignedTaps> aligned =
             AlignTaps(*source->engine, *source->tokenizer, *target->engine, *target->tokenizer,

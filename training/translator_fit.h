@@ -137,6 +137,22 @@ absl::StatusOr<AlignedTaps> AlignTaps(Engine& source, const Tokenizer& source_to
                                       Engine& target, const Tokenizer& target_tokenizer,
                                       std::string_view text);
 
+// The same text in the target's token order, as a switch translates it: rows
+// are the target's tokens; `source` holds the source's taps resampled onto
+// them (AssignWithinGroups, ResampleTaps: each row the mean of its run of
+// source tokens), `target` the target's own taps, `target_ids` its ids (for
+// token anchors, which read the target's embeddings). The fit with token
+// anchors across tokenizers regresses these rows.
+struct TargetAlignedTaps {
+  AlignedTaps taps;  // n = the target's tokens
+  std::vector<int64_t> target_ids;
+};
+absl::StatusOr<TargetAlignedTaps> AlignTapsOnTarget(Engine& source,
+                                                    const Tokenizer& source_tokenizer,
+                                                    Engine& target,
+                                                    const Tokenizer& target_tokenizer,
+                                                    std::string_view text);
+
 // Stage 1 from a corpus, as `kvl fit` runs it: both models prefill every
 // sequence of `data_path` (ReadSequences), their taps are accumulated (each
 // token weighted uniformly, or by the attention the target's continuation

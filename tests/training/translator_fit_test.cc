@@ -515,7 +515,7 @@ TEST(FitTest, AlignedTapsPairEachSourceTokenWithItsGroupsMeanTarget) {
       house_b->engine->Prefill(*own_line, std::vector<int64_t>(s32.begin(), s32.end())).ok());
   EXPECT_LT(MaxAbsDiff(same->target.values, own_line->Taps(0, s32.size())->values), 1e-6);
 
-  // The corpus fit across the two tokenizers; anchors are refused there.
+  // The corpus fit across the two tokenizers.
   CorpusFitOptions o;
   o.source_dir = house->path;
   o.target_dir = qwen->path;
@@ -591,7 +591,45 @@ TEST(FitTest, AlignedTapsPairEachSourceTokenWithItsGroupsMeanTarget) {
   EXPECT_EQ(none->n_translated, 0);
   EXPECT_EQ(none->cache->Length(), 0);
 
+  // In the target's token order (the anchored fit's rows): each target
+  // token's row of the source's taps is the mean of its run's, the target's
+  // are its own, and the ids are the target's.
+  auto on_target =
+      AlignTapsOnTarget(*house->engine, *house->tokenizer, *qwen->engine, *qwen->tokenizer, text);
+  ASSERT_TRUE(on_target.ok()) << on_target.status();
+  EXPECT_EQ(on_target->target_ids, t_ids);
+  EXPECT_EQ(on_target->taps.n_groups, aligned->n_groups);
+  EXPECT_EQ(on_target->taps.n_one_to_one, aligned->n_one_to_one);
+  EXPECT_LT(MaxAbsDiff(on_target->taps.target.values, target.values), 1e-6);
+  ASSERT_EQ(on_target->taps.source.keys.size(2), n_t);
+  for (int64_t j = 0; j < n_t; ++j) {
+    const TokenRun& r = (*runs)[static_cast<size_t>(j)];
+    EXPECT_LT(MaxAbsDiff(on_target->taps.source.keys.select(2, j),
+                         source.keys.narrow(2, r.begin, r.end - r.begin).mean(2)),
+              1e-5)
+        << "target token " << j;
+  }
+
+  // With token anchors the fit regresses those rows: the maps read the
+  // target's ids, and the switch across translates with them.
   o.anchor_window = 2;
+  auto anchored = FitFromCorpus(o);
+  ASSERT_TRUE(anchored.ok()) << anchored.status();
+  EXPECT_EQ(anchored->fit.translator->spec().anchor_window, 2);
+  EXPECT_EQ(anchored->n_groups, fit->n_groups);
+  const std::string anchored_file = dir.Path("cross-anchored.safetensors");
+  ASSERT_TRUE(anchored->fit.translator->Save(anchored_file).ok());
+  auto anchored_translator =
+      Translator::Load(anchored_file, ExpectationFor(*source_model, *target_model));
+  ASSERT_TRUE(anchored_translator.ok()) << anchored_translator.status();
+  auto with_anchors =
+      TranslatedCacheAcross(*source_model, *target_model, **anchored_translator, t_ids, n_t);
+  ASSERT_TRUE(with_anchors.ok()) << with_anchors.status();
+  auto anchored_logits = qwen->engine->Prefill(*with_anchors->cache, next, true);
+  ASSERT_TRUE(anchored_logits.ok());
+  EXPECT_TRUE(anchored_logits->isfinite().all().item<bool>());
+  EXPECT_GT(MaxAbsDiff(*anchored_logits, *got), 1e-6);
+  o.weighting = "attention";
   EXPECT_EQ(FitFromCorpus(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
