@@ -15,6 +15,9 @@ usage: /usr/bin/python3 bench/server_bench.py --server BUILD/server/kvl-server
 translate strategy with RoutingHints.native_layers K (the native-depth dial;
 the kvl-small -> kvl-large translator must carry the residual maps they need:
 --small-large-translator FILE, from kvl fit-residual).
+--pair SOURCE,TARGET switches between two other committed house models with
+translators both ways (e.g. kvl-small,kvl-small-t2: across tokenizers) in
+place of kvl-small -> kvl-large; the server then serves those two alone.
 """
 import argparse
 import json
@@ -121,11 +124,21 @@ class MachineShare:
                 f"{os.cpu_count()} CPUs' time{warn}")
 
 
+def served_models():
+    """The models the benchmark's server loads: the three Qwen3 house models,
+    or the --pair alone."""
+    return [SMALL, SMALL_B, LARGE] if (SMALL, LARGE) == ("kvl-small", "kvl-large") else [SMALL, LARGE]
+
+
 def write_config(directory, threads, translate_dtype, native_tail, repair,
                  small_large_translator=None):
-    models = [{"name": m, "path": os.path.join(ROOT, "models", m)} for m in (SMALL, SMALL_B, LARGE)]
+    names = served_models()
+    models = [{"name": m, "path": os.path.join(ROOT, "models", m)} for m in names]
     translators = []
-    for src, dst in ((SMALL, LARGE), (LARGE, SMALL), (SMALL, SMALL_B), (SMALL_B, SMALL)):
+    pairs = [(SMALL, LARGE), (LARGE, SMALL)]
+    if SMALL_B in names and SMALL_B not in (SMALL, LARGE):
+        pairs += [(SMALL, SMALL_B), (SMALL_B, SMALL)]
+    for src, dst in pairs:
         path = os.path.join(ROOT, "models", "translators", f"{src}__{dst}.safetensors")
         if (src, dst) == (SMALL, LARGE) and small_large_translator:
             path = os.path.abspath(small_large_translator)
@@ -422,9 +435,13 @@ def part_concurrency(client, levels, turns, max_tokens, turn_words):
 
 
 def main():
+    global SMALL, LARGE
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--server", required=True, help="path of the kvl-server binary")
+    ap.add_argument("--pair", default=f"{SMALL},{LARGE}",
+                    help="SOURCE,TARGET: the switch measured (committed house models with "
+                         "translators both ways)")
     ap.add_argument("--out", help="also write the report to this file")
     ap.add_argument("--quick", action="store_true",
                     help="smoke sizes: history 256 and 1024, 2 reps, 1/4 sessions")
@@ -452,6 +469,13 @@ def main():
                     help="bench/ttft_client binary (default: bench/ttft_client of the server's "
                          "build directory, when it exists)")
     args = ap.parse_args()
+    pair = args.pair.split(",")
+    if len(pair) != 2 or pair[0] == pair[1]:
+        sys.exit(f"--pair {args.pair}: two different model names, SOURCE,TARGET")
+    SMALL, LARGE = pair
+    for name in served_models():
+        if not os.path.exists(os.path.join(ROOT, "models", name, "config.json")):
+            sys.exit(f"--pair: models/{name} is not a model directory")
     cxx_client = args.cxx_client
     if cxx_client is None:
         guess = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(args.server))),
@@ -490,7 +514,7 @@ def main():
             emit(f"date: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}  host: {platform.node()}  "
                  f"python {platform.python_version()}  grpcio {grpc.__version__}")
             emit(f"server: {args.server}  runtime.threads={args.threads}  dtype float32  "
-                 f"models {SMALL}, {SMALL_B}, {LARGE}  translators compute_dtype "
+                 f"models {', '.join(served_models())}  translators compute_dtype "
                  f"{args.translate_dtype}  routing.native_tail_tokens {args.native_tail}  "
                  f"routing.repair {args.repair}")
             emit(f"load at start: {load_line()}")

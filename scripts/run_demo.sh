@@ -15,6 +15,8 @@
 #   scripts/run_demo.sh --families   # three architectures: kvl-small (Qwen3),
 #                                    # kvl-gemma (Gemma-3), kvl-moe (Qwen3-MoE),
 #                                    # every turn switching (configs/families.json)
+#   scripts/run_demo.sh --tokenizers # two tokenizers: kvl-small and kvl-small-t2,
+#                                    # every turn switching (configs/tokenizers.json)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEFAULT_CONFIG=configs/server.json
@@ -28,7 +30,12 @@ case "${1:-}" in
     HOUSE_MODELS="kvl-small kvl-gemma kvl-moe"
     OPENAI_MODELS=kvl-small,kvl-gemma,kvl-moe,kvl-small
     POLICY=alternate ;;
-  *) echo "usage: scripts/run_demo.sh [--families]" >&2; exit 2 ;;
+  --tokenizers)
+    DEFAULT_CONFIG=configs/tokenizers.json
+    HOUSE_MODELS="kvl-small kvl-small-t2"
+    OPENAI_MODELS=kvl-small,kvl-small-t2,kvl-small,kvl-small-t2
+    POLICY=alternate ;;
+  *) echo "usage: scripts/run_demo.sh [--families | --tokenizers]" >&2; exit 2 ;;
 esac
 [ "${KVL_SKIP_SETUP:-0}" = 1 ] || scripts/setup.sh
 BUILD_DIR=${KVL_BUILD_DIR:-build}

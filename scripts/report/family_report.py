@@ -5,9 +5,10 @@ kvl-small and kvl-small-t2), beside the Qwen3 pairs' figures.
 
 Reads, per direction, docs/results/translators/<source>__<target>.json (kvl
 eval-translator, written by scripts/train/train_translators.sh), the recall
-tables of docs/results/switch_recall_moe.md and switch_recall_gemma.md
-(scripts/report/switch_recall.sh with KVL_SWITCH_OUT and KVL_SWITCH_PAIRS: the
-pairs with kvl-moe, then those with kvl-gemma) and the switch timings of
+tables of docs/results/switch_recall_moe.md, switch_recall_gemma.md and
+switch_recall_tokenizers.md (scripts/report/switch_recall.sh with
+KVL_SWITCH_OUT and KVL_SWITCH_PAIRS: the pairs with kvl-moe, those with
+kvl-gemma, those with kvl-small-t2) and the switch timings of
 docs/results/family_switch_bench.txt (scripts/report/family_switch_bench.sh); for
 the Qwen3 pairs, docs/results/translators/ and docs/results/switch_recall.md.
 Writes docs/results/family_translators.md.
@@ -106,7 +107,7 @@ def share(t, key):
 
 def main():
     recall = {}
-    for part in ("switch_recall_moe.md", "switch_recall_gemma.md"):
+    for part in ("switch_recall_moe.md", "switch_recall_gemma.md", "switch_recall_tokenizers.md"):
         recall.update(recall_tables(os.path.join(RESULTS, part)))
     recall.update(recall_tables(os.path.join(RESULTS, "switch_recall.md")))
     times = switch_times(os.path.join(RESULTS, "family_switch_bench.txt"))
@@ -118,8 +119,8 @@ def main():
         "kvl-moe a Qwen3-MoE (8 experts, 2 per token); all on the house tokenizer (model cards in",
         "models/<name>/README.md). kvl-small-t2 is kvl-small's shape and curriculum on the second",
         "house tokenizer (models/tokenizer-t2: 3,072 ids, Llama-3's split rule); its translators",
-        "cross the tokenizers (docs/translators.md, \"Across tokenizers\": closed form without",
-        "token anchors). The Qwen3 pairs' rows are repeated from",
+        "cross the tokenizers (docs/translators.md, \"Across tokenizers\": the closed form regresses",
+        "the target's tokens, with token anchors). The Qwen3 pairs' rows are repeated from",
         "docs/results/translators.md and switch_recall.md for comparison; the timings of all",
         "pairs come from one run.",
         "",
@@ -148,15 +149,16 @@ def main():
         "Recall after a switch as the server does it (32-token native tail): the question's",
         "greedy accuracy as a fraction of re-prefill's, and in brackets the reference answer's",
         "NLL minus re-prefill's (nats/token); 100 items per task, ± standard error (`kvl",
-        "eval-switch`; full tables in switch_recall_moe.md, switch_recall_gemma.md and",
-        "switch_recall.md). Recall is \"—\" where the target answers none right even after a",
+        "eval-switch`; full tables in switch_recall_moe.md, switch_recall_gemma.md,",
+        "switch_recall_tokenizers.md and switch_recall.md). Recall is \"—\" where the target",
+        "answers none right even after a",
         "re-prefill: kvl-gemma and kvl-moe are near chance on the tasks (house_models.md), so",
         "into them only the NLL says how much the translation loses.",
         "",
         "| direction | " + " | ".join(TASKS) + " |",
         "|---|" + "---|" * len(TASKS),
     ]
-    for name in FAMILY + QWEN3:
+    for name in FAMILY + TOKENIZERS + QWEN3:
         s, t = name.split("__")
         cells = recall.get((s, t))
         if not cells:

@@ -1,5 +1,6 @@
 // The README's main job, scripts/run_demo.sh, on the committed house models and
-// translators (and its second form, --families, across architectures): the server starts, the scripted chat runs through the gRPC API,
+// translators (and its other forms: --families across architectures,
+// --tokenizers across tokenizers): the server starts, the scripted chat runs through the gRPC API,
 // the cascade keeps the first turns on kvl-small and escalates mid-conversation
 // with a translated hand-over, one line says the models are tiny house models
 // with their accuracy from the committed results, and the server drains
@@ -29,7 +30,8 @@ struct TurnRow {
 // Rows of the demo's table: "   4  kvl-large    translated  yes   ...".
 std::vector<TurnRow> ParseTurns(const std::string& out) {
   std::vector<TurnRow> rows;
-  const std::regex row(R"(^\s*([0-9]+)\s+(\S+)\s+(native|translated|reprefill)\s+(yes|no)\s)");
+  const std::regex row(
+      R"(^\s*([0-9]+)\s+(\S+)\s+(native_tail|native|translated|reprefill)\s+(yes|no)\s)");
   std::istringstream lines(out);
   for (std::string line; std::getline(lines, line);) {
     std::smatch m;
@@ -129,6 +131,20 @@ TEST(DemoTest, CascadeEscalatesMidConversationByTranslation) {
 // background repair recomputes the translated lines; the OpenAI client's
 // stateless conversation goes kvl-small -> kvl-gemma -> kvl-moe -> kvl-small,
 // each switch served translated.
+// The demo's metrics: each of `models` served a translated first token and
+// repaired a line.
+void ExpectTranslatedAndRepaired(const std::string& out, const std::vector<std::string>& models) {
+  for (const std::string& model : models) {
+    EXPECT_TRUE(std::regex_search(
+        out, std::regex(R"(kvlingo_time_to_first_token_seconds_count\{model=")" + model +
+                        R"(",path="translated"\} [1-9])")))
+        << model << "\n" << out;
+    EXPECT_TRUE(std::regex_search(
+        out, std::regex(R"(kvlingo_repairs_total\{model=")" + model + R"("\} [1-9])")))
+        << model << "\n" << out;
+  }
+}
+
 TEST(DemoTest, FamiliesSwitchAcrossArchitecturesByTranslation) {
   const std::string out = RunDemo({"--families"});
   ASSERT_FALSE(out.empty());
@@ -146,15 +162,7 @@ TEST(DemoTest, FamiliesSwitchAcrossArchitecturesByTranslation) {
       EXPECT_EQ(rows[i].path, "translated") << out;
     }
   }
-  for (const char* model : {"kvl-gemma", "kvl-moe", "kvl-small"}) {
-    EXPECT_TRUE(std::regex_search(
-        out, std::regex(std::string(R"(kvlingo_time_to_first_token_seconds_count\{model=")") +
-                        model + R"(",path="translated"\} [1-9])")))
-        << model << "\n" << out;
-    EXPECT_TRUE(std::regex_search(
-        out, std::regex(std::string(R"(kvlingo_repairs_total\{model=")") + model + R"("\} [1-9])")))
-        << model << "\n" << out;
-  }
+  ExpectTranslatedAndRepaired(out, {"kvl-gemma", "kvl-moe", "kvl-small"});
   EXPECT_NE(out.find("kvlingo_repair_backlog_lines 0"), std::string::npos) << out;
   // GetSession: after repair no line holds a translated span.
   const size_t lines = out.find("cache lines of the session (GetSession):");
@@ -175,6 +183,44 @@ TEST(DemoTest, FamiliesSwitchAcrossArchitecturesByTranslation) {
   EXPECT_TRUE(std::regex_search(part, std::regex(R"(\n +3  kvl-moe +translated +0 +[1-9]\d{2,})")))
       << part;
   EXPECT_TRUE(std::regex_search(part, std::regex(R"(\n +4  kvl-small +translated +[1-9]\d{2,} +[1-9])")))
+      << part;
+}
+
+// Across tokenizers (issue 54): kvl-small (house tokenizer) and kvl-small-t2
+// (models/tokenizer-t2) alternate; hand-overs translate, repair leaves no
+// translated span, and the OpenAI API's stateless conversation is handed
+// over to kvl-small-t2 by translation too.
+TEST(DemoTest, TokenizersSwitchAcrossTokenizersByTranslation) {
+  const std::string out = RunDemo({"--tokenizers"});
+  ASSERT_FALSE(out.empty());
+  EXPECT_NE(out.find("policy alternate"), std::string::npos) << out;
+  const std::vector<TurnRow> rows = ParseTurns(out);
+  ASSERT_EQ(rows.size(), 6u) << out;
+  // Each hand-over translates what the target has not seen, or prefills it
+  // when all of it is within the native tail (32 tokens); the metrics below
+  // show each model took a translated hand-over.
+  for (size_t i = 0; i < rows.size(); ++i) {
+    SCOPED_TRACE("turn " + std::to_string(i + 1));
+    EXPECT_EQ(rows[i].model, i % 2 == 0 ? "kvl-small" : "kvl-small-t2") << out;
+    EXPECT_EQ(rows[i].switched, i == 0 ? "no" : "yes") << out;
+    if (i >= 1) {
+      EXPECT_TRUE(rows[i].path == "translated" || rows[i].path == "native_tail") << out;
+    }
+  }
+  ExpectTranslatedAndRepaired(out, {"kvl-small", "kvl-small-t2"});
+  const size_t lines = out.find("cache lines of the session (GetSession):");
+  ASSERT_NE(lines, std::string::npos) << out;
+  const std::string view = out.substr(lines, out.find("The OpenAI API", lines) - lines);
+  EXPECT_EQ(view.find("translated"), std::string::npos) << view;
+
+  const size_t api = out.find("The OpenAI API: one stateless conversation");
+  ASSERT_NE(api, std::string::npos) << out;
+  const std::string part = out.substr(api);
+  EXPECT_TRUE(std::regex_search(part, std::regex(R"(\n +2  kvl-small-t2 +translated +0 +[1-9]\d{2,})")))
+      << part;
+  // Back on kvl-small, which lacks only the last turn: its own 224 tokens
+  // are reused and the rest prefilled.
+  EXPECT_TRUE(std::regex_search(part, std::regex(R"(\n +3  kvl-small +native-tail +[1-9]\d{2,} +0 )")))
       << part;
 }
 
